@@ -1,0 +1,89 @@
+use std::fmt;
+
+/// A recorder that cannot be built from the options it was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    ValueTypesCount(usize),
+    EmptyValueType { index: usize },
+    DuplicateValueType(String),
+    MaxFrames(usize),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ValueTypesCount(n) => {
+                write!(f, "value_types must have 1..={} entries, got {n}", crate::MAX_VALUE_TYPES)
+            }
+            Self::EmptyValueType { index } => {
+                write!(f, "value_types[{index}] has an empty type or unit")
+            }
+            Self::DuplicateValueType(t) => write!(f, "value_types has {t:?} more than once"),
+            Self::MaxFrames(n) => write!(
+                f,
+                "max_frames must be in {}..={}, got {n}",
+                crate::MAX_FRAMES_RANGE.start(),
+                crate::MAX_FRAMES_RANGE.end()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Why a sample or endpoint was not recorded. Nothing is recorded when this is returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordError {
+    /// `values` has the wrong number of entries.
+    ValuesLength {
+        expected: usize,
+        got: usize,
+    },
+    EmptyLabelKey,
+    ReservedLabelKey,
+    DuplicateLabelKey(String),
+    /// Both slots were taken twice in a row: a bug or a fork mid-flip, never expected.
+    SlotsBusy,
+}
+
+impl fmt::Display for RecordError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ValuesLength { expected, got } => {
+                write!(f, "values must have {expected} entries (one per value type), got {got}")
+            }
+            Self::EmptyLabelKey => write!(f, "labels: a label key is empty"),
+            Self::ReservedLabelKey => write!(
+                f,
+                "labels: {:?} is reserved (set by record_endpoint)",
+                crate::TRACE_ENDPOINT_LABEL
+            ),
+            Self::DuplicateLabelKey(k) => write!(f, "labels: key {k:?} appears more than once"),
+            Self::SlotsBusy => write!(f, "failed to grab either slot: sample not recorded"),
+        }
+    }
+}
+
+impl std::error::Error for RecordError {}
+
+/// A serialization that could not run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SerializeError {
+    /// The serializer side does not hold the inactive slot; `reset_after_fork` recovers.
+    Inconsistent,
+    /// Compression failed (out of memory in the compressor).
+    Compression(String),
+}
+
+impl fmt::Display for SerializeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Inconsistent => {
+                write!(f, "recorder slots are inconsistent (the inactive slot is not held)")
+            }
+            Self::Compression(e) => write!(f, "gzip compression failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SerializeError {}

@@ -1,0 +1,33 @@
+//! The pure-Rust core of `ddprof_recorder`: profile storage (string interning, functions,
+//! locations, stacks and label sets stored once, samples aggregated by stack and label set),
+//! pprof encoding, and the two-slot [`Recorder`] that lets one thread record samples while
+//! another serializes, without the sampler ever waiting.
+//!
+//! Nothing here knows about Ruby: the binding in `ext/ddprof_recorder` converts Ruby values
+//! into the borrowed [`Sample`] / [`Frame`] / [`Label`] types and calls [`Recorder`].
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+mod error;
+mod hash;
+pub mod pprof;
+mod profile;
+mod recorder;
+mod sample;
+mod strings;
+mod time;
+
+pub use error::{ConfigError, RecordError, SerializeError};
+pub use pprof::Compression;
+pub use profile::Profile;
+pub use recorder::{Config, Output, Recorder, Serialized, StatsSnapshot};
+pub use sample::{Frame, Label, LabelValue, Sample, SpanId, ValueType};
+pub use time::Timestamp;
+
+/// Label key set on samples by [`Recorder::record_endpoint`]; callers may not use it.
+pub const TRACE_ENDPOINT_LABEL: &str = "trace endpoint";
+/// Label key whose value links a sample to an endpoint.
+pub const LOCAL_ROOT_SPAN_ID_LABEL: &str = "local root span id";
+/// Most value types a profile may have.
+pub const MAX_VALUE_TYPES: usize = 16;
+/// Smallest and largest accepted `max_frames`.
+pub const MAX_FRAMES_RANGE: std::ops::RangeInclusive<usize> = 2..=10_000;

@@ -1,0 +1,598 @@
+//! One profile's storage. Strings, functions, locations, stacks and label sets are each stored
+//! once and named by dense ids; samples are aggregated by (stack, label set) with their values
+//! summed. Every lookup is one hash probe in a table of ids, so the cost of adding a sample
+//! depends on its size, not on how many samples the profile already holds.
+use std::fmt::Write as _;
+use std::hash::{Hash, Hasher};
+
+use hashbrown::{hash_map::Entry, HashMap, HashTable};
+use rustc_hash::{FxBuildHasher, FxHasher};
+
+use crate::error::RecordError;
+use crate::hash::{hash_bytes, hash_u32s};
+use crate::sample::{Frame, Label, LabelValue, Sample, SpanId};
+use crate::strings::{StringId, StringTable};
+use crate::time::Timestamp;
+use crate::{LOCAL_ROOT_SPAN_ID_LABEL, TRACE_ENDPOINT_LABEL};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Function {
+    pub name: StringId,
+    pub filename: StringId,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Location {
+    /// Index into `Profile::functions`.
+    pub function: u32,
+    pub line: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum StoredValue {
+    Str(StringId),
+    Num(i64),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct StoredLabel {
+    pub key: StringId,
+    pub value: StoredValue,
+}
+
+/// A span id as an endpoint key: numbers by value, other strings by their interned id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum SpanKey {
+    Num(i64),
+    Str(StringId),
+}
+
+/// Slices of a shared arena, interned: `spans[id]` is the `(start, end)` of entry `id`.
+#[derive(Debug)]
+struct Arena<T> {
+    items: Vec<T>,
+    spans: Vec<(usize, usize)>,
+    index: HashTable<u32>,
+}
+
+impl<T> Default for Arena<T> {
+    fn default() -> Self {
+        Self { items: Vec::new(), spans: Vec::new(), index: HashTable::new() }
+    }
+}
+
+impl<T: Copy + Eq> Arena<T> {
+    fn get(&self, id: u32) -> &[T] {
+        let (start, end) = self.spans[id as usize];
+        &self.items[start..end]
+    }
+
+    fn intern(&mut self, slice: &[T], hash: impl Fn(&[T]) -> u64) -> u32 {
+        let h = hash(slice);
+        let (items, spans) = (&self.items, &self.spans);
+        let found = self.index.find(h, |&id| {
+            let (start, end) = spans[id as usize];
+            &items[start..end] == slice
+        });
+        if let Some(&id) = found {
+            return id;
+        }
+        let id = self.spans.len() as u32;
+        let start = self.items.len();
+        self.items.extend_from_slice(slice);
+        self.spans.push((start, self.items.len()));
+        let (items, spans) = (&self.items, &self.spans);
+        self.index.insert_unique(h, id, |&id| {
+            let (start, end) = spans[id as usize];
+            hash(&items[start..end])
+        });
+        id
+    }
+
+    fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    fn clear(&mut self) {
+        self.items.clear();
+        self.spans.clear();
+        self.index.clear();
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.items.capacity() * std::mem::size_of::<T>()
+            + self.spans.capacity() * std::mem::size_of::<(usize, usize)>()
+            + self.index.capacity() * (std::mem::size_of::<u32>() + 1)
+    }
+}
+
+fn hash_labels(labels: &[StoredLabel]) -> u64 {
+    let mut h = FxHasher::default();
+    labels.hash(&mut h);
+    h.finish()
+}
+
+fn hash_frame(function_name: &str, filename: &str, line: i64) -> u64 {
+    let mut h = FxHasher::default();
+    hash_bytes(&mut h, function_name.as_bytes());
+    hash_bytes(&mut h, filename.as_bytes());
+    h.write_i64(line);
+    h.finish()
+}
+
+/// Checks a sample against a profile with `num_values` value types, before anything is
+/// stored, so that a bad sample records nothing.
+pub(crate) fn validate(sample: &Sample<'_>, num_values: usize) -> Result<(), RecordError> {
+    if sample.values.len() != num_values {
+        return Err(RecordError::ValuesLength { expected: num_values, got: sample.values.len() });
+    }
+    for (i, label) in sample.labels.iter().enumerate() {
+        if label.key.is_empty() {
+            return Err(RecordError::EmptyLabelKey);
+        }
+        if label.key == TRACE_ENDPOINT_LABEL {
+            return Err(RecordError::ReservedLabelKey);
+        }
+        // Label lists are short (a handful of keys); quadratic beats sorting a copy.
+        if sample.labels[..i].iter().any(|other| other.key == label.key) {
+            return Err(RecordError::DuplicateLabelKey(label.key.to_owned()));
+        }
+    }
+    Ok(())
+}
+
+/// One time window's samples.
+#[derive(Debug)]
+pub struct Profile {
+    num_values: usize,
+    pub(crate) start: Timestamp,
+    pub(crate) strings: StringTable,
+    pub(crate) functions: Vec<Function>,
+    function_index: HashTable<u32>,
+    pub(crate) locations: Vec<Location>,
+    /// Locations by (function name, filename, line): one probe per frame on the hot path.
+    location_index: HashTable<u32>,
+    stacks: Arena<u32>,
+    label_sets: Arena<StoredLabel>,
+    /// `(stack id, label set id)` by sample index.
+    pub(crate) samples: Vec<(u32, u32)>,
+    /// `num_values` values per sample, by sample index.
+    pub(crate) values: Vec<i64>,
+    sample_index: HashMap<u64, u32, FxBuildHasher>,
+    endpoints: HashMap<SpanKey, StringId, FxBuildHasher>,
+    /// Samples added (before aggregation) since the last reset.
+    samples_added: u64,
+    scratch_locations: Vec<u32>,
+    scratch_labels: Vec<StoredLabel>,
+    scratch_string: String,
+}
+
+impl Profile {
+    pub fn new(num_values: usize, start: Timestamp) -> Self {
+        Self {
+            num_values,
+            start,
+            strings: StringTable::default(),
+            functions: Vec::new(),
+            function_index: HashTable::new(),
+            locations: Vec::new(),
+            location_index: HashTable::new(),
+            stacks: Arena::default(),
+            label_sets: Arena::default(),
+            samples: Vec::new(),
+            values: Vec::new(),
+            sample_index: HashMap::default(),
+            endpoints: HashMap::default(),
+            samples_added: 0,
+            scratch_locations: Vec::new(),
+            scratch_labels: Vec::new(),
+            scratch_string: String::new(),
+        }
+    }
+
+    pub fn start(&self) -> Timestamp {
+        self.start
+    }
+
+    pub fn num_values(&self) -> usize {
+        self.num_values
+    }
+
+    /// Distinct (stack, label set) pairs.
+    pub fn sample_count(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// Samples added since the last reset, before aggregation.
+    pub fn samples_added(&self) -> u64 {
+        self.samples_added
+    }
+
+    pub fn stack_count(&self) -> usize {
+        self.stacks.len()
+    }
+
+    pub fn string_count(&self) -> usize {
+        self.strings.len()
+    }
+
+    pub fn label_set_count(&self) -> usize {
+        self.label_sets.len()
+    }
+
+    /// Empties the profile for a new window starting at `start`, keeping its allocations.
+    pub fn reset(&mut self, start: Timestamp) {
+        self.start = start;
+        self.strings.clear();
+        self.functions.clear();
+        self.function_index.clear();
+        self.locations.clear();
+        self.location_index.clear();
+        self.stacks.clear();
+        self.label_sets.clear();
+        self.samples.clear();
+        self.values.clear();
+        self.sample_index.clear();
+        self.endpoints.clear();
+        self.samples_added = 0;
+    }
+
+    /// Adds a sample, truncating its stack to `max_frames` (the root-most kept frame becomes a
+    /// `"N frames omitted"` placeholder). Returns an error, recording nothing, if the sample is
+    /// invalid.
+    pub fn add(&mut self, sample: &Sample<'_>, max_frames: usize) -> Result<(), RecordError> {
+        validate(sample, self.num_values)?;
+        self.add_validated(sample, max_frames);
+        Ok(())
+    }
+
+    /// [`Profile::add`] for a sample that [`validate`] accepted.
+    pub(crate) fn add_validated(&mut self, sample: &Sample<'_>, max_frames: usize) {
+        let mut locations = std::mem::take(&mut self.scratch_locations);
+        locations.clear();
+        let total = sample.frames.len().saturating_add(sample.omitted_frames);
+        let kept = if total > max_frames {
+            sample.frames.len().min(max_frames.saturating_sub(1))
+        } else {
+            sample.frames.len()
+        };
+        for frame in &sample.frames[..kept] {
+            locations.push(self.intern_frame(frame.function_name, frame.filename, frame.line));
+        }
+        if kept < total {
+            let mut name = std::mem::take(&mut self.scratch_string);
+            name.clear();
+            // Writing to a String cannot fail.
+            let _ = write!(name, "{} frames omitted", total - kept);
+            locations.push(self.intern_frame("", &name, 0));
+            self.scratch_string = name;
+        }
+        let stack = self.stacks.intern(&locations, hash_u32s);
+        self.scratch_locations = locations;
+
+        let label_set = self.intern_labels(sample.labels);
+        self.add_values(stack, label_set, sample.values);
+        self.samples_added += 1;
+    }
+
+    fn add_values(&mut self, stack: u32, label_set: u32, values: &[i64]) {
+        let key = (u64::from(stack) << 32) | u64::from(label_set);
+        match self.sample_index.entry(key) {
+            Entry::Occupied(e) => {
+                let start = *e.get() as usize * self.num_values;
+                for (sum, v) in self.values[start..start + self.num_values].iter_mut().zip(values) {
+                    *sum = sum.saturating_add(*v);
+                }
+            }
+            Entry::Vacant(e) => {
+                e.insert(self.samples.len() as u32);
+                self.samples.push((stack, label_set));
+                self.values.extend_from_slice(values);
+            }
+        }
+    }
+
+    #[inline]
+    fn intern_frame(&mut self, function_name: &str, filename: &str, line: i64) -> u32 {
+        let hash = hash_frame(function_name, filename, line);
+        let (strings, functions, locations) = (&self.strings, &self.functions, &self.locations);
+        let found = self.location_index.find(hash, |&id| {
+            let location = locations[id as usize];
+            let function = functions[location.function as usize];
+            location.line == line
+                && strings.get(function.name) == function_name
+                && strings.get(function.filename) == filename
+        });
+        if let Some(&id) = found {
+            return id;
+        }
+        let function = self.intern_function(function_name, filename);
+        let id = self.locations.len() as u32;
+        self.locations.push(Location { function, line });
+        let (strings, functions, locations) = (&self.strings, &self.functions, &self.locations);
+        self.location_index.insert_unique(hash, id, |&id| {
+            let location = locations[id as usize];
+            let function = functions[location.function as usize];
+            hash_frame(strings.get(function.name), strings.get(function.filename), location.line)
+        });
+        id
+    }
+
+    fn intern_function(&mut self, name: &str, filename: &str) -> u32 {
+        let function =
+            Function { name: self.strings.intern(name), filename: self.strings.intern(filename) };
+        let hash = hash_function(function);
+        let functions = &self.functions;
+        if let Some(&id) = self.function_index.find(hash, |&id| functions[id as usize] == function)
+        {
+            return id;
+        }
+        let id = self.functions.len() as u32;
+        self.functions.push(function);
+        let functions = &self.functions;
+        self.function_index.insert_unique(hash, id, |&id| hash_function(functions[id as usize]));
+        id
+    }
+
+    fn intern_labels(&mut self, labels: &[Label<'_>]) -> u32 {
+        let mut stored = std::mem::take(&mut self.scratch_labels);
+        stored.clear();
+        for label in labels {
+            let value = match label.value {
+                LabelValue::Str(s) => StoredValue::Str(self.strings.intern(s)),
+                LabelValue::Num(n) => StoredValue::Num(n),
+            };
+            stored.push(StoredLabel { key: self.strings.intern(label.key), value });
+        }
+        // Keys are unique (validated), so ordering by key id makes the set order-independent.
+        stored.sort_unstable_by_key(|l| l.key);
+        let id = self.label_sets.intern(&stored, hash_labels);
+        self.scratch_labels = stored;
+        id
+    }
+
+    pub(crate) fn stack(&self, id: u32) -> &[u32] {
+        self.stacks.get(id)
+    }
+
+    pub(crate) fn label_set(&self, id: u32) -> &[StoredLabel] {
+        self.label_sets.get(id)
+    }
+
+    pub(crate) fn label_set_total(&self) -> usize {
+        self.label_sets.len()
+    }
+
+    /// Links samples whose `"local root span id"` label is `span` to `endpoint`; the latest
+    /// call for a span wins.
+    pub fn record_endpoint(&mut self, span: SpanId<'_>, endpoint: &str) {
+        let key = match span {
+            SpanId::Num(n) => SpanKey::Num(n),
+            SpanId::Str(s) => match SpanId::from_str(s) {
+                SpanId::Num(n) => SpanKey::Num(n),
+                SpanId::Str(s) => SpanKey::Str(self.strings.intern(s)),
+            },
+        };
+        let endpoint = self.strings.intern(endpoint);
+        self.endpoints.insert(key, endpoint);
+    }
+
+    /// The endpoint of each label set, by label set id, and the string id of the
+    /// `"trace endpoint"` key (None when no label set has an endpoint). Interns the key.
+    pub(crate) fn resolve_endpoints(&mut self) -> (Vec<Option<StringId>>, Option<StringId>) {
+        let span_key = match self.strings.lookup(LOCAL_ROOT_SPAN_ID_LABEL) {
+            Some(id) if !self.endpoints.is_empty() => id,
+            _ => return (Vec::new(), None),
+        };
+        let resolved: Vec<Option<StringId>> = (0..self.label_sets.len() as u32)
+            .map(|set| {
+                let label = self.label_set(set).iter().find(|l| l.key == span_key)?;
+                let key = match label.value {
+                    StoredValue::Num(n) => SpanKey::Num(n),
+                    StoredValue::Str(id) => match SpanId::from_str(self.strings.get(id)) {
+                        SpanId::Num(n) => SpanKey::Num(n),
+                        SpanId::Str(_) => SpanKey::Str(id),
+                    },
+                };
+                self.endpoints.get(&key).copied()
+            })
+            .collect();
+        if resolved.iter().all(Option::is_none) {
+            return (Vec::new(), None);
+        }
+        (resolved, Some(self.strings.intern(TRACE_ENDPOINT_LABEL)))
+    }
+
+    /// Heap bytes held by this profile (capacities, not lengths: what the allocator holds).
+    pub fn heap_bytes(&self) -> usize {
+        self.strings.heap_bytes()
+            + self.functions.capacity() * std::mem::size_of::<Function>()
+            + self.function_index.capacity() * 5
+            + self.locations.capacity() * std::mem::size_of::<Location>()
+            + self.location_index.capacity() * 5
+            + self.stacks.heap_bytes()
+            + self.label_sets.heap_bytes()
+            + self.samples.capacity() * 8
+            + self.values.capacity() * 8
+            + self.sample_index.capacity() * 13
+            + self.endpoints.capacity() * (std::mem::size_of::<(SpanKey, StringId)>() + 1)
+            + self.scratch_locations.capacity() * 4
+            + self.scratch_labels.capacity() * std::mem::size_of::<StoredLabel>()
+            + self.scratch_string.capacity()
+    }
+
+    /// Iterates samples as `(frames leaf first, values, labels)`, resolved to strings; for
+    /// callers that want the data without pprof (tests, folded stacks).
+    pub fn for_each_sample(&self, mut f: impl FnMut(&[Frame<'_>], &[i64], &[Label<'_>])) {
+        let mut frames = Vec::new();
+        let mut labels = Vec::new();
+        for (i, &(stack, set)) in self.samples.iter().enumerate() {
+            frames.clear();
+            frames.extend(self.stack(stack).iter().map(|&loc| {
+                let location = self.locations[loc as usize];
+                let function = self.functions[location.function as usize];
+                Frame {
+                    function_name: self.strings.get(function.name),
+                    filename: self.strings.get(function.filename),
+                    line: location.line,
+                }
+            }));
+            labels.clear();
+            labels.extend(self.label_set(set).iter().map(|l| Label {
+                key: self.strings.get(l.key),
+                value: match l.value {
+                    StoredValue::Str(s) => LabelValue::Str(self.strings.get(s)),
+                    StoredValue::Num(n) => LabelValue::Num(n),
+                },
+            }));
+            let values = &self.values[i * self.num_values..(i + 1) * self.num_values];
+            f(&frames, values, &labels);
+        }
+    }
+}
+
+fn hash_function(function: Function) -> u64 {
+    let mut h = FxHasher::default();
+    h.write_u32(function.name);
+    h.write_u32(function.filename);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(name: &'static str, line: i64) -> Frame<'static> {
+        Frame { function_name: name, filename: "app.rb", line }
+    }
+
+    fn collect(p: &Profile) -> Vec<(Vec<String>, Vec<i64>, Vec<String>)> {
+        let mut out = Vec::new();
+        p.for_each_sample(|frames, values, labels| {
+            out.push((
+                frames
+                    .iter()
+                    .map(|f| format!("{}:{}:{}", f.function_name, f.filename, f.line))
+                    .collect(),
+                values.to_vec(),
+                labels.iter().map(|l| format!("{}={:?}", l.key, l.value)).collect(),
+            ))
+        });
+        out
+    }
+
+    #[test]
+    fn aggregates_same_stack_and_labels_in_any_order() {
+        let mut p = Profile::new(2, Timestamp::default());
+        let frames = [frame("a", 1), frame("b", 2)];
+        let l1 = [
+            Label { key: "thread id", value: LabelValue::Str("1") },
+            Label { key: "n", value: LabelValue::Num(5) },
+        ];
+        let l2 = [l1[1], l1[0]];
+        for (labels, values) in [(&l1, [1, 10]), (&l2, [2, 20])] {
+            p.add(&Sample { frames: &frames, omitted_frames: 0, values: &values, labels }, 400)
+                .unwrap();
+        }
+        assert_eq!(p.sample_count(), 1);
+        assert_eq!(p.samples_added(), 2);
+        assert_eq!(collect(&p)[0].1, vec![3, 30]);
+    }
+
+    #[test]
+    fn stores_functions_locations_and_stacks_once() {
+        let mut p = Profile::new(1, Timestamp::default());
+        let s1 = [frame("a", 1), frame("b", 2)];
+        let s2 = [frame("a", 3), frame("b", 2)];
+        for frames in [&s1[..], &s2[..], &s1[..]] {
+            p.add(&Sample { frames, omitted_frames: 0, values: &[1], labels: &[] }, 400).unwrap();
+        }
+        assert_eq!(p.functions.len(), 2, "a and b");
+        assert_eq!(p.locations.len(), 3, "a:1, a:3, b:2");
+        assert_eq!(p.stack_count(), 2);
+        assert_eq!(p.sample_count(), 2);
+        // Every string once: "", a, app.rb, b.
+        assert_eq!(p.string_count(), 4);
+    }
+
+    #[test]
+    fn different_labels_are_different_samples() {
+        let mut p = Profile::new(1, Timestamp::default());
+        let frames = [frame("a", 1)];
+        for v in [LabelValue::Str("1"), LabelValue::Num(1), LabelValue::Str("2")] {
+            let labels = [Label { key: "k", value: v }];
+            p.add(
+                &Sample { frames: &frames, omitted_frames: 0, values: &[1], labels: &labels },
+                10,
+            )
+            .unwrap();
+        }
+        assert_eq!(p.sample_count(), 3);
+    }
+
+    #[test]
+    fn truncates_with_placeholder_counting_omitted_frames() {
+        let mut p = Profile::new(1, Timestamp::default());
+        let frames: Vec<_> = (0..10).map(|i| frame("f", i)).collect();
+        p.add(&Sample { frames: &frames, omitted_frames: 0, values: &[1], labels: &[] }, 4)
+            .unwrap();
+        // Caller-side truncation counts too: 4 given + 6 already cut = 10 in all.
+        p.add(&Sample { frames: &frames[..4], omitted_frames: 6, values: &[1], labels: &[] }, 4)
+            .unwrap();
+        // Exactly max_frames: kept whole.
+        p.add(&Sample { frames: &frames[..4], omitted_frames: 0, values: &[1], labels: &[] }, 4)
+            .unwrap();
+        let samples = collect(&p);
+        assert_eq!(samples.len(), 2, "the two truncated samples aggregate");
+        assert_eq!(
+            samples[0].0,
+            vec!["f:app.rb:0", "f:app.rb:1", "f:app.rb:2", ":7 frames omitted:0"]
+        );
+        assert_eq!(samples[0].1, vec![2]);
+        assert_eq!(samples[1].0.len(), 4);
+    }
+
+    #[test]
+    fn rejects_invalid_samples_without_recording() {
+        let mut p = Profile::new(2, Timestamp::default());
+        let frames = [frame("a", 1)];
+        let bad: [(&[i64], &[Label<'_>], RecordError); 4] = [
+            (&[1], &[], RecordError::ValuesLength { expected: 2, got: 1 }),
+            (&[1, 2], &[Label { key: "", value: LabelValue::Num(1) }], RecordError::EmptyLabelKey),
+            (
+                &[1, 2],
+                &[Label { key: TRACE_ENDPOINT_LABEL, value: LabelValue::Str("x") }],
+                RecordError::ReservedLabelKey,
+            ),
+            (
+                &[1, 2],
+                &[
+                    Label { key: "k", value: LabelValue::Num(1) },
+                    Label { key: "k", value: LabelValue::Num(2) },
+                ],
+                RecordError::DuplicateLabelKey("k".into()),
+            ),
+        ];
+        for (values, labels, err) in bad {
+            let sample = Sample { frames: &frames, omitted_frames: 0, values, labels };
+            assert_eq!(p.add(&sample, 10), Err(err));
+        }
+        assert_eq!(p.sample_count(), 0);
+        assert_eq!(p.string_count(), 1, "nothing interned");
+    }
+
+    #[test]
+    fn reset_empties_but_keeps_working() {
+        let mut p = Profile::new(1, Timestamp::default());
+        let frames = [frame("a", 1)];
+        p.add(&Sample { frames: &frames, omitted_frames: 0, values: &[1], labels: &[] }, 10)
+            .unwrap();
+        p.record_endpoint(SpanId::Num(1), "GET /");
+        p.reset(Timestamp { secs: 5, nanos: 0 });
+        assert_eq!((p.sample_count(), p.string_count(), p.stack_count()), (0, 1, 0));
+        assert_eq!(p.start(), Timestamp { secs: 5, nanos: 0 });
+        p.add(&Sample { frames: &frames, omitted_frames: 0, values: &[4], labels: &[] }, 10)
+            .unwrap();
+        assert_eq!(collect(&p), vec![(vec!["a:app.rb:1".to_string()], vec![4], vec![])]);
+    }
+}

@@ -1,0 +1,348 @@
+//! The two-slot recorder: one thread records samples while another serializes, and the
+//! sampler never waits for the serializer.
+//!
+//! # Threads
+//!
+//! - The **sampler** calls [`Recorder::record_sample`] and [`Recorder::record_endpoint`]. One
+//!   sampler at a time (in Ruby the GVL guarantees it: a sampler holds the GVL for the whole
+//!   call and never releases it while it holds a slot).
+//! - The **serializer** calls [`Recorder::start_next_profile`] then [`Recorder::flip`] (or
+//!   [`Recorder::serialize`], which does both). One serializer at a time (the Ruby side guards
+//!   it with a `Mutex`; here, the `serializer` lock enforces it too).
+//!
+//! # The protocol
+//!
+//! There are two profiles, each in its own [`parking_lot::Mutex`]: the *slots*. The **active**
+//! slot is the one whose lock is free; the **inactive** slot's lock is held by the serializer
+//! side between serializations, as an owned [`ArcMutexGuard`] kept in [`SerializerSide`].
+//! A new recorder has slot one active and slot two held.
+//!
+//! The sampler never blocks and never reads `active_slot`: it `try_lock`s slot one, then slot
+//! two, and does that twice at most. Exactly one slot is free in the steady state, so the first
+//! round succeeds unless a flip happened between its two probes; the second round then finds
+//! the slot the flip freed. If both rounds fail (never expected), the sample is counted in
+//! `samples_lost` and [`RecordError::SlotsBusy`] is returned: nothing is half-recorded.
+//!
+//! The serializer flips in three steps, then works on the now-inactive profile alone:
+//! 1. drop the guard of the previously inactive slot: samplers can now use it;
+//! 2. `lock` the previously active slot: this waits only for a sampler already inside it,
+//!    which holds it for one `record_sample` call;
+//! 3. store the new `active_slot` (for tests and for the serializer's own bookkeeping).
+//!
+//! Between 1 and 2 both slots are free and a sampler may use either: a sample in the
+//! previously inactive slot goes into the next profile, one in the previously active slot into
+//! this one. Either is correct, and no sample is ever in both or in neither.
+//!
+//! Before the flip, [`Recorder::start_next_profile`] resets the inactive profile with
+//! `start = finish` so that each window starts exactly where the previous one ended. The
+//! binding calls it while holding the GVL (like the seed) and runs [`Recorder::flip`] without
+//! the GVL, so Ruby keeps running while the profile is encoded.
+//!
+//! # Fork
+//!
+//! A fork copies the recorder in whatever state the parent's threads left it: the
+//! serializer lock or a slot may be held by a thread that does not exist in the child.
+//! [`Recorder::reset_after_fork`] recognizes such locks by the process id and puts the
+//! recorder back into its initial state.
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{ArcMutexGuard, Mutex, MutexGuard, RawMutex};
+
+use crate::error::{ConfigError, RecordError, SerializeError};
+use crate::pprof::{self, Compression};
+use crate::profile::{validate, Profile};
+use crate::sample::{Sample, SpanId, ValueType};
+use crate::time::Timestamp;
+use crate::{MAX_FRAMES_RANGE, MAX_VALUE_TYPES};
+
+/// What a recorder records: its value types (in value order) and the stack depth limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    value_types: Vec<ValueType>,
+    max_frames: usize,
+}
+
+impl Config {
+    pub fn new(value_types: Vec<ValueType>, max_frames: usize) -> Result<Self, ConfigError> {
+        if !(1..=MAX_VALUE_TYPES).contains(&value_types.len()) {
+            return Err(ConfigError::ValueTypesCount(value_types.len()));
+        }
+        for (index, vt) in value_types.iter().enumerate() {
+            if vt.r#type.is_empty() || vt.unit.is_empty() {
+                return Err(ConfigError::EmptyValueType { index });
+            }
+            if value_types[..index].iter().any(|other| other.r#type == vt.r#type) {
+                return Err(ConfigError::DuplicateValueType(vt.r#type.clone()));
+            }
+        }
+        if !MAX_FRAMES_RANGE.contains(&max_frames) {
+            return Err(ConfigError::MaxFrames(max_frames));
+        }
+        Ok(Self { value_types, max_frames })
+    }
+
+    pub fn value_types(&self) -> &[ValueType] {
+        &self.value_types
+    }
+
+    pub fn max_frames(&self) -> usize {
+        self.max_frames
+    }
+}
+
+/// One serialized time window.
+#[derive(Debug)]
+pub struct Serialized {
+    pub start: Timestamp,
+    pub finish: Timestamp,
+    /// The pprof (gzip-compressed if asked); empty for [`Recorder::clear`].
+    pub bytes: Vec<u8>,
+}
+
+/// What a flip does with the profile it takes out of service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    Pprof(Compression),
+    Discard,
+}
+
+/// Counters over the recorder's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatsSnapshot {
+    pub samples_recorded: u64,
+    pub samples_rejected: u64,
+    pub samples_dropped: u64,
+    pub samples_lost: u64,
+    pub serializations: u64,
+    pub last_serialization_ns: u64,
+    pub last_serialization_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Stats {
+    samples_recorded: AtomicU64,
+    samples_rejected: AtomicU64,
+    samples_lost: AtomicU64,
+    serializations: AtomicU64,
+    last_serialization_ns: AtomicU64,
+    last_serialization_bytes: AtomicU64,
+}
+
+type Slot = Arc<Mutex<Profile>>;
+type SlotGuard = ArcMutexGuard<RawMutex, Profile>;
+
+/// State only the serializer touches, behind the `serializer` lock.
+struct SerializerSide {
+    /// The held lock of the inactive slot. `None` only if a flip was cut short between its
+    /// steps (it cannot be in safe Rust, but a fork can): serializing then reports
+    /// [`SerializeError::Inconsistent`] and `reset_after_fork` restores it.
+    inactive: Option<SlotGuard>,
+}
+
+pub struct Recorder {
+    config: Config,
+    slots: [Slot; 2],
+    serializer: Mutex<SerializerSide>,
+    /// 1 or 2. Written by the serializer side only; the sampler never reads it.
+    active_slot: AtomicU8,
+    /// Process that last took the `serializer` lock: tells a lock held by a live thread from
+    /// one left held by a thread of the parent process.
+    serializer_pid: AtomicU32,
+    stats: Stats,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder")
+            .field("config", &self.config)
+            .field("active_slot", &self.active_slot())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Recorder {
+    /// A recorder whose first profile starts at `start`, with slot one active.
+    pub fn new(config: Config, start: Timestamp) -> Self {
+        let n = config.value_types.len();
+        let slots = [
+            Arc::new(Mutex::new(Profile::new(n, start))),
+            Arc::new(Mutex::new(Profile::new(n, start))),
+        ];
+        let inactive = slots[1].lock_arc();
+        Self {
+            config,
+            serializer: Mutex::new(SerializerSide { inactive: Some(inactive) }),
+            slots,
+            active_slot: AtomicU8::new(1),
+            serializer_pid: AtomicU32::new(std::process::id()),
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Records a sample in the active profile. Never blocks. On error nothing is recorded.
+    pub fn record_sample(&self, sample: &Sample<'_>) -> Result<(), RecordError> {
+        if let Err(e) = validate(sample, self.config.value_types.len()) {
+            self.note_rejected();
+            return Err(e);
+        }
+        let max_frames = self.config.max_frames;
+        self.with_active_profile(|profile| profile.add_validated(sample, max_frames))?;
+        self.stats.samples_recorded.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Links samples of the active profile with `"local root span id" == span` (recorded
+    /// before or after this call) to `endpoint`. Never blocks.
+    pub fn record_endpoint(&self, span: SpanId<'_>, endpoint: &str) -> Result<(), RecordError> {
+        self.with_active_profile(|profile| profile.record_endpoint(span, endpoint))
+    }
+
+    /// Counts a `record_sample` call that the caller refused before reaching the recorder
+    /// (bad arguments found while converting them).
+    pub fn note_rejected(&self) {
+        self.stats.samples_rejected.fetch_add(1, Relaxed);
+    }
+
+    /// The sampler's side of the protocol: `try_lock` slot one, then slot two, twice at most.
+    fn with_active_profile<R>(&self, f: impl FnOnce(&mut Profile) -> R) -> Result<R, RecordError> {
+        for _attempt in 0..2 {
+            for slot in &self.slots {
+                if let Some(mut profile) = slot.try_lock() {
+                    return Ok(f(&mut profile));
+                }
+            }
+        }
+        self.stats.samples_lost.fetch_add(1, Relaxed);
+        Err(RecordError::SlotsBusy)
+    }
+
+    fn lock_serializer(&self) -> MutexGuard<'_, SerializerSide> {
+        let side = self.serializer.lock();
+        self.serializer_pid.store(std::process::id(), Relaxed);
+        side
+    }
+
+    /// Serializer step 0: resets the inactive profile so that it starts at `finish`, the end
+    /// of the window about to be serialized. The binding calls it with the GVL held.
+    pub fn start_next_profile(&self, finish: Timestamp) -> Result<(), SerializeError> {
+        let mut side = self.lock_serializer();
+        let inactive = side.inactive.as_mut().ok_or(SerializeError::Inconsistent)?;
+        inactive.reset(finish);
+        Ok(())
+    }
+
+    /// Flips the slots (see the module docs) and turns the previously active profile into
+    /// `output`, then empties it. Runs without the GVL in the binding.
+    pub fn flip(&self, finish: Timestamp, output: Output) -> Result<Serialized, SerializeError> {
+        let began = Instant::now();
+        let mut side = self.lock_serializer();
+        let previously_inactive = side.inactive.take().ok_or(SerializeError::Inconsistent)?;
+        let inactive_index =
+            usize::from(Arc::ptr_eq(SlotGuard::mutex(&previously_inactive), &self.slots[1]));
+        let active_index = 1 - inactive_index;
+        drop(previously_inactive); // 1. samplers may now use it
+        let profile = side.inactive.insert(self.slots[active_index].lock_arc()); // 2.
+        self.active_slot.store(inactive_index as u8 + 1, Relaxed); // 3.
+
+        let start = profile.start();
+        let bytes = match output {
+            Output::Pprof(compression) => {
+                let raw = pprof::encode(profile, &self.config.value_types, finish);
+                match compression {
+                    Compression::None => Ok(raw),
+                    Compression::Gzip => pprof::gzip(&raw),
+                }
+            }
+            Output::Discard => Ok(Vec::new()),
+        };
+        // Emptied now rather than at the next flip: the memory is free for reuse meanwhile.
+        profile.reset(finish);
+        drop(side);
+        let bytes = bytes?;
+        if output != Output::Discard {
+            self.stats.serializations.fetch_add(1, Relaxed);
+            self.stats.last_serialization_ns.store(began.elapsed().as_nanos() as u64, Relaxed);
+            self.stats.last_serialization_bytes.store(bytes.len() as u64, Relaxed);
+        }
+        Ok(Serialized { start, finish, bytes })
+    }
+
+    /// Ends the current window at `now` and returns it as pprof: [`Recorder::start_next_profile`]
+    /// then [`Recorder::flip`], for callers that have no GVL to juggle.
+    pub fn serialize(&self, compression: Compression) -> Result<Serialized, SerializeError> {
+        let finish = Timestamp::now();
+        self.start_next_profile(finish)?;
+        self.flip(finish, Output::Pprof(compression))
+    }
+
+    /// Back to the initial state (slot one active and empty, slot two held and empty, both
+    /// starting at `now`, endpoints dropped), whatever state a fork left it in. A serializer
+    /// of this process that is mid-flip is waited for; locks held by threads of a parent
+    /// process are taken over.
+    ///
+    /// # Safety
+    ///
+    /// No thread of this process may be inside [`Recorder::record_sample`] or
+    /// [`Recorder::record_endpoint`] on this recorder during the call. (In Ruby: the caller
+    /// holds the GVL, and samplers hold it for the whole time they hold a slot.)
+    pub unsafe fn reset_after_fork(&self, now: Timestamp) {
+        let mut side = match self.serializer.try_lock() {
+            Some(side) => side,
+            None if self.serializer_pid.load(Relaxed) != std::process::id() => {
+                // SAFETY: the lock was last taken in another process, the parent: its owner is
+                // a thread that was not copied by fork, so nobody here will use or release it.
+                unsafe { self.serializer.force_unlock() };
+                self.serializer.lock()
+            }
+            None => self.serializer.lock(),
+        };
+        self.serializer_pid.store(std::process::id(), Relaxed);
+        side.inactive = None; // unlocks the slot it held, if any
+        let n = self.config.value_types.len();
+        for slot in &self.slots {
+            if !slot.is_locked() {
+                continue;
+            }
+            // SAFETY: we hold the serializer lock, so no serializer of this process holds a
+            // slot; the caller guarantees no sampler does. A slot still locked was locked by a
+            // thread of the parent mid-flip, which does not exist here.
+            unsafe { slot.force_unlock() };
+        }
+        // Fresh profiles rather than `reset`: they free the parent's data in the child, and
+        // do not trust structures a parent thread may have been changing at the fork.
+        *self.slots[0].lock() = Profile::new(n, now);
+        let mut inactive = self.slots[1].lock_arc();
+        *inactive = Profile::new(n, now);
+        side.inactive = Some(inactive);
+        self.active_slot.store(1, Relaxed);
+    }
+
+    /// 1 or 2: the slot samplers currently record into. For tests and debugging.
+    pub fn active_slot(&self) -> u8 {
+        self.active_slot.load(Relaxed)
+    }
+
+    /// Whether slot `1` or `2`'s lock is held. For tests and debugging.
+    pub fn slot_is_locked(&self, slot: u8) -> bool {
+        self.slots[usize::from(slot != 1)].is_locked()
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        let s = &self.stats;
+        StatsSnapshot {
+            samples_recorded: s.samples_recorded.load(Relaxed),
+            samples_rejected: s.samples_rejected.load(Relaxed),
+            samples_dropped: 0,
+            samples_lost: s.samples_lost.load(Relaxed),
+            serializations: s.serializations.load(Relaxed),
+            last_serialization_ns: s.last_serialization_ns.load(Relaxed),
+            last_serialization_bytes: s.last_serialization_bytes.load(Relaxed),
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The two-slot recorder through its public API, checked with an independent decode of the
+//! pprof it produces.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use ddprof_recorder_core::pprof::PprofProfile;
+use ddprof_recorder_core::{
+    Compression, Config, Frame, Label, LabelValue, Output, RecordError, Recorder, Sample, SpanId,
+    Timestamp, ValueType,
+};
+use prost::Message;
+
+fn recorder() -> Recorder {
+    let config = Config::new(
+        vec![ValueType::new("cpu-samples", "count"), ValueType::new("wall-time", "nanoseconds")],
+        400,
+    )
+    .unwrap();
+    Recorder::new(config, Timestamp::now())
+}
+
+fn record(r: &Recorder, name: &str, values: [i64; 2]) {
+    let frames = [Frame { function_name: name, filename: "t.rb", line: 1 }];
+    r.record_sample(&Sample { frames: &frames, omitted_frames: 0, values: &values, labels: &[] })
+        .unwrap();
+}
+
+fn totals(pprof: &[u8]) -> Vec<i64> {
+    let d = PprofProfile::decode(pprof).unwrap();
+    let mut totals = vec![0; d.sample_type.len()];
+    for s in &d.sample {
+        for (t, v) in totals.iter_mut().zip(&s.value) {
+            *t += v;
+        }
+    }
+    totals
+}
+
+#[test]
+fn new_recorder_has_slot_one_active_and_slot_two_held() {
+    let r = recorder();
+    assert_eq!(r.active_slot(), 1);
+    assert!(!r.slot_is_locked(1));
+    assert!(r.slot_is_locked(2));
+}
+
+#[test]
+fn each_serialize_flips_the_slots_and_returns_only_its_window() {
+    let r = recorder();
+    record(&r, "a", [1, 10]);
+    let first = r.serialize(Compression::None).unwrap();
+    assert_eq!((r.active_slot(), r.slot_is_locked(1), r.slot_is_locked(2)), (2, true, false));
+    assert_eq!(totals(&first.bytes), [1, 10]);
+
+    record(&r, "b", [2, 20]);
+    let second = r.serialize(Compression::None).unwrap();
+    assert_eq!((r.active_slot(), r.slot_is_locked(1), r.slot_is_locked(2)), (1, false, true));
+    assert_eq!(totals(&second.bytes), [2, 20]);
+    assert_eq!(second.start, first.finish, "windows chain");
+    assert!(first.start <= first.finish && second.start <= second.finish);
+
+    let third = r.serialize(Compression::None).unwrap();
+    assert_eq!(totals(&third.bytes), [0, 0]);
+    assert_eq!(r.stats().serializations, 3);
+    assert_eq!(r.stats().samples_recorded, 2);
+    assert_eq!(r.stats().last_serialization_bytes, third.bytes.len() as u64);
+}
+
+#[test]
+fn clear_discards_the_window() {
+    let r = recorder();
+    record(&r, "a", [1, 10]);
+    let cleared = r.flip(Timestamp::now(), Output::Discard).unwrap();
+    assert!(cleared.bytes.is_empty());
+    assert_eq!(r.active_slot(), 2);
+    assert_eq!(totals(&r.serialize(Compression::None).unwrap().bytes), [0, 0]);
+}
+
+#[test]
+fn endpoints_belong_to_their_window() {
+    let r = recorder();
+    let labels = [Label { key: "local root span id", value: LabelValue::Num(9) }];
+    let frames = [Frame { function_name: "f", filename: "t.rb", line: 1 }];
+    let sample = Sample { frames: &frames, omitted_frames: 0, values: &[1, 1], labels: &labels };
+    r.record_sample(&sample).unwrap();
+    r.record_endpoint(SpanId::Num(9), "GET /old").unwrap();
+    r.record_endpoint(SpanId::Str("9"), "GET /new").unwrap(); // latest wins, "9" == 9
+    let endpoint_of = |bytes: &[u8]| {
+        let d = PprofProfile::decode(bytes).unwrap();
+        let key = d.string_table.iter().position(|s| s == "trace endpoint");
+        d.sample[0]
+            .label
+            .iter()
+            .find(|l| Some(l.key as usize) == key)
+            .map(|l| d.string_table[l.str as usize].clone())
+    };
+    assert_eq!(
+        endpoint_of(&r.serialize(Compression::None).unwrap().bytes).as_deref(),
+        Some("GET /new")
+    );
+    r.record_sample(&sample).unwrap();
+    assert_eq!(
+        endpoint_of(&r.serialize(Compression::None).unwrap().bytes),
+        None,
+        "not carried over"
+    );
+}
+
+#[test]
+fn invalid_samples_are_rejected_and_counted() {
+    let r = recorder();
+    let err = r
+        .record_sample(&Sample { frames: &[], omitted_frames: 0, values: &[1], labels: &[] })
+        .unwrap_err();
+    assert_eq!(err, RecordError::ValuesLength { expected: 2, got: 1 });
+    assert_eq!(r.stats().samples_rejected, 1);
+    assert_eq!(r.stats().samples_recorded, 0);
+}
+
+#[test]
+fn reset_after_fork_restores_the_initial_state_from_either_slot() {
+    for serializations in 0..3 {
+        let r = recorder();
+        for _ in 0..serializations {
+            r.serialize(Compression::None).unwrap();
+        }
+        record(&r, "a", [1, 1]);
+        let now = Timestamp::now();
+        // SAFETY: no sampler runs concurrently in this test.
+        unsafe { r.reset_after_fork(now) };
+        assert_eq!((r.active_slot(), r.slot_is_locked(1), r.slot_is_locked(2)), (1, false, true));
+        let out = r.serialize(Compression::None).unwrap();
+        assert_eq!(out.start, now);
+        assert_eq!(totals(&out.bytes), [0, 0], "reset dropped the samples");
+        record(&r, "b", [1, 1]);
+        assert_eq!(totals(&r.serialize(Compression::None).unwrap().bytes), [1, 1]);
+    }
+}
+
+#[test]
+fn gzip_output_decompresses_to_the_same_totals() {
+    let r = recorder();
+    record(&r, "a", [3, 4]);
+    let gz = r.serialize(Compression::Gzip).unwrap().bytes;
+    assert_eq!(&gz[..2], &[0x1f, 0x8b]);
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw).unwrap();
+    assert_eq!(totals(&raw), [3, 4]);
+}
+
+/// A sampler records continuously while another thread serializes in a loop: the sampler
+/// never fails to find a slot, and every recorded value lands in exactly one profile.
+#[test]
+fn sampler_never_blocks_and_nothing_is_lost_or_double_counted() {
+    let r = Arc::new(recorder());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (r, stop) = (r.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let names: Vec<String> = (0..200).map(|i| format!("fn{i}")).collect();
+            let mut recorded = [0i64; 2];
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) || i < 100_000 {
+                let frames: Vec<Frame<'_>> = (0..8)
+                    .map(|d| Frame {
+                        function_name: &names[(i + d) % 200],
+                        filename: "x.rb",
+                        line: d as i64,
+                    })
+                    .collect();
+                let values = [1, (i % 1000) as i64];
+                r.record_sample(&Sample {
+                    frames: &frames,
+                    omitted_frames: 0,
+                    values: &values,
+                    labels: &[],
+                })
+                .expect("sampler must always find a slot");
+                recorded[0] += values[0];
+                recorded[1] += values[1];
+                i += 1;
+            }
+            recorded
+        })
+    };
+    let mut serialized = [0i64; 2];
+    let mut rounds = 0;
+    while rounds < 200 || !sampler.is_finished() {
+        let out = r
+            .serialize(if rounds % 2 == 0 { Compression::None } else { Compression::Gzip })
+            .unwrap();
+        let raw = if rounds % 2 == 0 {
+            out.bytes
+        } else {
+            let mut raw = Vec::new();
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&out.bytes[..]), &mut raw)
+                .unwrap();
+            raw
+        };
+        let t = totals(&raw);
+        serialized[0] += t[0];
+        serialized[1] += t[1];
+        rounds += 1;
+        if rounds == 200 {
+            stop.store(true, Ordering::Relaxed);
+        }
+    }
+    let recorded = sampler.join().unwrap();
+    let t = totals(&r.serialize(Compression::None).unwrap().bytes);
+    serialized[0] += t[0];
+    serialized[1] += t[1];
+    assert_eq!(serialized, recorded);
+    assert_eq!(r.stats().samples_lost, 0);
+    assert_eq!(r.stats().samples_recorded as i64, recorded[0]);
+}
