@@ -1,1 +1,16 @@
+//! The Ruby binding of ddprof_recorder: argument conversion, GVL handling and Ruby objects
+//! around the pure-Rust core in `crates/core`.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+mod convert;
+mod errors;
+mod nogvl;
+mod stack_recorder;
+
+use magnus::{Error, Ruby};
+
+#[magnus::init]
+fn init(ruby: &Ruby) -> Result<(), Error> {
+    let module = ruby.define_module("DdprofRecorder")?;
+    stack_recorder::init(ruby, module)
+}

@@ -1,0 +1,31 @@
+//! `bench/run core WORKLOAD.json [--reps N]`: add, serialize (raw and gzip), output size and
+//! peak heap of the core recorder, against the floor recorder, on one workload.
+use std::path::PathBuf;
+
+use ddprof_recorder_bench::alloc::CountingAlloc;
+use ddprof_recorder_bench::workload::Workload;
+use ddprof_recorder_bench::{core_bench, exit_on_error, take_option};
+
+#[global_allocator]
+static ALLOC: CountingAlloc = CountingAlloc;
+
+fn main() {
+    exit_on_error(run());
+}
+
+fn run() -> Result<(), String> {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let reps = match take_option(&mut args, "--reps")? {
+        Some(n) => n.parse::<usize>().ok().filter(|&n| n > 0).ok_or("--reps must be >= 1")?,
+        None => 5,
+    };
+    let [path] = &args[..] else {
+        return Err("usage: core WORKLOAD.json [--reps N]".into());
+    };
+    let w = Workload::load(&PathBuf::from(path))?;
+    eprintln!("loaded {path}: {} samples; {reps} reps", w.samples.len());
+    let result = core_bench::run(&w, reps, false)?;
+    result.print_table();
+    println!("{}", result.to_json());
+    Ok(())
+}

@@ -1,0 +1,31 @@
+//! Benchmarks of `ddprof_recorder_core` (see `bench/run` and `bench/RESULTS.md`). The
+//! binaries in `src/bin` print a table and, as their last line, one JSON object.
+pub mod alloc;
+pub mod core_bench;
+pub mod floor;
+pub mod stats;
+pub mod workload;
+
+/// The Ruby API's default `max_frames`; the workload's stacks (at most ~100 frames) fit.
+pub const MAX_FRAMES: usize = 400;
+
+/// Parses `--name VALUE` out of `args`, removing both.
+pub fn take_option(args: &mut Vec<String>, name: &str) -> Result<Option<String>, String> {
+    match args.iter().position(|a| a == name) {
+        None => Ok(None),
+        Some(i) if i + 1 < args.len() => {
+            let value = args.remove(i + 1);
+            args.remove(i);
+            Ok(Some(value))
+        }
+        Some(_) => Err(format!("{name} needs a value")),
+    }
+}
+
+/// Runs a benchmark's `main`, turning an error into a message and exit status 1.
+pub fn exit_on_error(result: Result<(), String>) {
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,68 @@
+//! Running Rust code without the GVL, so that other Ruby threads keep running.
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::null_mut;
+
+use magnus::{Error, Ruby};
+
+use crate::errors::panic_error;
+
+struct Call<F, R> {
+    work: Option<F>,
+    result: Option<std::thread::Result<R>>,
+}
+
+unsafe extern "C" fn trampoline<F, R>(data: *mut c_void) -> *mut c_void
+where
+    F: FnOnce() -> R,
+{
+    // SAFETY: `data` is the `&mut Call<F, R>` that `nogvl` passed, alive for this whole call.
+    let call = unsafe { &mut *data.cast::<Call<F, R>>() };
+    if let Some(work) = call.work.take() {
+        call.result = Some(catch_unwind(AssertUnwindSafe(work)));
+    }
+    null_mut()
+}
+
+/// Runs `work` without the GVL and returns its result.
+///
+/// The seed's loop: process pending interrupts (`Thread#raise`, `Thread#kill`, signals)
+/// first, while nothing has been computed, then `rb_thread_call_without_gvl2`, which returns
+/// without running `work` when an interrupt is pending and, unlike
+/// `rb_thread_call_without_gvl`, never raises after `work` ran, so its result (owned Rust
+/// memory) cannot be leaked by a longjmp. An interrupt is raised as `Err` here, through
+/// `rb_protect`, so no Rust frame is ever jumped over.
+///
+/// `F: Send` and `R: Send` keep Ruby values out of the closure and its result: no Ruby object
+/// may be touched without the GVL. A panic in `work` comes back as a Ruby exception.
+pub fn nogvl<F, R>(ruby: &Ruby, work: F) -> Result<R, Error>
+where
+    F: Send + FnOnce() -> R,
+    R: Send,
+{
+    let mut call = Call { work: Some(work), result: None };
+    loop {
+        magnus::rb_sys::protect(|| {
+            // SAFETY: called with the GVL held (we have `&Ruby`); may raise, which `protect`
+            // turns into an `Err` instead of a longjmp over our frames.
+            unsafe { rb_sys::rb_thread_check_ints() };
+            rb_sys::Qnil as rb_sys::VALUE
+        })?;
+        // SAFETY: `trampoline::<F, R>` matches `call`'s type; no unblocking function is given,
+        // so `work` runs to completion once started; `call` outlives the call.
+        unsafe {
+            rb_sys::rb_thread_call_without_gvl2(
+                Some(trampoline::<F, R>),
+                (&mut call as *mut Call<F, R>).cast(),
+                None,
+                null_mut(),
+            );
+        }
+        match call.result.take() {
+            Some(Ok(result)) => return Ok(result),
+            Some(Err(panic)) => return Err(panic_error(ruby, panic)),
+            // Returned early because an interrupt is pending: process it, then try again.
+            None => continue,
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! `DdprofRecorder::StackRecorder`: a TypedData object around the core's two-slot
+//! [`Recorder`], and its `_native_*` entry points. The public Ruby methods, keywords and
+//! docs are in `lib/ddprof_recorder/stack_recorder.rb`.
+use ddprof_recorder_core::{
+    Compression, Config, Output, Recorder, SerializeError, Serialized, Timestamp,
+};
+use magnus::{
+    function, method, prelude::*, typed_data::Obj, value::ReprValue, DataTypeFunctions, Error,
+    RArray, RClass, RHash, RModule, Ruby, Symbol, Time, TypedData, Value,
+};
+
+use crate::convert;
+use crate::errors::{arg_error, guard, record_error};
+use crate::nogvl::nogvl;
+
+#[derive(TypedData)]
+#[magnus(class = "DdprofRecorder::StackRecorder", free_immediately, size)]
+pub struct StackRecorder {
+    recorder: Recorder,
+    compression: Compression,
+}
+
+impl DataTypeFunctions for StackRecorder {}
+
+pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    convert::init(ruby)?;
+    let class = module.define_class("StackRecorder", ruby.class_object())?;
+    // Instances only come from `_native_new`: a bare `allocate` would have no recorder.
+    class.undef_default_alloc_func();
+    class.define_singleton_method("_native_new", method!(native_new, 3))?;
+    class.define_singleton_method("_native_serialize", function!(native_serialize, 1))?;
+    class.define_singleton_method("_native_clear", function!(native_clear, 1))?;
+    class.define_singleton_method("_native_reset_after_fork", function!(reset_after_fork, 1))?;
+    class.define_method("_native_record_sample", method!(record_sample, 3))?;
+    class.define_method("_native_record_endpoint", method!(record_endpoint, 2))?;
+    class.define_method("_native_stats", method!(stats, 0))?;
+
+    // Hooks for RSpec only; not part of the API a profiler should use.
+    let testing = class.define_module("Testing")?;
+    testing.define_singleton_method("_native_active_slot", function!(active_slot, 1))?;
+    testing.define_singleton_method(
+        "_native_slot_one_mutex_locked?",
+        function!(|r: &StackRecorder| r.recorder.slot_is_locked(1), 1),
+    )?;
+    testing.define_singleton_method(
+        "_native_slot_two_mutex_locked?",
+        function!(|r: &StackRecorder| r.recorder.slot_is_locked(2), 1),
+    )?;
+    testing.define_singleton_method(
+        "_native_record_endpoint",
+        function!(testing_record_endpoint, 3),
+    )?;
+    Ok(())
+}
+
+/// `StackRecorder._native_new(value_types, max_frames, compression)`, on the class or a
+/// subclass.
+fn native_new(
+    ruby: &Ruby,
+    class: RClass,
+    value_types: Value,
+    max_frames: Value,
+    compression: Value,
+) -> Result<Obj<StackRecorder>, Error> {
+    guard(ruby, || {
+        let value_types = convert::value_types(ruby, value_types)?;
+        let max_frames =
+            convert::int64(ruby, max_frames, || "max_frames".to_string()).map_err(|e| {
+                // A bignum is a RangeError for max_frames, as for any Ruby size argument.
+                if e.is_kind_of(ruby.exception_arg_error()) {
+                    Error::new(ruby.exception_range_error(), "max_frames is out of range")
+                } else {
+                    e
+                }
+            })?;
+        let compression = match Symbol::from_value(compression).map(|s| s.name()) {
+            Some(Ok(name)) if name == "none" => Compression::None,
+            Some(Ok(name)) if name == "gzip" => Compression::Gzip,
+            _ => {
+                return Err(arg_error(
+                    ruby,
+                    format!("compression must be :none or :gzip, got {}", inspect(compression)),
+                ))
+            }
+        };
+        let max_frames = usize::try_from(max_frames).unwrap_or(0);
+        let config =
+            Config::new(value_types, max_frames).map_err(|e| arg_error(ruby, e.to_string()))?;
+        let recorder = Recorder::new(config, Timestamp::now());
+        Ok(ruby.obj_wrap_as(StackRecorder { recorder, compression }, class))
+    })
+}
+
+fn inspect(v: Value) -> String {
+    v.inspect()
+}
+
+fn record_sample(
+    ruby: &Ruby,
+    rb_self: &StackRecorder,
+    locations: Value,
+    values: Value,
+    labels: Value,
+) -> Result<(), Error> {
+    guard(ruby, || {
+        let recorder = &rb_self.recorder;
+        let config = recorder.config();
+        let recorded = convert::with_sample(
+            ruby,
+            (locations, values, labels),
+            config.value_types(),
+            config.max_frames(),
+            |sample| recorder.record_sample(sample),
+        );
+        match recorded {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(record_error(ruby, e)),
+            Err(e) => {
+                recorder.note_rejected();
+                Err(e)
+            }
+        }
+    })
+}
+
+fn record_endpoint(
+    ruby: &Ruby,
+    rb_self: &StackRecorder,
+    local_root_span_id: Value,
+    endpoint: Value,
+) -> Result<(), Error> {
+    guard(ruby, || {
+        let span = convert::span_id(ruby, local_root_span_id)?;
+        let endpoint = convert::text(ruby, endpoint, "endpoint")?;
+        rb_self
+            .recorder
+            .record_endpoint(span.as_span_id(), &endpoint)
+            .map_err(|e| record_error(ruby, e))
+    })
+}
+
+fn testing_record_endpoint(
+    ruby: &Ruby,
+    recorder: &StackRecorder,
+    local_root_span_id: Value,
+    endpoint: Value,
+) -> Result<bool, Error> {
+    record_endpoint(ruby, recorder, local_root_span_id, endpoint).map(|()| true)
+}
+
+fn time(ruby: &Ruby, t: Timestamp) -> Result<Time, Error> {
+    ruby.time_timespec_new(
+        magnus::time::Timespec { tv_sec: t.secs, tv_nsec: i64::from(t.nanos) },
+        magnus::time::Offset::utc(),
+    )
+}
+
+/// The serializer side, shared by `_native_serialize` and `_native_clear`: with the GVL,
+/// take the finish time and reset the next profile; without it, flip and encode.
+fn finish_window(
+    ruby: &Ruby,
+    rb_self: &StackRecorder,
+    output: Output,
+) -> Result<Result<Serialized, SerializeError>, Error> {
+    let recorder = &rb_self.recorder;
+    let finish = Timestamp::now();
+    if let Err(e) = recorder.start_next_profile(finish) {
+        return Ok(Err(e));
+    }
+    nogvl(ruby, || recorder.flip(finish, output))
+}
+
+fn error_pair(ruby: &Ruby, e: SerializeError) -> RArray {
+    ruby.ary_new_from_values(&[
+        ruby.to_symbol("error").as_value(),
+        ruby.str_new(&e.to_string()).as_value(),
+    ])
+}
+
+fn native_serialize(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RArray, Error> {
+    guard(ruby, || match finish_window(ruby, rb_self, Output::Pprof(rb_self.compression))? {
+        Ok(Serialized { start, finish, bytes }) => {
+            let pprof = ruby.str_from_slice(&bytes);
+            drop(bytes);
+            let triple = ruby.ary_new_from_values(&[
+                time(ruby, start)?.as_value(),
+                time(ruby, finish)?.as_value(),
+                pprof.as_value(),
+            ]);
+            Ok(ruby.ary_new_from_values(&[ruby.to_symbol("ok").as_value(), triple.as_value()]))
+        }
+        Err(e) => Ok(error_pair(ruby, e)),
+    })
+}
+
+fn native_clear(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RArray, Error> {
+    guard(ruby, || match finish_window(ruby, rb_self, Output::Discard)? {
+        Ok(Serialized { finish, .. }) => Ok(ruby.ary_new_from_values(&[
+            ruby.to_symbol("ok").as_value(),
+            time(ruby, finish)?.as_value(),
+        ])),
+        Err(e) => Ok(error_pair(ruby, e)),
+    })
+}
+
+fn reset_after_fork(ruby: &Ruby, rb_self: &StackRecorder) -> Result<bool, Error> {
+    guard(ruby, || {
+        // SAFETY: we hold the GVL, and samplers hold it for the whole time they hold a slot
+        // (`record_sample` never releases it), so no sampler is inside the recorder.
+        unsafe { rb_self.recorder.reset_after_fork(Timestamp::now()) };
+        Ok(true)
+    })
+}
+
+fn active_slot(recorder: &StackRecorder) -> u8 {
+    recorder.recorder.active_slot()
+}
+
+fn stats(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RHash, Error> {
+    let s = rb_self.recorder.stats();
+    let hash = ruby.hash_new();
+    for (key, value) in [
+        ("samples_recorded", s.samples_recorded),
+        ("samples_rejected", s.samples_rejected),
+        ("samples_dropped", s.samples_dropped),
+        ("samples_lost", s.samples_lost),
+        ("serializations", s.serializations),
+        ("last_serialization_ns", s.last_serialization_ns),
+        ("last_serialization_bytes", s.last_serialization_bytes),
+    ] {
+        hash.aset(ruby.to_symbol(key), value)?;
+    }
+    Ok(hash)
+}

@@ -1,0 +1,13 @@
+# frozen_string_literal: true
+
+require_relative "ddprof_recorder/version"
+require_relative "ddprof_recorder/error"
+require_relative "ddprof_recorder/logger"
+
+begin
+  require_relative "ddprof_recorder/ddprof_recorder"
+rescue LoadError => e
+  raise LoadError, "ddprof_recorder's native extension is not built (run `rake compile`): #{e.message}"
+end
+
+require_relative "ddprof_recorder/stack_recorder"

@@ -1,0 +1,127 @@
+# frozen_string_literal: true
+
+require "time"
+
+module DdprofRecorder
+  # Keeps the samples a profiler takes (stacks, values, labels), aggregated, and hands back
+  # a pprof for each time window. A sampler thread recording samples never waits for the
+  # thread that serializes, and Ruby keeps running while the profile is encoded.
+  #
+  # The native half (`_native_*`) lives in ext/ddprof_recorder/src/stack_recorder.rs.
+  class StackRecorder
+    # The seed's enabled value types, in value order.
+    DEFAULT_VALUE_TYPES = [
+      ["cpu-time", "nanoseconds"],
+      ["cpu-samples", "count"],
+      ["wall-time", "nanoseconds"],
+    ].map { |pair| pair.map(&:freeze).freeze }.freeze
+
+    # Deepest stack kept; deeper ones keep their leaf-most frames plus a placeholder.
+    DEFAULT_MAX_FRAMES = 400
+
+    # @param value_types [Array<Array(String, String)>] 1..16 `[type, unit]` pairs, in the
+    #   order `record_sample` takes values.
+    # @param max_frames [Integer] 2..10_000: deeper stacks keep `max_frames - 1` leaf-side
+    #   frames and a root-most `"N frames omitted"` placeholder.
+    # @param compression [Symbol] `:none` (raw protobuf) or `:gzip`.
+    # @raise [ArgumentError, TypeError, RangeError] on a bad option (naming it).
+    def self.new(value_types: DEFAULT_VALUE_TYPES, max_frames: DEFAULT_MAX_FRAMES, compression: :none)
+      recorder = _native_new(value_types, max_frames, compression)
+      recorder.send(:initialize_serializer_guard)
+      recorder
+    end
+
+    # Records one sample in the current window. Samples with the same stack and labels are
+    # aggregated (values summed). Never blocks on a serialization in progress.
+    #
+    # @param locations [Array<Thread::Backtrace::Location, Array(String, String, Integer)>]
+    #   the stack, leaf first; `[function_name, filename, line]` arrays or backtrace locations.
+    # @param values [Array<Integer>, Hash{String, Symbol => Integer}] one Integer per value
+    #   type in order, or a Hash by value type name (missing ones are 0).
+    # @param labels [Hash, Array<Array(String|Symbol, String|Integer)>, nil] string or numeric
+    #   labels; `"trace endpoint"` is reserved.
+    # @return [nil]
+    # @raise [ArgumentError, TypeError] on bad input, naming the argument; nothing is recorded.
+    def record_sample(locations, values, labels = nil)
+      _native_record_sample(locations, values, labels)
+    end
+
+    # Links the samples of the current window whose `"local root span id"` label equals
+    # `local_root_span_id` to `endpoint` (label `"trace endpoint"`), whether they were recorded
+    # before or after this call. The latest endpoint for an id wins.
+    #
+    # @param local_root_span_id [Integer, String] an Integer equals the String of its digits.
+    # @param endpoint [String]
+    # @return [nil]
+    def record_endpoint(local_root_span_id, endpoint)
+      _native_record_endpoint(local_root_span_id, endpoint)
+    end
+
+    # Ends the current window and returns it.
+    #
+    # @return [Array(Time, Time, String), nil] `[start, finish, pprof]` (pprof is a binary
+    #   String, gzip-compressed if the recorder was built with `compression: :gzip`), or nil
+    #   after logging an error through {DdprofRecorder.logger}.
+    def serialize
+      status, result = @serialize_mutex.synchronize { self.class._native_serialize(self) }
+      if status == :ok
+        start, finish, encoded_pprof = result
+        DdprofRecorder.logger.debug { "Encoded profile covering #{start.iso8601} to #{finish.iso8601}" }
+        [start, finish, encoded_pprof]
+      else
+        DdprofRecorder.logger.error("Failed to serialize profiling data: #{result}")
+        nil
+      end
+    end
+
+    # Like {#serialize}, but returns only the pprof and raises on failure.
+    #
+    # @return [String] the pprof.
+    # @raise [DdprofRecorder::Error] with the native message.
+    def serialize!
+      status, result = @serialize_mutex.synchronize { self.class._native_serialize(self) }
+      raise Error, "Failed to serialize profiling data: #{result}" unless status == :ok
+
+      result[2]
+    end
+
+    # Drops everything recorded so far: a serialization whose result is thrown away.
+    #
+    # @return [Time] the finish time of the dropped window (the start of the next one).
+    # @raise [DdprofRecorder::Error] with the native message.
+    def clear
+      status, result = @serialize_mutex.synchronize { self.class._native_clear(self) }
+      raise Error, "Failed to clear profiling data: #{result}" unless status == :ok
+
+      result
+    end
+
+    # Back to the initial state (both windows empty, endpoints dropped, start time = now),
+    # whatever state a fork left the recorder in. Call it in a forked child before using it.
+    #
+    # @return [true]
+    def reset_after_fork
+      # A serializer thread of the parent may have held the old mutex: it does not exist here.
+      initialize_serializer_guard
+      self.class._native_reset_after_fork(self)
+    end
+
+    # Counters over the recorder's life.
+    #
+    # @return [Hash{Symbol => Integer}] `:samples_recorded`, `:samples_rejected`,
+    #   `:samples_dropped`, `:samples_lost`, `:serializations`, `:last_serialization_ns`,
+    #   `:last_serialization_bytes`.
+    def stats
+      _native_stats
+    end
+
+    private
+
+    # Only one serializer at a time (the seed's guard): serialize, serialize! and clear.
+    def initialize_serializer_guard
+      @serialize_mutex = Mutex.new
+    end
+
+    private :_native_record_sample, :_native_record_endpoint, :_native_stats
+  end
+end
