@@ -1,0 +1,281 @@
+//! `bench/run blocking [--rounds N] [--runs N]`: is the sampler ever blocked by a serialization?
+//!
+//! A sampler thread records the medium workload's samples over and over, timing every call.
+//! Another thread serializes each time the sampler has recorded a full medium workload since
+//! the last serialization, so every serialization encodes a medium-sized profile. Each call's
+//! latency is filed under "during" when a serialization was in progress at its start or end,
+//! else under "idle". The same is done, in the same run, for a baseline that guards one
+//! profile with one mutex (the serializer holds it while encoding). The first two rounds are
+//! warm-up (both of the two-slot recorder's profiles have then grown to their steady size) and
+//! are not counted.
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use ddprof_recorder_bench::stats::{median, percentile_sorted, round};
+use ddprof_recorder_bench::workload::Workload;
+use ddprof_recorder_bench::{exit_on_error, take_option, MAX_FRAMES};
+use ddprof_recorder_core::{pprof, Compression, Config, Profile, Recorder, Sample, Timestamp};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+const WARMUP_ROUNDS: usize = 2;
+
+trait Target: Sync {
+    fn name(&self) -> &'static str;
+    fn record(&self, sample: &Sample<'_>) -> bool;
+    /// Serializes (raw) the current profile and starts an empty one; returns the bytes' size.
+    fn serialize(&self) -> Result<usize, String>;
+}
+
+struct TwoSlot(Recorder);
+
+impl Target for TwoSlot {
+    fn name(&self) -> &'static str {
+        "two-slot recorder"
+    }
+
+    fn record(&self, sample: &Sample<'_>) -> bool {
+        self.0.record_sample(sample).is_ok()
+    }
+
+    fn serialize(&self) -> Result<usize, String> {
+        Ok(self.0.serialize(Compression::None).map_err(|e| e.to_string())?.bytes.len())
+    }
+}
+
+/// The baseline: one profile (the same storage and encoder as the core's) behind one mutex.
+struct OneMutex {
+    config: Config,
+    profile: Mutex<Profile>,
+}
+
+impl Target for OneMutex {
+    fn name(&self) -> &'static str {
+        "one-mutex baseline"
+    }
+
+    fn record(&self, sample: &Sample<'_>) -> bool {
+        self.profile.lock().add(sample, self.config.max_frames()).is_ok()
+    }
+
+    fn serialize(&self) -> Result<usize, String> {
+        let mut profile = self.profile.lock();
+        let now = Timestamp::now();
+        let bytes = pprof::encode(&mut profile, self.config.value_types(), now);
+        profile.reset(now);
+        Ok(bytes.len())
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Latencies {
+    count: usize,
+    p50: u32,
+    p99: u32,
+    p999: u32,
+    max: u32,
+}
+
+impl Latencies {
+    fn of(mut ns: Vec<u32>) -> Self {
+        ns.sort_unstable();
+        let p = |q| percentile_sorted(&ns, q).unwrap_or(0);
+        Self { count: ns.len(), p50: p(50.0), p99: p(99.0), p999: p(99.9), max: p(100.0) }
+    }
+
+    fn json(&self) -> Value {
+        json!({"count": self.count, "p50_ns": self.p50, "p99_ns": self.p99,
+               "p999_ns": self.p999, "max_ns": self.max})
+    }
+}
+
+struct RunResult {
+    idle: Latencies,
+    during: Latencies,
+    serialize_ms: Vec<f64>,
+}
+
+fn run_once(w: &Workload, target: &dyn Target, rounds: usize) -> Result<RunResult, String> {
+    let since_last = AtomicUsize::new(0);
+    let serializing = AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
+    let measuring = AtomicBool::new(false);
+    let per_round = w.samples.len();
+    std::thread::scope(|s| {
+        let serializer = s.spawn(|| -> Result<Vec<f64>, String> {
+            let mut times = Vec::new();
+            let result = (|| {
+                for round in 0..WARMUP_ROUNDS + rounds {
+                    while since_last.load(Relaxed) < per_round {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                    since_last.store(0, Relaxed);
+                    measuring.store(round >= WARMUP_ROUNDS, Relaxed);
+                    serializing.store(true, Relaxed);
+                    let t = Instant::now();
+                    let bytes = target.serialize();
+                    let elapsed = t.elapsed();
+                    serializing.store(false, Relaxed);
+                    if bytes? == 0 {
+                        return Err("empty serialization".to_string());
+                    }
+                    if round >= WARMUP_ROUNDS {
+                        times.push(elapsed.as_secs_f64() * 1e3);
+                    }
+                }
+                // The last serialization's "during" window has closed: one more round of idle.
+                while since_last.load(Relaxed) < per_round / 2 {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Ok(())
+            })();
+            stop.store(true, Relaxed);
+            result.map(|()| times)
+        });
+
+        let capacity = per_round * (rounds + 1);
+        let (mut idle, mut during) = (Vec::with_capacity(capacity), Vec::with_capacity(capacity));
+        let mut failed = 0usize;
+        let mut next = 0usize;
+        while !stop.load(Relaxed) {
+            w.feed(next..next + 1000, |sample| {
+                let before = serializing.load(Relaxed);
+                let t = Instant::now();
+                let ok = target.record(sample);
+                let ns = t.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32;
+                let after = serializing.load(Relaxed);
+                failed += usize::from(!ok);
+                if measuring.load(Relaxed) {
+                    if before || after {
+                        during.push(ns);
+                    } else {
+                        idle.push(ns);
+                    }
+                }
+                since_last.fetch_add(1, Relaxed);
+            });
+            next += 1000;
+        }
+        let serialize_ms = serializer.join().map_err(|_| "serializer thread panicked")??;
+        if failed > 0 {
+            return Err(format!("{}: {failed} samples were not recorded", target.name()));
+        }
+        Ok(RunResult { idle: Latencies::of(idle), during: Latencies::of(during), serialize_ms })
+    })
+}
+
+/// Medians over runs of each statistic.
+fn summarize(runs: &[RunResult]) -> (Latencies, Latencies, f64) {
+    let med = |f: &dyn Fn(&RunResult) -> u32| {
+        median(&runs.iter().map(|r| f64::from(f(r))).collect::<Vec<_>>()) as u32
+    };
+    let pick = |during: bool| {
+        let l = |r: &RunResult| if during { r.during } else { r.idle };
+        Latencies {
+            count: runs.iter().map(|r| l(r).count).sum(),
+            p50: med(&|r| l(r).p50),
+            p99: med(&|r| l(r).p99),
+            p999: med(&|r| l(r).p999),
+            max: med(&|r| l(r).max),
+        }
+    };
+    let ser: Vec<f64> = runs.iter().flat_map(|r| r.serialize_ms.iter().copied()).collect();
+    (pick(false), pick(true), median(&ser))
+}
+
+fn main() {
+    exit_on_error(run());
+}
+
+fn run() -> Result<(), String> {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let parse = |v: Option<String>, default: usize, name: &str| -> Result<usize, String> {
+        v.map_or(Ok(default), |v| v.parse().ok().filter(|&n| n > 0).ok_or(format!("bad {name}")))
+    };
+    let rounds = parse(take_option(&mut args, "--rounds")?, 6, "--rounds")?;
+    let runs = parse(take_option(&mut args, "--runs")?, 3, "--runs")?;
+    let [path] = &args[..] else {
+        return Err("usage: blocking MEDIUM_WORKLOAD.json [--rounds N] [--runs N]".into());
+    };
+    let w = Workload::load(&PathBuf::from(path))?;
+    let config = Config::new(w.value_types.clone(), MAX_FRAMES).map_err(|e| e.to_string())?;
+    eprintln!(
+        "loaded {path}: {} samples; {runs} runs of {WARMUP_ROUNDS} + {rounds} rounds each",
+        w.samples.len()
+    );
+
+    let mut two_slot_runs = Vec::new();
+    let mut mutex_runs = Vec::new();
+    for run in 0..runs {
+        // Fresh targets for every run, alternating which goes first.
+        let two_slot = TwoSlot(Recorder::new(config.clone(), Timestamp::now()));
+        let mutex = OneMutex {
+            config: config.clone(),
+            profile: Mutex::new(Profile::new(w.num_values(), Timestamp::now())),
+        };
+        let order: [(&dyn Target, &mut Vec<RunResult>); 2] = if run % 2 == 0 {
+            [(&two_slot, &mut two_slot_runs), (&mutex, &mut mutex_runs)]
+        } else {
+            [(&mutex, &mut mutex_runs), (&two_slot, &mut two_slot_runs)]
+        };
+        for (target, results) in order {
+            let r = run_once(&w, target, rounds)?;
+            eprintln!(
+                "  run {}/{runs} {:<20} idle p99.9 {:>8} ns max {:>10} ns | during p99.9 {:>10} ns max {:>10} ns | serialize {:.1} ms",
+                run + 1,
+                target.name(),
+                r.idle.p999,
+                r.idle.max,
+                r.during.p999,
+                r.during.max,
+                median(&r.serialize_ms)
+            );
+            results.push(r);
+        }
+    }
+
+    let (ts_idle, ts_during, ts_ser) = summarize(&two_slot_runs);
+    let (mx_idle, mx_during, mx_ser) = summarize(&mutex_runs);
+    println!(
+        "sampler latency per record_sample call, medium workload; median over {runs} runs of {rounds} serializations each"
+    );
+    println!(
+        "{:<20} {:<7} {:>10} {:>10} {:>10} {:>12} {:>10}",
+        "recorder", "phase", "p50 ns", "p99 ns", "p99.9 ns", "max ns", "calls"
+    );
+    for (name, phase, l) in [
+        ("two-slot recorder", "idle", ts_idle),
+        ("two-slot recorder", "during", ts_during),
+        ("one-mutex baseline", "idle", mx_idle),
+        ("one-mutex baseline", "during", mx_during),
+    ] {
+        println!(
+            "{name:<20} {phase:<7} {:>10} {:>10} {:>10} {:>12} {:>10}",
+            l.p50, l.p99, l.p999, l.max, l.count
+        );
+    }
+    let ts_ratio = f64::from(ts_during.max) / f64::from(ts_idle.p999);
+    let mx_ratio = f64::from(mx_during.max) / f64::from(mx_idle.p999);
+    let mutex_over_two_slot = f64::from(mx_during.max) / f64::from(ts_during.max);
+    println!("serialize (raw), median ms: two-slot {ts_ser:.1}, one-mutex {mx_ser:.1}");
+    println!(
+        "max during serialization / idle p99.9: two-slot {ts_ratio:.2}, one-mutex {mx_ratio:.1}"
+    );
+    println!("one-mutex max during / two-slot max during: {mutex_over_two_slot:.1}x");
+    let json = json!({
+        "benchmark": "blocking",
+        "workload": w.name,
+        "runs": runs,
+        "rounds": rounds,
+        "two_slot": {"idle": ts_idle.json(), "during": ts_during.json(),
+                     "serialize_ms_median": round(ts_ser, 2)},
+        "mutex": {"idle": mx_idle.json(), "during": mx_during.json(),
+                  "serialize_ms_median": round(mx_ser, 2)},
+        "two_slot_during_max_over_idle_p999": round(ts_ratio, 3),
+        "mutex_during_max_over_idle_p999": round(mx_ratio, 3),
+        "mutex_over_two_slot_during_max": round(mutex_over_two_slot, 3),
+    });
+    println!("{json}");
+    Ok(())
+}
