@@ -9,8 +9,8 @@ use std::cell::Cell;
 
 use ddprof_recorder_core::{Frame, Label, LabelValue, Sample, SpanId, ValueType};
 use magnus::{
-    prelude::*, r_hash::ForEach, rb_sys::AsRawValue, rb_sys::FromRawValue, value::Opaque, Error,
-    Fixnum, RArray, RBignum, RClass, RHash, RString, Ruby, Symbol, Value,
+    prelude::*, r_hash::ForEach, rb_sys::AsRawValue, rb_sys::FromRawValue, value::LazyId,
+    value::Opaque, Error, Fixnum, RArray, RBignum, RClass, RHash, RString, Ruby, Symbol, Value,
 };
 
 use crate::errors::{arg_error, type_error};
@@ -25,6 +25,11 @@ pub fn init(ruby: &Ruby) -> Result<(), Error> {
     let _ = LOCATION_CLASS.set(class.into());
     Ok(())
 }
+
+// Method names interned once: `funcall` with a `&str` would look the name up on every call.
+static BASE_LABEL: LazyId = LazyId::new("base_label");
+static PATH: LazyId = LazyId::new("path");
+static LINENO: LazyId = LazyId::new("lineno");
 
 /// A `(start, end)` byte range of [`Scratch::text`].
 type Span = (usize, usize);
@@ -213,17 +218,16 @@ fn convert_location(
     if !keep {
         return Ok(());
     }
-    // Each call allocates a Ruby String: the Location path cannot be allocation-free.
-    let text = |scratch: &mut Scratch, method: &str| -> Result<Span, Error> {
-        let v: Value = location.funcall(method, ())?;
+    let text = |scratch: &mut Scratch, method: &LazyId, what: &str| -> Result<Span, Error> {
+        let v: Value = location.funcall(LazyId::get_inner_with(method, ruby), ())?;
         if v.is_nil() {
             return Ok((scratch.text.len(), scratch.text.len()));
         }
-        Ok(scratch.push_rstring(string(ruby, v, || format!("locations[{i}].{method}"))?))
+        Ok(scratch.push_rstring(string(ruby, v, || format!("locations[{i}].{what}"))?))
     };
-    let name = text(scratch, "base_label")?;
-    let file = text(scratch, "path")?;
-    let line: Value = location.funcall("lineno", ())?;
+    let name = text(scratch, &BASE_LABEL, "base_label")?;
+    let file = text(scratch, &PATH, "path")?;
+    let line: Value = location.funcall(LazyId::get_inner_with(&LINENO, ruby), ())?;
     let line = int64(ruby, line, || format!("locations[{i}].lineno"))?;
     scratch.frames.push((name, file, line));
     Ok(())
