@@ -1,0 +1,59 @@
+# frozen_string_literal: true
+
+require "zlib"
+
+# Decoding the gem's pprof output with the classes protoc generated from spec/support/profile.proto.
+module PprofHelpers
+  GZIP_MAGIC = "\x1f\x8b".b
+
+  # @param bytes [String] a pprof, raw or gzip-compressed
+  # @return [Perftools::Profiles::Profile]
+  def decode_pprof(bytes)
+    bytes = Zlib.gunzip(bytes) if bytes.b.start_with?(GZIP_MAGIC)
+    Perftools::Profiles::Profile.decode(bytes)
+  end
+
+  # The samples of a decoded profile as plain Ruby data, strings resolved:
+  # `{frames: [[name, filename, line], ...] (leaf first), values: {type => value}, labels: {key => value}}`.
+  # A label whose `str` is 0 is read as numeric (a string label never points at "" here).
+  def samples_from(profile)
+    strings = profile.string_table
+    functions = profile.function.to_h { |function| [function.id, function] }
+    locations = profile.location.to_h { |location| [location.id, location] }
+    types = profile.sample_type.map { |type| strings[type.type] }
+
+    profile.sample.map do |sample|
+      frames = sample.location_id.map do |id|
+        line = locations.fetch(id).line.first
+        function = functions.fetch(line.function_id)
+        [strings[function.name], strings[function.filename], line.line]
+      end
+      labels = sample.label.to_h do |label|
+        [strings[label.key], label.str.zero? ? label.num : strings[label.str]]
+      end
+      { frames: frames, values: types.zip(sample.value.to_a).to_h, labels: labels }
+    end
+  end
+
+  # Serializes `recorder` and returns its samples (see #samples_from).
+  def serialized_samples(recorder)
+    samples_from(decode_pprof(recorder.serialize.fetch(2)))
+  end
+
+  # Per value type sums over `samples` (see #samples_from).
+  def value_totals(samples)
+    samples.each_with_object(Hash.new(0)) do |sample, totals|
+      sample[:values].each { |type, value| totals[type] += value }
+    end
+  end
+
+  # Wall-clock time as the recorder reads it (CLOCK_REALTIME), with nanoseconds.
+  def realtime_now
+    Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond)
+  end
+
+  # Unix nanoseconds of a Time.
+  def unix_ns(time)
+    (time.to_i * 1_000_000_000) + time.nsec
+  end
+end
