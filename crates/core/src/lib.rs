@@ -8,6 +8,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod error;
+pub mod folded;
 mod hash;
 pub mod pprof;
 mod profile;

@@ -5,12 +5,16 @@
 mod convert;
 mod errors;
 mod nogvl;
+mod pprof_views;
 mod stack_recorder;
+mod thread_cpu;
 
 use magnus::{Error, Ruby};
 
 #[magnus::init]
 fn init(ruby: &Ruby) -> Result<(), Error> {
     let module = ruby.define_module("DdprofRecorder")?;
-    stack_recorder::init(ruby, module)
+    stack_recorder::init(ruby, module)?;
+    pprof_views::init(ruby, module)?;
+    thread_cpu::init(ruby, module)
 }

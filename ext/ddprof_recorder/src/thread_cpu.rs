@@ -1,0 +1,118 @@
+//! The native half of `DdprofRecorder::Profiler` (lib/ddprof_recorder/profiler.rb): reading
+//! how much CPU time one thread of this process has used, from the kernel's per-thread CPU
+//! clock, given the thread's Linux id (`Thread#native_thread_id`).
+//!
+//! `clock_gettime(CLOCK_THREAD_CPUTIME_ID)` only answers for the calling thread, and the
+//! profiler's sampler thread wants the clocks of the threads it samples. Linux encodes "the
+//! CPU clock of thread `tid`" as a clock id (`MAKE_THREAD_CPUCLOCK` in the kernel's
+//! `posix-timers.h`): `((!tid) << 3) | CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED`. The kernel
+//! answers only for threads of the calling process (`EINVAL` otherwise), so a thread id that
+//! was reused by another process cannot be read by mistake.
+use magnus::{function, prelude::*, Error, RModule, Ruby};
+
+/// Per-thread clock (as opposed to the whole thread group's).
+#[cfg(target_os = "linux")]
+const CPUCLOCK_PERTHREAD_MASK: libc::clockid_t = 4;
+/// Scheduler CPU time (user + system, ns resolution), what `CLOCK_THREAD_CPUTIME_ID` reads.
+#[cfg(target_os = "linux")]
+const CPUCLOCK_SCHED: libc::clockid_t = 2;
+
+pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    let class = module.define_class("Profiler", ruby.class_object())?;
+    class
+        .define_singleton_method("_native_thread_cpu_time_ns", function!(thread_cpu_time_ns, 1))?;
+    Ok(())
+}
+
+/// `Profiler._native_thread_cpu_time_ns(tid)`: the CPU time in nanoseconds that the thread
+/// with Linux id `tid` has used since it started, or nil when it cannot be read (the thread
+/// exited, `tid` is nil or not a thread of this process, or not on Linux).
+fn thread_cpu_time_ns(tid: Option<i64>) -> Option<i64> {
+    cpu_time_ns(i32::try_from(tid?).ok()?)
+}
+
+/// CPU time of thread `tid` of this process, in nanoseconds.
+#[cfg(target_os = "linux")]
+pub fn cpu_time_ns(tid: libc::pid_t) -> Option<i64> {
+    // 0 and negative ids would name the calling process or garbage, not a thread.
+    if tid <= 0 {
+        return None;
+    }
+    let clock: libc::clockid_t = ((!tid) << 3) | CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED;
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec that outlives the call; clock_gettime only
+    // writes into it and reports a bad or dead clock id through its return value.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    if rc != 0 {
+        return None;
+    }
+    // `time_t` and `c_long` are i64 here but i32 on 32-bit Linux targets.
+    #[allow(clippy::useless_conversion)]
+    let (sec, nsec) = (i64::from(ts.tv_sec), i64::from(ts.tv_nsec));
+    sec.checked_mul(1_000_000_000)?.checked_add(nsec)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn cpu_time_ns(_tid: i32) -> Option<i64> {
+    None
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    fn gettid() -> libc::pid_t {
+        // SAFETY: gettid has no preconditions and cannot fail.
+        unsafe { libc::gettid() }
+    }
+
+    fn own_clock_ns() -> i64 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: as above, `ts` is valid and writable.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+    }
+
+    #[test]
+    fn reads_the_calling_threads_clock_by_its_id() {
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        let before = own_clock_ns();
+        let by_tid = cpu_time_ns(gettid()).unwrap();
+        let after = own_clock_ns();
+        assert!(before <= by_tid && by_tid <= after, "{before} <= {by_tid} <= {after}");
+    }
+
+    #[test]
+    fn reads_another_threads_clock_and_not_after_it_exits() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let worker = std::thread::spawn(move || {
+            // Spin on its own CPU clock, so that a busy machine cannot make it use less.
+            while own_clock_ns() < 30_000_000 {
+                std::hint::black_box(own_clock_ns());
+            }
+            tx.send(gettid()).unwrap();
+            done_rx.recv().unwrap();
+        });
+        let tid = rx.recv().unwrap();
+        let used = cpu_time_ns(tid).unwrap();
+        assert!(used >= 30_000_000, "the worker spun 30 ms of CPU, clock says {used} ns");
+        done_tx.send(()).unwrap();
+        worker.join().unwrap();
+        assert_eq!(cpu_time_ns(tid), None);
+    }
+
+    #[test]
+    fn rejects_ids_that_are_not_threads() {
+        assert_eq!(cpu_time_ns(0), None);
+        assert_eq!(cpu_time_ns(-5), None);
+        assert_eq!(thread_cpu_time_ns(None), None);
+        assert_eq!(thread_cpu_time_ns(Some(i64::MAX)), None);
+        // pid 1 is not a thread of this process.
+        assert_eq!(cpu_time_ns(1), None);
+    }
+}
