@@ -11,3 +11,5 @@ rescue LoadError => e
 end
 
 require_relative "ddprof_recorder/stack_recorder"
+require_relative "ddprof_recorder/pprof_views"
+require_relative "ddprof_recorder/profiler"

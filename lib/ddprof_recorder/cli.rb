@@ -1,0 +1,409 @@
+# frozen_string_literal: true
+
+require "optparse"
+require "shellwords"
+
+require_relative "../ddprof_recorder"
+require_relative "recording"
+
+module DdprofRecorder
+  # `ddprof-recorder`, the command line (exe/ddprof-recorder): record a Ruby program's
+  # profile, then look at it as a table or a flamegraph. Every failure the user can cause
+  # (a missing or non-pprof file, an unknown value type, a bad option) is one line on
+  # $stderr and a non-zero exit status, never a Ruby backtrace.
+  class CLI
+    # Exit statuses: 1 for a failure, 2 for a usage error (as OptionParser users expect).
+    FAILURE = 1
+    USAGE = 2
+
+    # A failure to report as one line.
+    class Failure < StandardError
+      attr_reader :status
+
+      def initialize(message, status = FAILURE)
+        super(message)
+        @status = status
+      end
+    end
+
+    COMMANDS = {
+      "record" => "profile a Ruby program and write its pprof",
+      "top" => "the hottest functions of a pprof, self and total",
+      "flamegraph" => "draw a pprof as an SVG flamegraph",
+      "folded" => "print a pprof as folded stacks (root;...;leaf value)",
+    }.freeze
+
+    DEFAULT_OUT = "profile.pb.gz"
+    DEFAULT_VALUE = "cpu-time"
+    DEFAULT_TOP = 20
+
+    # @param argv [Array<String>]
+    # @return [Integer] the exit status.
+    def self.run(argv, out: $stdout, err: $stderr)
+      new(out: out, err: err).run(argv)
+    end
+
+    def initialize(out: $stdout, err: $stderr)
+      @out = out
+      @err = err
+    end
+
+    # @return [Integer] the exit status.
+    def run(argv)
+      argv = argv.dup
+      command = argv.shift
+      case command
+      when nil
+        @err.puts(usage)
+        USAGE
+      when "-h", "--help", "help"
+        @out.puts(usage)
+        0
+      when "-v", "--version"
+        @out.puts("ddprof-recorder #{DdprofRecorder::VERSION}")
+        0
+      when *COMMANDS.keys
+        send("cmd_#{command}", argv)
+      else
+        raise Failure.new("unknown command #{command.inspect} (commands: #{COMMANDS.keys.join(', ')})", USAGE)
+      end
+    rescue Failure => e
+      error(e.message)
+      e.status
+    rescue OptionParser::ParseError => e
+      error("#{command}: #{e.message} (see `ddprof-recorder #{command} --help`)")
+      USAGE
+    rescue ArgumentError, TypeError, DdprofRecorder::Error => e
+      error(e.message)
+      FAILURE
+    rescue Errno::EPIPE
+      0 # the reader went away (`| head`): nothing left to say
+    rescue SystemCallError => e
+      error(e.message)
+      FAILURE
+    rescue Interrupt
+      130
+    end
+
+    private
+
+    def usage
+      <<~TEXT
+        Usage: ddprof-recorder COMMAND [options]
+
+        Profile Ruby programs and look at the result (pprof files, raw or gzip).
+
+        Commands:
+        #{COMMANDS.map { |name, text| format('  %-12s %s', name, text) }.join("\n")}
+
+        Examples:
+          ddprof-recorder record -o profile.pb.gz -- ruby examples/hot_spot.rb
+          ddprof-recorder top profile.pb.gz --value cpu-time -n 10
+          ddprof-recorder flamegraph profile.pb.gz -o profile.svg
+
+        Run `ddprof-recorder COMMAND --help` for a command's options.
+      TEXT
+    end
+
+    def error(message)
+      @err.puts("ddprof-recorder: #{message}")
+    end
+
+    # Parses `argv` with `parser`; `--help` prints the parser's help and returns nil.
+    def parse(parser, argv)
+      help = false
+      parser.on("-h", "--help", "show this help") { help = true }
+      rest = parser.parse(argv)
+      if help
+        @out.puts(parser.help)
+        return nil
+      end
+      rest
+    end
+
+    def value_option(parser, options)
+      parser.on("--value TYPE", "sample type to use (default #{DEFAULT_VALUE}; e.g. wall-time, cpu-samples)") do |v|
+        options[:value] = v
+      end
+    end
+
+    # The one FILE argument of `top`, `flamegraph` and `folded`, read.
+    def read_profile(rest, command)
+      raise Failure.new("#{command}: give one pprof FILE (see `ddprof-recorder #{command} --help`)", USAGE) unless rest.size == 1
+
+      path = rest.first
+      raise Failure, "#{path}: no such file" unless File.exist?(path)
+      raise Failure, "#{path}: is a directory, not a pprof file" if File.directory?(path)
+
+      [path, File.binread(path)]
+    end
+
+    # Runs the view, prefixing its errors (not a pprof, unknown value) with the file name.
+    def on_profile(path)
+      yield
+    rescue ArgumentError => e
+      raise Failure, "#{path}: #{e.message}"
+    end
+
+    # --- record -------------------------------------------------------------------------
+
+    def cmd_record(argv)
+      options = { out: DEFAULT_OUT, hz: Profiler::DEFAULT_HZ, interval: nil }
+      parser = OptionParser.new do |o|
+        o.banner = "Usage: ddprof-recorder record [-o FILE] [--hz N] [--interval S] -- COMMAND ..."
+        o.separator ""
+        o.separator "Runs COMMAND, a Ruby program (ruby, bundle exec, rake, ...), profiling its threads;"
+        o.separator "writes the pprof (gzip if FILE ends in .gz) and prints a summary."
+        o.separator "Exits with COMMAND's exit status."
+        o.separator ""
+        o.on("-o", "--output FILE", "where to write the pprof (default #{DEFAULT_OUT})") { |v| options[:out] = v }
+        o.on("--hz N", Integer, "samples per second and thread (1..1000, default #{Profiler::DEFAULT_HZ})") { |v| options[:hz] = v }
+        o.on("--interval S", Float, "also cut the profile every S seconds: one file per window,",
+             "FILE with a number (profile.0001.pb.gz, ...)") { |v| options[:interval] = v }
+      end
+      command = parse(parser, argv)
+      return 0 if command.nil?
+      raise Failure.new("record: no COMMAND given (usage: #{parser.banner.sub('Usage: ', '')})", USAGE) if command.empty?
+      unless Profiler::HZ_RANGE.cover?(options[:hz])
+        raise Failure.new("record: --hz must be in #{Profiler::HZ_RANGE}, got #{options[:hz]}", USAGE)
+      end
+      raise Failure.new("record: --interval must be positive", USAGE) if options[:interval] && !options[:interval].positive?
+
+      record(command, options)
+    end
+
+    def record(command, options)
+      out = File.expand_path(options[:out])
+      raise Failure, "record: #{options[:out]}: directory does not exist" unless File.directory?(File.dirname(out))
+
+      stale = options[:interval] ? Recording.window_files(out) : [out]
+      stale.each { |f| File.delete(f) if File.file?(f) }
+
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      status = run_profiled(command, record_env(out, options))
+      elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+      files = options[:interval] ? Recording.window_files(out) : [out].select { |f| File.file?(f) }
+      if files.empty?
+        raise Failure, "record: no profile was written by `#{command.shelljoin}` " \
+                       "(is it a Ruby program? did it end through exit! or a signal?)"
+      end
+
+      print_record_summary(command, status, elapsed, files, options)
+      exit_status(status)
+    end
+
+    def record_env(out, options)
+      autostart = File.expand_path("autostart", __dir__)
+      require_flag =
+        if autostart.match?(/\s/)
+          # RUBYOPT is split on spaces: load it by feature name through RUBYLIB instead.
+          lib = File.expand_path("..", __dir__)
+          env_lib = { "RUBYLIB" => [lib, ENV["RUBYLIB"]].compact.reject(&:empty?).join(File::PATH_SEPARATOR) }
+          "-rddprof_recorder/autostart"
+        else
+          "-r#{autostart}"
+        end
+      (env_lib || {}).merge(
+        "RUBYOPT" => [ENV["RUBYOPT"], require_flag].compact.reject(&:empty?).join(" "),
+        Recording::OUT => out,
+        Recording::HZ => options[:hz].to_s,
+        Recording::INTERVAL => options[:interval]&.to_s,
+        Recording::OWNER => nil,
+      )
+    end
+
+    # Runs the command and waits, leaving Ctrl-C to it: the program gets the SIGINT (same
+    # process group), writes its profile at exit, and we still print the summary.
+    def run_profiled(command, env)
+      previous = trap("INT") {}
+      pid = begin
+        Process.spawn(env, *command)
+      rescue Errno::EPIPE
+      0 # the reader went away (`| head`): nothing left to say
+    rescue SystemCallError => e
+        raise Failure.new("record: cannot run #{command.first}: #{e.message}", 127)
+      end
+      Process.wait2(pid).last
+    ensure
+      trap("INT", previous || "DEFAULT")
+    end
+
+    def exit_status(status)
+      status.exitstatus || (128 + (status.termsig || 0))
+    end
+
+    def print_record_summary(command, status, elapsed, files, options)
+      summaries = files.map { |f| DdprofRecorder.summary(File.binread(f)) }
+      totals = Hash.new(0)
+      summaries.each { |s| s[:totals].each { |k, v| totals[k] += v } }
+      duration = summaries.map { |s| s[:finish] }.max - summaries.map { |s| s[:start] }.min
+      threads = summaries.flat_map { |s| s[:thread_names] }.uniq
+      thread_ids = summaries.flat_map { |s| s[:thread_ids] }.uniq
+      samples = totals["cpu-samples"]
+      shown = display_path(files.first)
+
+      lines = []
+      lines << "ddprof-recorder: recorded `#{command.shelljoin}` (#{status_text(status)}, #{format('%.2f', elapsed)} s)"
+      lines << row("duration", format("%.2f s profiled", duration))
+      rate = thread_ids.empty? || duration <= 0 ? "" : format(", about %.0f per second per thread (asked %d)", samples / thread_ids.size / duration, options[:hz])
+      lines << row("samples", "#{samples}#{rate}")
+      lines << row("threads", "#{thread_ids.size}: #{threads.first(6).join(', ')}#{threads.size > 6 ? ', ...' : ''}")
+      lines << row("cpu-time", format("%.2f s   wall-time %.2f s", totals["cpu-time"] / 1e9, totals["wall-time"] / 1e9))
+      hottest = files.size == 1 ? DdprofRecorder.top(File.binread(files.first), value: "cpu-time", limit: 1)[:rows].first : nil
+      if hottest && totals["cpu-time"].positive?
+        lines << row("hottest", format("%s (%s) %.1f%% of cpu-time", hottest[:name], display_path(hottest[:filename]), 100.0 * hottest[:self] / totals["cpu-time"]))
+      end
+      if files.size == 1
+        lines << row("written", "#{shown} (#{File.size(files.first)} bytes)")
+      else
+        lines << row("written", "#{files.size} windows of #{options[:interval]} s: #{shown} ... #{display_path(files.last)}")
+      end
+      lines << row("view it", "ddprof-recorder top #{shown.shellescape}")
+      lines << row("", "ddprof-recorder flamegraph #{shown.shellescape} -o #{svg_name(shown).shellescape}")
+      lines << row("", "go tool pprof -top #{shown.shellescape}")
+      @out.puts(lines)
+    end
+
+    def row(label, text)
+      format("  %-9s %s", label, text)
+    end
+
+    def status_text(status)
+      status.exitstatus ? "exit status #{status.exitstatus}" : "killed by signal #{status.termsig}"
+    end
+
+    # A path relative to the current directory when it is inside it.
+    def display_path(path)
+      return path if path.nil? || path.empty?
+
+      here = "#{Dir.pwd}/"
+      path.start_with?(here) ? path.delete_prefix(here) : path
+    end
+
+    def svg_name(path)
+      base = path.sub(/\.pb(\.gz)?\z/, "").sub(/\.gz\z/, "")
+      base = path if base.empty?
+      "#{base}.svg"
+    end
+
+    # --- top ----------------------------------------------------------------------------
+
+    def cmd_top(argv)
+      options = { value: DEFAULT_VALUE, limit: DEFAULT_TOP, sort: :self }
+      parser = OptionParser.new do |o|
+        o.banner = "Usage: ddprof-recorder top FILE [--value TYPE] [-n N] [--sort self|total]"
+        o.separator ""
+        o.separator "The hottest functions of a pprof (raw or gzip): self (as the leaf of a stack) and"
+        o.separator "total (anywhere in it), with their share of the whole."
+        o.separator ""
+        value_option(o, options)
+        o.on("-n", "--limit N", Integer, "how many functions (default #{DEFAULT_TOP})") { |v| options[:limit] = v }
+        o.on("--sort KEY", %i[self total], "order by self (default) or total") { |v| options[:sort] = v }
+      end
+      rest = parse(parser, argv)
+      return 0 if rest.nil?
+      raise Failure.new("top: -n must be positive", USAGE) unless options[:limit].positive?
+
+      path, data = read_profile(rest, "top")
+      top = on_profile(path) { DdprofRecorder.top(data, value: options[:value]) }
+      rows = top[:rows]
+      rows = rows.sort_by { |r| [-r[:total], -r[:self], r[:name]] } if options[:sort] == :total
+      print_top(path, top, rows.first(options[:limit]), rows.size)
+      0
+    end
+
+    def print_top(path, top, rows, count)
+      total = top[:total]
+      @out.puts("#{path}: #{top[:value]}, #{quantity(total, top[:unit])} in all, #{count} functions" \
+                "#{rows.size < count ? " (top #{rows.size})" : ''}")
+      return if rows.empty?
+
+      cells = rows.map do |r|
+        [quantity(r[:self], top[:unit]), percent(r[:self], total), quantity(r[:total], top[:unit]), percent(r[:total], total),
+         r[:name].empty? ? "(#{r[:filename]})" : r[:name], display_path(r[:filename])]
+      end
+      header = ["self", "self%", "total", "total%", "function", "file"]
+      widths = header.each_index.map { |i| ([header[i]] + cells.map { |c| c[i] }).map(&:length).max }
+      line = lambda do |c|
+        format("%*s  %*s  %*s  %*s  %-*s  %s", widths[0], c[0], widths[1], c[1], widths[2], c[2], widths[3], c[3],
+               widths[4], c[4], c[5]).rstrip
+      end
+      @out.puts(line.call(header))
+      cells.each { |c| @out.puts(line.call(c)) }
+    end
+
+    def percent(part, whole)
+      whole.zero? ? "-" : format("%.1f%%", 100.0 * part / whole)
+    end
+
+    # `value` in `unit`, readable: nanoseconds become s / ms / µs.
+    def quantity(value, unit)
+      return value.to_s unless unit == "nanoseconds" && !value.zero?
+
+      v = value.abs
+      if v >= 1_000_000_000 then format("%.2fs", value / 1e9)
+      elsif v >= 1_000_000 then format("%.1fms", value / 1e6)
+      elsif v >= 1_000 then format("%.1fµs", value / 1e3)
+      else "#{value}ns"
+      end
+    end
+
+    # --- flamegraph ---------------------------------------------------------------------
+
+    def cmd_flamegraph(argv)
+      options = { value: DEFAULT_VALUE, out: nil, title: nil, group_by: nil, filenames: false }
+      parser = OptionParser.new do |o|
+        o.banner = "Usage: ddprof-recorder flamegraph FILE [-o out.svg] [--value TYPE] [--by-thread]"
+        o.separator ""
+        o.separator "Draws a pprof (raw or gzip) as an SVG flamegraph (open it in a browser: click to zoom,"
+        o.separator "Ctrl-F to search)."
+        o.separator ""
+        o.on("-o", "--output FILE", "where to write the SVG (default: FILE with .svg; - for stdout)") { |v| options[:out] = v }
+        value_option(o, options)
+        o.on("--title TEXT", "the title (default: \"<value> flamegraph\")") { |v| options[:title] = v }
+        o.on("--by-thread", "one tower per thread (the \"thread name\" label as the root frame)") { options[:group_by] = Profiler::THREAD_NAME_LABEL }
+        o.on("--filenames", "name frames \"function (file)\"") { options[:filenames] = true }
+      end
+      rest = parse(parser, argv)
+      return 0 if rest.nil?
+
+      path, data = read_profile(rest, "flamegraph")
+      svg = on_profile(path) do
+        DdprofRecorder.flamegraph(data, value: options[:value], title: options[:title],
+                                        group_by: options[:group_by], filenames: options[:filenames])
+      end
+      out = options[:out] || svg_name(path)
+      if out == "-"
+        @out.write(svg)
+      else
+        File.write(out, svg)
+        @out.puts("ddprof-recorder: wrote #{out} (#{options[:value]}, #{svg.bytesize} bytes)")
+      end
+      0
+    end
+
+    # --- folded -------------------------------------------------------------------------
+
+    def cmd_folded(argv)
+      options = { value: DEFAULT_VALUE, group_by: nil, filenames: false }
+      parser = OptionParser.new do |o|
+        o.banner = "Usage: ddprof-recorder folded FILE [--value TYPE] [--by-thread] [--filenames]"
+        o.separator ""
+        o.separator "Prints a pprof (raw or gzip) as folded stacks, one `root;...;leaf value` line per stack:"
+        o.separator "the input of flamegraph.pl, inferno-flamegraph and speedscope."
+        o.separator ""
+        value_option(o, options)
+        o.on("--by-thread", "the \"thread name\" label as the root frame") { options[:group_by] = Profiler::THREAD_NAME_LABEL }
+        o.on("--filenames", "name frames \"function (file)\"") { options[:filenames] = true }
+      end
+      rest = parse(parser, argv)
+      return 0 if rest.nil?
+
+      path, data = read_profile(rest, "folded")
+      @out.write(on_profile(path) do
+        DdprofRecorder.folded(data, value: options[:value], group_by: options[:group_by], filenames: options[:filenames])
+      end)
+      0
+    end
+  end
+end

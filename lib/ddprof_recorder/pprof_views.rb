@@ -1,0 +1,102 @@
+# frozen_string_literal: true
+
+module DdprofRecorder
+  # Views of a pprof for people: folded stacks, a flamegraph, the hottest functions and a
+  # summary. All of them read any pprof (raw or gzip, ours or another tool's) natively (see
+  # crates/core/src/folded.rs); the Ruby methods below only check keywords.
+  class << self
+    # Folded stacks: one line per distinct stack, `root;...;leaf value`, sorted, the input of
+    # flamegraph.pl, inferno and speedscope. Stacks whose value is 0 are left out.
+    #
+    # @param pprof [String] a pprof, raw or gzip-compressed.
+    # @param value [String, Symbol] which sample type to use, e.g. `"cpu-time"`, `"wall-time"`.
+    # @param filenames [Boolean] write frames as `name (file)` instead of `name`.
+    # @param group_by [String, nil] a label key (e.g. `"thread name"`) whose value becomes the
+    #   root frame, `key=value`: one tower per thread in a flamegraph.
+    # @return [String] UTF-8 text, one line per stack.
+    # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type (the message
+    #   lists the ones it has).
+    def folded(pprof, value: "cpu-time", filenames: false, group_by: nil)
+      _native_folded(pprof, value_name(value), filenames ? true : false, label_key(group_by))
+    end
+
+    # A flamegraph of the profile as an SVG document, drawn by the inferno crate (the Rust
+    # port of flamegraph.pl): open it in a browser to zoom and search. Nanosecond values are
+    # shown in milliseconds.
+    #
+    # @param pprof [String] a pprof, raw or gzip-compressed.
+    # @param value [String, Symbol] which sample type to draw.
+    # @param title [String, nil] defaults to `"<value> flamegraph"`.
+    # @param filenames [Boolean] label frames `name (file)`.
+    # @param group_by [String, nil] a label key whose value becomes the root frame.
+    # @return [String] the SVG (UTF-8).
+    # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type.
+    # @raise [DdprofRecorder::Error] if no sample has a non-zero `value` (nothing to draw).
+    def flamegraph(pprof, value: "cpu-time", title: nil, filenames: false, group_by: nil)
+      unless title.nil? || title.is_a?(String)
+        raise TypeError, "title must be a String or nil, got #{title.class}"
+      end
+
+      _native_flamegraph(pprof, value_name(value), title, filenames ? true : false, label_key(group_by))
+    end
+
+    # The functions holding the most of one value: self (as the leaf of a sample) and total
+    # (anywhere in the stack, once per sample).
+    #
+    # @param pprof [String] a pprof, raw or gzip-compressed.
+    # @param value [String, Symbol] which sample type to rank by.
+    # @param limit [Integer, nil] keep only the first `limit` rows.
+    # @return [Hash] `{value:, unit:, total:, rows: [{name:, filename:, self:, total:}, ...]}`,
+    #   rows sorted by self value, highest first.
+    # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type.
+    def top(pprof, value: "cpu-time", limit: nil)
+      value = value_name(value)
+      unit, total, rows = _native_top(pprof, value)
+      rows = rows.first(limit) if limit
+      rows = rows.map { |name, filename, self_value, total_value| { name: name, filename: filename, self: self_value, total: total_value } }
+      { value: value, unit: unit, total: total, rows: rows }
+    end
+
+    # What a profile holds, in numbers.
+    #
+    # @param pprof [String] a pprof, raw or gzip-compressed.
+    # @return [Hash] `:value_types` (`[[type, unit], ...]`), `:totals` (`{type => sum}`),
+    #   `:start` and `:finish` (Time), `:duration` (seconds, Float), `:samples` (distinct
+    #   pprof samples), `:functions`, `:thread_ids` and `:thread_names` (distinct values of
+    #   the profiler's `"thread id"` / `"thread name"` labels).
+    # @raise [ArgumentError] if `pprof` is not a pprof.
+    def summary(pprof)
+      s = _native_summary(pprof)
+      start = Time.at(0, s[:time_nanos], :nanosecond).utc
+      {
+        value_types: s[:value_types],
+        totals: s[:value_types].map(&:first).zip(s[:totals]).to_h,
+        start: start,
+        finish: Time.at(0, s[:time_nanos] + s[:duration_nanos], :nanosecond).utc,
+        duration: s[:duration_nanos] / 1e9,
+        samples: s[:samples],
+        functions: s[:functions],
+        thread_ids: s[:thread_ids],
+        thread_names: s[:thread_names],
+      }
+    end
+
+    private
+
+    def value_name(value)
+      case value
+      when String then value
+      when Symbol then value.to_s
+      else raise TypeError, "value must be a String or Symbol, got #{value.class}"
+      end
+    end
+
+    def label_key(key)
+      case key
+      when nil, String then key
+      when Symbol then key.to_s
+      else raise TypeError, "group_by must be a String, Symbol or nil, got #{key.class}"
+      end
+    end
+  end
+end

@@ -1,0 +1,362 @@
+# frozen_string_literal: true
+
+module DdprofRecorder
+  # A small sampling profiler built on {StackRecorder}: a background thread wakes up `hz`
+  # times a second and records, for every other live Ruby thread, its stack with
+  #
+  # - `cpu-time`: nanoseconds of CPU the thread itself used since its previous sample, read
+  #   from the thread's own kernel CPU clock (natively, by its `native_thread_id`), so a thread
+  #   that sleeps or waits for I/O or the GVL gets none;
+  # - `cpu-samples`: 1 per sample;
+  # - `wall-time`: nanoseconds since the thread's previous sample;
+  #
+  # and the labels `"thread id"` (`"<native id> (<object_id>)"`) and `"thread name"`
+  # (`Thread#name`, `"main"` for the main thread, else where the thread was created).
+  #
+  # Values are differences of clocks, so totals are exact whatever the sampling rate: the
+  # rate decides only how finely time is split between stacks. The sampler is a Ruby thread
+  # and needs the GVL to look at stacks; while another thread runs Ruby code without
+  # pause, Ruby hands the GVL over every 100 ms only (its thread time slice), so a CPU-bound
+  # program is sampled about 10 times a second whatever `hz` says. {#stats} reports the rate
+  # really reached.
+  #
+  # @example
+  #   pprof = DdprofRecorder::Profiler.profile(hz: 99) { work }
+  #   File.binwrite("profile.pb.gz", pprof)
+  #
+  #   DdprofRecorder::Profiler.start(interval: 60) { |start, finish, pprof| upload(pprof) }
+  #   ...
+  #   DdprofRecorder::Profiler.stop
+  #
+  # The native half (`_native_thread_cpu_time_ns`) is ext/ddprof_recorder/src/thread_cpu.rs.
+  class Profiler
+    DEFAULT_HZ = 99
+    HZ_RANGE = (1..1000).freeze
+    # Value types of the profiles made, in value order (StackRecorder's defaults).
+    VALUE_TYPES = StackRecorder::DEFAULT_VALUE_TYPES
+    THREAD_ID_LABEL = "thread id"
+    THREAD_NAME_LABEL = "thread name"
+    # A sampling pass that raises is logged and skipped; this many in a row stop the sampler
+    # rather than flood the log of a program that would keep failing the same way.
+    MAX_CONSECUTIVE_ERRORS = 10
+    # How long {#stop} waits for the background threads to notice (they wake up at once).
+    STOP_TIMEOUT = 5
+
+    # Per-thread state between samples: the clocks at the previous sample and the labels.
+    ThreadState = Struct.new(:wall_ns, :cpu_ns, :native_id, :name, :labels)
+    private_constant :ThreadState
+
+    @current = nil
+    @current_lock = Mutex.new
+
+    class << self
+      # Starts the process-wide profiler (see {#initialize} for the options).
+      #
+      # @return [Profiler] the running profiler.
+      # @raise [DdprofRecorder::Error] if one is already running.
+      def start(**options, &exporter)
+        @current_lock.synchronize do
+          raise Error, "the profiler is already running (call DdprofRecorder::Profiler.stop first)" if @current&.running?
+
+          @current = new(**options, &exporter).start
+        end
+      end
+
+      # Stops the process-wide profiler.
+      #
+      # @return [Array(Time, Time, String), nil] the last window `[start, finish, pprof]`
+      #   (also handed to the exporter if there is one), or nil if it was not running.
+      def stop
+        profiler = @current_lock.synchronize { @current.tap { @current = nil } }
+        profiler&.stop
+      end
+
+      # @return [Profiler, nil] the process-wide profiler, if started.
+      attr_reader :current
+
+      # @return [Boolean] whether the process-wide profiler is running.
+      def running?
+        @current&.running? || false
+      end
+
+      # Profiles the block with a profiler of its own.
+      #
+      # @return [String] the pprof of the block's run.
+      def profile(**options, &block)
+        raise ArgumentError, "Profiler.profile needs a block" unless block
+
+        new(**options).profile(&block)
+      end
+    end
+
+    # @return [Integer] samples per second asked for.
+    attr_reader :hz
+    # @return [Numeric, nil] seconds between two windows handed to the exporter.
+    attr_reader :interval
+
+    # @param hz [Integer] sampling passes per second, 1..1000.
+    # @param interval [Numeric, nil] with an exporter, hand it a window every `interval`
+    #   seconds (default 60); the last window goes to it at {#stop}.
+    # @param exporter [#call, #export, nil] receives `(start, finish, pprof)` for each window:
+    #   `export` if it has one, else `call`. Or pass a block. It runs in a thread of its own
+    #   and may take its time; an exception it raises is logged and forgotten.
+    # @param max_frames [Integer] deepest stack kept (see {StackRecorder.new}).
+    # @param compression [Symbol] `:gzip` (default, the usual `.pb.gz`) or `:none`.
+    # @raise [ArgumentError] on a bad option.
+    def initialize(hz: DEFAULT_HZ, interval: nil, exporter: nil, max_frames: StackRecorder::DEFAULT_MAX_FRAMES,
+                   compression: :gzip, &block)
+      raise ArgumentError, "hz must be an Integer in #{HZ_RANGE}, got #{hz.inspect}" unless hz.is_a?(Integer) && HZ_RANGE.cover?(hz)
+      raise ArgumentError, "give an exporter or a block, not both" if exporter && block
+      unless interval.nil? || (interval.is_a?(Numeric) && interval.positive?)
+        raise ArgumentError, "interval must be a positive number of seconds, got #{interval.inspect}"
+      end
+
+      @exporter = exporter || block
+      if @exporter && !(@exporter.respond_to?(:export) || @exporter.respond_to?(:call))
+        raise ArgumentError, "exporter must respond to #export or #call"
+      end
+      raise ArgumentError, "interval needs an exporter (or a block) to hand the windows to" if interval && !@exporter
+
+      @hz = hz
+      @interval = interval || (@exporter ? 60 : nil)
+      @max_frames = max_frames
+      @compression = compression
+      # Fails now, not in start, on a bad max_frames / compression.
+      @recorder = new_recorder
+      @lifecycle = Mutex.new
+      @running = false
+      @stats = nil
+    end
+
+    # Starts sampling (in a new window: anything recorded before is dropped).
+    #
+    # @return [self]
+    # @raise [DdprofRecorder::Error] if already running.
+    def start
+      @lifecycle.synchronize do
+        raise Error, "this profiler is already running" if running?
+
+        @recorder = new_recorder
+        @pid = Process.pid
+        @threads = {}.compare_by_identity
+        @stats = { passes: 0, samples: 0, errors: 0, consecutive_errors: 0 }
+        @started_ns = @last_pass_ns = now_ns
+        baseline_threads(@started_ns)
+        @running = true
+        @sampler = Thread.new { run_sampler }
+        @sampler.name = "ddprof_recorder sampler"
+        @sampler.report_on_exception = false
+        if @exporter
+          @exporter_thread = Thread.new { run_exporter }
+          @exporter_thread.name = "ddprof_recorder exporter"
+          @exporter_thread.report_on_exception = false
+        end
+      end
+      self
+    end
+
+    # Stops sampling and returns the last window.
+    #
+    # @return [Array(Time, Time, String), nil] `[start, finish, pprof]` (also handed to the
+    #   exporter, if any), or nil if not running (or in a forked child, where the profiler's
+    #   threads do not exist: start a new profiler there).
+    def stop
+      @lifecycle.synchronize do
+        return nil unless running?
+
+        @running = false
+        @stopped_ns = now_ns
+        return nil unless Process.pid == @pid
+
+        [@sampler, @exporter_thread].compact.each { |t| stop_thread(t) }
+        @exporter_thread = nil
+        result = @recorder.serialize
+        deliver(result) if result && @exporter
+        result
+      end
+    end
+
+    # @return [Boolean]
+    def running?
+      @running && Process.pid == @pid
+    end
+
+    # Profiles the block: start, yield, stop.
+    #
+    # @return [String] the pprof of the block's run (also handed to the exporter, if any).
+    # @raise whatever the block raises (the profiler is stopped first).
+    def profile
+      start
+      begin
+        yield
+      ensure
+        result = stop
+      end
+      result&.last || raise(Error, "could not serialize the profile (see the log)")
+    end
+
+    # Counters of the current or last run.
+    #
+    # @return [Hash{Symbol => Numeric}] `:passes` (sampling passes), `:samples` (thread
+    #   samples recorded), `:errors` (passes that raised), `:seconds`, `:effective_hz`
+    #   (passes per second really reached), `:sampler_cpu_ns` (CPU the sampler thread used,
+    #   nil once it has exited), `:recorder` ({StackRecorder#stats}).
+    def stats
+      return {} unless @stats
+
+      seconds = ((@running ? now_ns : (@stopped_ns || now_ns)) - @started_ns) / 1e9
+      sampler_id = @sampler&.native_thread_id
+      {
+        passes: @stats[:passes],
+        samples: @stats[:samples],
+        errors: @stats[:errors],
+        seconds: seconds,
+        effective_hz: seconds.positive? ? @stats[:passes] / seconds : 0.0,
+        sampler_cpu_ns: sampler_id && Profiler._native_thread_cpu_time_ns(sampler_id),
+        recorder: @recorder.stats,
+      }
+    end
+
+    private
+
+    def new_recorder
+      StackRecorder.new(value_types: VALUE_TYPES, max_frames: @max_frames, compression: @compression)
+    end
+
+    def now_ns
+      Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
+    end
+
+    def internal_thread?(thread)
+      thread.equal?(@sampler) || thread.equal?(@exporter_thread)
+    end
+
+    # The threads alive at start count from start: their CPU time before it is not ours.
+    def baseline_threads(now)
+      Thread.list.each do |thread|
+        next if internal_thread?(thread)
+
+        @threads[thread] = new_state(thread, now, cpu_time_ns(thread) || 0)
+      end
+    end
+
+    def new_state(thread, wall_ns, cpu_ns)
+      ThreadState.new(wall_ns, cpu_ns, nil, nil, nil).tap { |s| refresh_labels(s, thread) }
+    end
+
+    def cpu_time_ns(thread)
+      id = thread.native_thread_id
+      id && Profiler._native_thread_cpu_time_ns(id)
+    end
+
+    def run_sampler
+      period_ns = 1_000_000_000 / @hz
+      next_tick = now_ns + period_ns
+      while @running
+        delay = next_tick - now_ns
+        sleep(delay / 1e9) if delay.positive?
+        break unless @running
+
+        sample_pass
+        next_tick += period_ns
+        now = now_ns
+        # Behind (the GVL came late): start again from now rather than catch up in a burst.
+        next_tick = now + period_ns if next_tick < now
+      end
+    end
+
+    def sample_pass
+      now = now_ns
+      Thread.list.each do |thread|
+        sample_thread(thread, now) unless internal_thread?(thread)
+      end
+      @threads.delete_if { |thread, _| !thread.alive? } if (@stats[:passes] % 64).zero?
+      @last_pass_ns = now
+      @stats[:passes] += 1
+      @stats[:consecutive_errors] = 0
+    rescue StandardError => e
+      @stats[:errors] += 1
+      @stats[:consecutive_errors] += 1
+      DdprofRecorder.logger.warn("profiler: sampling failed: #{e.class}: #{e.message}")
+      return if @stats[:consecutive_errors] < MAX_CONSECUTIVE_ERRORS
+
+      DdprofRecorder.logger.error("profiler: #{MAX_CONSECUTIVE_ERRORS} sampling passes failed in a row; sampling stops")
+      @running = false
+    end
+
+    def sample_thread(thread, now)
+      locations = thread.backtrace_locations
+      # nil: the thread is dead; empty: not started yet or ending. Nothing to attribute the
+      # time to: its next sample gets it.
+      return if locations.nil? || locations.empty?
+
+      cpu = cpu_time_ns(thread)
+      state = @threads[thread]
+      # New since the previous pass: its whole CPU clock was used since that pass.
+      state ||= @threads[thread] = new_state(thread, @last_pass_ns, 0)
+      refresh_labels(state, thread) unless thread.name.equal?(state.name) && thread.native_thread_id == state.native_id
+
+      cpu_delta = 0
+      if cpu
+        cpu_delta = cpu - state.cpu_ns if cpu > state.cpu_ns
+        state.cpu_ns = cpu
+      end
+      wall_delta = now - state.wall_ns
+      state.wall_ns = now
+      @recorder.record_sample(locations, [cpu_delta, 1, wall_delta.positive? ? wall_delta : 0], state.labels)
+      @stats[:samples] += 1
+    end
+
+    def refresh_labels(state, thread)
+      state.name = thread.name
+      state.native_id = thread.native_thread_id
+      id = state.native_id ? "#{state.native_id} (#{thread.object_id})" : thread.object_id.to_s
+      state.labels = [[THREAD_ID_LABEL, id].freeze, [THREAD_NAME_LABEL, display_name(thread)].freeze].freeze
+    end
+
+    # `Thread#name`, or "main", or where the thread was created (from `Thread#inspect`,
+    # `#<Thread:0x... file.rb:12 run>`).
+    def display_name(thread)
+      return thread.name if thread.name
+      return "main" if thread.equal?(Thread.main)
+
+      thread.inspect[/\A#<Thread:0x\h+ (.+) \w+>\z/, 1] || "thread #{thread.object_id}"
+    end
+
+    def run_exporter
+      deadline = now_ns + (@interval * 1e9).to_i
+      while @running
+        delay = deadline - now_ns
+        if delay.positive?
+          sleep(delay / 1e9)
+          next
+        end
+        result = @recorder.serialize
+        deliver(result) if result
+        deadline += (@interval * 1e9).to_i
+      end
+    end
+
+    def deliver(result)
+      if @exporter.respond_to?(:export)
+        @exporter.export(*result)
+      else
+        @exporter.call(*result)
+      end
+    rescue StandardError => e
+      DdprofRecorder.logger.error("profiler: the exporter raised #{e.class}: #{e.message}")
+    end
+
+    def stop_thread(thread)
+      return if thread.equal?(Thread.current)
+
+      thread.wakeup if thread.alive?
+      return if thread.join(STOP_TIMEOUT)
+
+      DdprofRecorder.logger.warn("profiler: #{thread.name} did not stop in #{STOP_TIMEOUT} s; killing it")
+      thread.kill
+    rescue ThreadError
+      nil # it ended between alive? and wakeup
+    end
+  end
+end
