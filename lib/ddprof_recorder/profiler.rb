@@ -42,8 +42,9 @@ module DdprofRecorder
     # How long {#stop} waits for the background threads to notice (they wake up at once).
     STOP_TIMEOUT = 5
 
-    # Per-thread state between samples: the clocks at the previous sample and the labels.
-    ThreadState = Struct.new(:wall_ns, :cpu_ns, :native_id, :name, :labels)
+    # Per Ruby thread, between samples: the wall clock at its previous sample and its labels.
+    # CPU clocks are kept per native thread instead (see #cpu_delta).
+    ThreadState = Struct.new(:wall_ns, :native_id, :name, :labels)
     private_constant :ThreadState
 
     @current = nil
@@ -58,6 +59,7 @@ module DdprofRecorder
         @current_lock.synchronize do
           raise Error, "the profiler is already running (call DdprofRecorder::Profiler.stop first)" if @current&.running?
 
+          @current&.stop # one that stopped sampling on its own: let its threads go
           @current = new(**options, &exporter).start
         end
       end
@@ -124,6 +126,9 @@ module DdprofRecorder
       # Fails now, not in start, on a bad max_frames / compression.
       @recorder = new_recorder
       @lifecycle = Mutex.new
+      # @started: between start and stop; @running: the sampler should keep sampling (it
+      # clears it itself after too many failures).
+      @started = false
       @running = false
       @stats = nil
     end
@@ -134,15 +139,16 @@ module DdprofRecorder
     # @raise [DdprofRecorder::Error] if already running.
     def start
       @lifecycle.synchronize do
-        raise Error, "this profiler is already running" if running?
+        raise Error, "this profiler is already running" if @started && Process.pid == @pid
 
         @recorder = new_recorder
         @pid = Process.pid
         @threads = {}.compare_by_identity
+        @cpu_by_tid = {}
         @stats = { passes: 0, samples: 0, errors: 0, consecutive_errors: 0 }
         @started_ns = @last_pass_ns = now_ns
         baseline_threads(@started_ns)
-        @running = true
+        @started = @running = true
         @sampler = Thread.new { run_sampler }
         @sampler.name = "ddprof_recorder sampler"
         @sampler.report_on_exception = false
@@ -158,13 +164,13 @@ module DdprofRecorder
     # Stops sampling and returns the last window.
     #
     # @return [Array(Time, Time, String), nil] `[start, finish, pprof]` (also handed to the
-    #   exporter, if any), or nil if not running (or in a forked child, where the profiler's
+    #   exporter, if any), or nil if not started (or in a forked child, where the profiler's
     #   threads do not exist: start a new profiler there).
     def stop
       @lifecycle.synchronize do
-        return nil unless running?
+        return nil unless @started
 
-        @running = false
+        @started = @running = false
         @stopped_ns = now_ns
         return nil unless Process.pid == @pid
 
@@ -176,9 +182,10 @@ module DdprofRecorder
       end
     end
 
-    # @return [Boolean]
+    # @return [Boolean] whether it samples: started, not stopped, and not given up after
+    #   {MAX_CONSECUTIVE_ERRORS} failed passes.
     def running?
-      @running && Process.pid == @pid
+      @started && @running && Process.pid == @pid
     end
 
     # Profiles the block: start, yield, stop.
@@ -204,7 +211,7 @@ module DdprofRecorder
     def stats
       return {} unless @stats
 
-      seconds = ((@running ? now_ns : (@stopped_ns || now_ns)) - @started_ns) / 1e9
+      seconds = ((@started ? now_ns : (@stopped_ns || now_ns)) - @started_ns) / 1e9
       sampler_id = @sampler&.native_thread_id
       {
         passes: @stats[:passes],
@@ -231,22 +238,52 @@ module DdprofRecorder
       thread.equal?(@sampler) || thread.equal?(@exporter_thread)
     end
 
-    # The threads alive at start count from start: their CPU time before it is not ours.
+    # The threads alive at start count from start: their time before it is not ours.
+    #
+    # CPU clocks are per native thread, and Ruby keeps the native thread of a finished Ruby
+    # thread for the next one (its thread cache), clock and all. So the CPU baseline is taken
+    # for every native thread of the process (/proc/self/task), idle cached ones included: a
+    # Ruby thread started later on a reused native thread then starts from that thread's
+    # reading, not from 0, and is not charged the CPU of the threads that ran there before.
     def baseline_threads(now)
+      native_thread_ids.each do |tid|
+        cpu = Profiler._native_thread_cpu_time_ns(tid)
+        @cpu_by_tid[tid] = cpu if cpu
+      end
       Thread.list.each do |thread|
-        next if internal_thread?(thread)
-
-        @threads[thread] = new_state(thread, now, cpu_time_ns(thread) || 0)
+        @threads[thread] = new_state(thread, now) unless internal_thread?(thread)
       end
     end
 
-    def new_state(thread, wall_ns, cpu_ns)
-      ThreadState.new(wall_ns, cpu_ns, nil, nil, nil).tap { |s| refresh_labels(s, thread) }
+    def native_thread_ids
+      ids = Dir.children("/proc/self/task").map(&:to_i)
+      ids.empty? ? Thread.list.filter_map(&:native_thread_id) : ids
+    rescue SystemCallError
+      Thread.list.filter_map(&:native_thread_id)
     end
 
-    def cpu_time_ns(thread)
-      id = thread.native_thread_id
-      id && Profiler._native_thread_cpu_time_ns(id)
+    def new_state(thread, wall_ns)
+      ThreadState.new(wall_ns, nil, nil, nil).tap { |s| refresh_labels(s, thread) }
+    end
+
+    # CPU time native thread `tid` used since we last read it (all of it for a native thread
+    # born since then); 0 when it cannot be read.
+    def cpu_delta(tid)
+      return 0 unless tid
+
+      cpu = Profiler._native_thread_cpu_time_ns(tid)
+      return 0 unless cpu
+
+      previous = @cpu_by_tid[tid] || 0
+      @cpu_by_tid[tid] = cpu
+      cpu > previous ? cpu - previous : 0
+    end
+
+    # Forgets the finished native threads (their tids may come back for new threads, which
+    # then count from 0 as they should).
+    def prune_finished_threads
+      @threads.delete_if { |thread, _| !thread.alive? }
+      @cpu_by_tid.delete_if { |tid, _| Profiler._native_thread_cpu_time_ns(tid).nil? }
     end
 
     def run_sampler
@@ -270,7 +307,7 @@ module DdprofRecorder
       Thread.list.each do |thread|
         sample_thread(thread, now) unless internal_thread?(thread)
       end
-      @threads.delete_if { |thread, _| !thread.alive? } if (@stats[:passes] % 64).zero?
+      prune_finished_threads if (@stats[:passes] % 64).zero?
       @last_pass_ns = now
       @stats[:passes] += 1
       @stats[:consecutive_errors] = 0
@@ -290,20 +327,15 @@ module DdprofRecorder
       # time to: its next sample gets it.
       return if locations.nil? || locations.empty?
 
-      cpu = cpu_time_ns(thread)
-      state = @threads[thread]
-      # New since the previous pass: its whole CPU clock was used since that pass.
-      state ||= @threads[thread] = new_state(thread, @last_pass_ns, 0)
-      refresh_labels(state, thread) unless thread.name.equal?(state.name) && thread.native_thread_id == state.native_id
+      tid = thread.native_thread_id
+      cpu = cpu_delta(tid)
+      # New since the previous pass: its wall time counts from that pass.
+      state = (@threads[thread] ||= new_state(thread, @last_pass_ns))
+      refresh_labels(state, thread) unless thread.name.equal?(state.name) && tid == state.native_id
 
-      cpu_delta = 0
-      if cpu
-        cpu_delta = cpu - state.cpu_ns if cpu > state.cpu_ns
-        state.cpu_ns = cpu
-      end
-      wall_delta = now - state.wall_ns
+      wall = now - state.wall_ns
       state.wall_ns = now
-      @recorder.record_sample(locations, [cpu_delta, 1, wall_delta.positive? ? wall_delta : 0], state.labels)
+      @recorder.record_sample(locations, [cpu, 1, wall.positive? ? wall : 0], state.labels)
       @stats[:samples] += 1
     end
 
@@ -325,7 +357,7 @@ module DdprofRecorder
 
     def run_exporter
       deadline = now_ns + (@interval * 1e9).to_i
-      while @running
+      while @started
         delay = deadline - now_ns
         if delay.positive?
           sleep(delay / 1e9)

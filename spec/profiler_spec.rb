@@ -1,0 +1,360 @@
+# frozen_string_literal: true
+
+require "logger"
+require "rexml/document"
+require "stringio"
+require "zlib"
+
+require_relative "../examples/hot_spot"
+
+# DdprofRecorder::Profiler, the per-thread CPU clock behind it, and the pprof views
+# (folded stacks, flamegraph, top, summary) on what it records. Profiles are checked with
+# google-protobuf (spec_helper's decode_pprof / samples_from), never with the gem's decoder.
+RSpec.describe DdprofRecorder::Profiler do
+  # The samples of a pprof grouped by thread name: {name => {"cpu-time" => sum, ...}}.
+  def totals_by_thread(samples)
+    samples.group_by { |s| s[:labels]["thread name"] }.transform_values { |ss| value_totals(ss) }
+  end
+
+  # Self cpu-time per leaf function name, decoded independently.
+  def leaf_cpu(samples)
+    samples.each_with_object(Hash.new(0)) do |s, acc|
+      acc[s[:frames].first&.first] += s[:values]["cpu-time"]
+    end
+  end
+
+  def burn_cpu(ns)
+    id = Thread.current.native_thread_id
+    start = described_class._native_thread_cpu_time_ns(id)
+    x = 0
+    x += 1 while described_class._native_thread_cpu_time_ns(id) - start < ns
+    x
+  end
+
+  describe "._native_thread_cpu_time_ns" do
+    it "reads a thread's own CPU clock by its native id" do
+      id = Thread.current.native_thread_id
+      before = described_class._native_thread_cpu_time_ns(id)
+      burn_cpu(20_000_000)
+      after = described_class._native_thread_cpu_time_ns(id)
+      expect(after - before).to be >= 20_000_000
+      expect(after).to be <= Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :nanosecond)
+    end
+
+    it "does not count the time a thread sleeps, and reads other threads" do
+      sleeper = Thread.new { sleep 0.3 }
+      sleep 0.05 until sleeper.native_thread_id && sleeper.status == "sleep"
+      before = described_class._native_thread_cpu_time_ns(sleeper.native_thread_id)
+      burn_cpu(50_000_000) # in this thread, while the other one sleeps
+      after = described_class._native_thread_cpu_time_ns(sleeper.native_thread_id)
+      expect(after - before).to be < 5_000_000
+      sleeper.join
+    end
+
+    it "returns nil for nil, or an id that is not a thread of this process (any more)" do
+      pid = Process.spawn(RbConfig.ruby, "-e", "sleep 0.2")
+      expect(described_class._native_thread_cpu_time_ns(pid)).to be_nil # another process
+      Process.wait(pid)
+      expect(described_class._native_thread_cpu_time_ns(pid)).to be_nil # gone
+      expect(described_class._native_thread_cpu_time_ns(nil)).to be_nil
+      expect(described_class._native_thread_cpu_time_ns(0)).to be_nil
+      expect(described_class._native_thread_cpu_time_ns(-1)).to be_nil
+      expect(described_class._native_thread_cpu_time_ns(2**40)).to be_nil
+      expect(described_class._native_thread_cpu_time_ns(1)).to be_nil # init, another process
+      expect { described_class._native_thread_cpu_time_ns("1") }.to raise_error(TypeError)
+    end
+  end
+
+  it "does not charge a new thread with CPU time used before it existed" do
+    # The CPU clock is the native thread's, which may be older than the Ruby thread (Ruby
+    # can reuse the native thread of a finished one): a busy thread just before...
+    Thread.new { burn_cpu(150_000_000) }.join
+    profiler = described_class.new(hz: 200, compression: :none)
+    profiler.start
+    newcomer = Thread.new { sleep 0.2 }
+    newcomer.name = "newcomer"
+    newcomer.join
+    pprof = profiler.stop.last
+    mine = samples_from(decode_pprof(pprof)).select { |s| s[:labels]["thread name"] == "newcomer" }
+    expect(value_totals(mine)["wall-time"]).to be > 0.1e9
+    expect(value_totals(mine)["cpu-time"]).to be < 20_000_000
+  end
+
+  describe "options" do
+    it "rejects a bad rate, interval or exporter" do
+      expect { described_class.new(hz: 0) }.to raise_error(ArgumentError, /hz/)
+      expect { described_class.new(hz: 1001) }.to raise_error(ArgumentError, /hz/)
+      expect { described_class.new(hz: 9.5) }.to raise_error(ArgumentError, /hz/)
+      expect { described_class.new(interval: 1) }.to raise_error(ArgumentError, /exporter/)
+      expect { described_class.new(interval: 0, exporter: proc {}) }.to raise_error(ArgumentError, /interval/)
+      expect { described_class.new(exporter: Object.new) }.to raise_error(ArgumentError, /export/)
+      expect { described_class.new(exporter: proc {}) { nil } }.to raise_error(ArgumentError, /not both/)
+      expect { described_class.new(compression: :zstd) }.to raise_error(ArgumentError, /compression/)
+    end
+
+    it "defaults to 99 Hz, gzip, and a 60 s interval when there is an exporter" do
+      expect(described_class.new.hz).to eq(99)
+      expect(described_class.new.interval).to be_nil
+      expect(described_class.new(exporter: proc {}).interval).to eq(60)
+      pprof = described_class.profile { sleep 0.05 }
+      expect(pprof.b).to start_with("\x1f\x8b".b)
+      expect(described_class.profile(compression: :none) { sleep 0.05 }.b).not_to start_with("\x1f\x8b".b)
+    end
+  end
+
+  describe "profiling examples/hot_spot.rb" do
+    # One run for the whole group: it takes a while.
+    before(:context) do
+      @profiler = described_class.new(hz: 99, compression: :none)
+      @profiler.start
+      HotSpot.run(1.5)
+      @start, @finish, @pprof = @profiler.stop
+    end
+
+    let(:samples) { samples_from(decode_pprof(@pprof)) }
+    let(:by_thread) { totals_by_thread(samples) }
+
+    it "records the three value types and the thread labels on every sample" do
+      profile = decode_pprof(@pprof)
+      types = profile.sample_type.map { |t| [profile.string_table[t.type], profile.string_table[t.unit]] }
+      expect(types).to eq(described_class::VALUE_TYPES)
+      expect(samples).not_to be_empty
+      samples.each do |s|
+        expect(s[:labels].keys).to contain_exactly("thread id", "thread name")
+        expect(s[:labels]["thread id"]).to match(/\A\d+ \(\d+\)\z/)
+        expect(s[:values]["cpu-samples"]).to be >= 1
+      end
+      expect(by_thread.keys).to include("cruncher", "sleeper", "main")
+    end
+
+    it "leaves its own thread out" do
+      expect(by_thread.keys.grep(/ddprof_recorder/)).to be_empty
+      frames = samples.flat_map { |s| s[:frames].map(&:first) }
+      expect(frames).not_to include("run_sampler", "sample_pass")
+    end
+
+    it "makes the hot method the top of the cpu-time ranking" do
+      expect(leaf_cpu(samples).max_by { |_, v| v }.first).to eq("crunch")
+      top = DdprofRecorder.top(@pprof, value: "cpu-time")
+      expect(top[:rows].first).to include(name: "crunch", filename: end_with("examples/hot_spot.rb"))
+      expect(top[:rows].first[:self]).to be > 0.8 * top[:total]
+      run = top[:rows].find { |r| r[:name] == "run" } # HotSpot.run and its threads' blocks
+      expect(run[:self]).to eq(0)
+      expect(run[:total]).to be >= top[:rows].first[:self]
+    end
+
+    it "gives the sleeping thread wall-time but (almost) no cpu-time" do
+      sleeper = by_thread.fetch("sleeper")
+      cruncher = by_thread.fetch("cruncher")
+      expect(sleeper["wall-time"]).to be > 0.8 * 1.5e9
+      expect(sleeper["cpu-time"]).to be < 0.02 * sleeper["wall-time"]
+      expect(cruncher["cpu-time"]).to be > 20 * [sleeper["cpu-time"], 1].max
+      sleeping = samples.select { |s| s[:labels]["thread name"] == "sleeper" }
+      expect(sleeping.map { |s| s[:frames].first.first }.uniq).to eq(["sleep"])
+    end
+
+    it "adds up per thread to no more than the profile's duration" do
+      duration_ns = unix_ns(@finish) - unix_ns(@start)
+      by_thread.each_value do |totals|
+        expect(totals["wall-time"]).to be <= duration_ns
+        expect(totals["cpu-time"]).to be <= totals["wall-time"] + 20_000_000
+      end
+      expect(by_thread.fetch("cruncher")["wall-time"]).to be > 0.8 * 1.5e9
+    end
+
+    it "reports what it did" do
+      stats = @profiler.stats
+      expect(stats).to include(errors: 0, recorder: include(samples_lost: 0, samples_rejected: 0))
+      expect(stats[:passes]).to be > 3
+      expect(stats[:samples]).to eq(value_totals(samples)["cpu-samples"])
+      expect(stats[:effective_hz]).to be_between(1, 100)
+      expect(stats[:seconds]).to be_within(0.5).of(1.5)
+    end
+
+    it "folds the same data natively: root first, one line per stack, values summing to the total" do
+      folded = DdprofRecorder.folded(@pprof, value: "cpu-time")
+      lines = folded.lines(chomp: true)
+      expect(lines).to all(match(/\A\S.* \d+\z/))
+      expect(lines.sum { |l| l.split.last.to_i }).to eq(value_totals(samples)["cpu-time"])
+      heaviest = lines.max_by { |l| l.split.last.to_i }
+      expect(heaviest).to match(/\Arun;cruncher;work;crunch \d+\z/)
+      expect(DdprofRecorder.folded(Zlib.gzip(@pprof), value: :"cpu-time")).to eq(folded)
+
+      by_thread = DdprofRecorder.folded(@pprof, value: "wall-time", group_by: "thread name")
+      expect(by_thread).to match(/^thread name=sleeper;run;nap;sleep \d+$/)
+      with_files = DdprofRecorder.folded(@pprof, filenames: true)
+      expect(with_files).to include("crunch (#{File.expand_path('../examples/hot_spot.rb', __dir__)})")
+    end
+
+    it "draws a flamegraph SVG that parses as XML and names the hot method" do
+      svg = DdprofRecorder.flamegraph(@pprof, value: "cpu-time")
+      expect(svg.encoding).to eq(Encoding::UTF_8)
+      doc = REXML::Document.new(svg)
+      expect(doc.root.name).to eq("svg")
+      titles = REXML::XPath.match(doc, "//title").map(&:text)
+      expect(titles).to include(a_string_starting_with("crunch ("))
+      expect(svg).to include("cpu-time flamegraph")
+
+      wall = REXML::Document.new(DdprofRecorder.flamegraph(@pprof, value: "wall-time", title: "Wall", group_by: "thread name"))
+      expect(REXML::XPath.match(wall, "//title").map(&:text)).to include(a_string_starting_with("thread name=sleeper"))
+    end
+
+    it "summarizes the profile" do
+      summary = DdprofRecorder.summary(@pprof)
+      expect(summary[:value_types]).to eq(described_class::VALUE_TYPES)
+      expect(summary[:totals]).to eq(value_totals(samples))
+      expect(summary[:thread_names]).to include("cruncher", "main", "sleeper")
+      expect(summary[:thread_ids].size).to eq(summary[:thread_names].size)
+      expect(summary[:duration]).to be_within(0.001).of(@finish - @start)
+      expect(summary[:start]).to be_within(0.001).of(@start)
+    end
+  end
+
+  describe "the views' errors" do
+    let(:pprof) { described_class.profile { sleep 0.05 } }
+
+    it "names the value types a profile has when asked for another" do
+      expect { DdprofRecorder.folded(pprof, value: "alloc-samples") }
+        .to raise_error(ArgumentError, /unknown value type "alloc-samples"; this profile has: cpu-time, cpu-samples, wall-time/)
+      expect { DdprofRecorder.top(pprof, value: "nope") }.to raise_error(ArgumentError, /unknown value type/)
+    end
+
+    it "rejects what is not a pprof, and what is not a String" do
+      expect { DdprofRecorder.folded("") }.to raise_error(ArgumentError, /not a pprof profile: the input is empty/)
+      expect { DdprofRecorder.flamegraph("hello world\n" * 10) }.to raise_error(ArgumentError, /not a pprof profile/)
+      expect { DdprofRecorder.summary("\x1f\x8b\x08garbage".b) }.to raise_error(ArgumentError, /gzip/)
+      expect { DdprofRecorder.folded(nil) }.to raise_error(TypeError, /pprof must be a String/)
+      expect { DdprofRecorder.folded(pprof, value: 1) }.to raise_error(TypeError, /value/)
+    end
+
+    it "raises DdprofRecorder::Error when there is nothing to draw" do
+      empty = DdprofRecorder::StackRecorder.new.serialize!
+      expect(DdprofRecorder.folded(empty)).to eq("")
+      expect { DdprofRecorder.flamegraph(empty) }.to raise_error(DdprofRecorder::Error, /nothing to draw/)
+    end
+  end
+
+  describe "lifecycle" do
+    after { described_class.stop }
+
+    it "starts and stops the process-wide profiler once" do
+      expect(described_class.stop).to be_nil
+      profiler = described_class.start(hz: 200)
+      expect(described_class).to be_running
+      expect(described_class.current).to equal(profiler)
+      expect { described_class.start }.to raise_error(DdprofRecorder::Error, /already running/)
+      sleep 0.05
+      start, finish, pprof = described_class.stop
+      expect(start).to be < finish
+      expect(DdprofRecorder.summary(pprof)[:thread_names]).to include("main")
+      expect(described_class).not_to be_running
+      expect(profiler.stop).to be_nil
+    end
+
+    it "stops its threads, and a stopped profiler starts again in a new window" do
+      profiler = described_class.new(hz: 500)
+      profiler.start
+      expect { profiler.start }.to raise_error(DdprofRecorder::Error)
+      sleep 0.05
+      first = profiler.stop
+      expect(Thread.list.map(&:name)).not_to include("ddprof_recorder sampler")
+      profiler.start
+      sleep 0.05
+      second = profiler.stop
+      expect(second[0]).to be >= first[1]
+    end
+
+    it "stops the profiler and re-raises when the profiled block raises" do
+      profiler = described_class.new
+      expect { profiler.profile { raise "boom" } }.to raise_error(RuntimeError, "boom")
+      expect(profiler).not_to be_running
+    end
+  end
+
+  describe "exporting every interval" do
+    it "hands contiguous windows to the block, the last one at stop" do
+      windows = Queue.new
+      profiler = described_class.new(hz: 200, interval: 0.15) { |start, finish, pprof| windows << [start, finish, pprof] }
+      profiler.start
+      sleep 0.5
+      last = profiler.stop
+      got = []
+      got << windows.pop until windows.empty?
+      expect(got.size).to be_between(3, 5)
+      expect(got.last).to eq(last)
+      got.each_cons(2) { |a, b| expect(b[0]).to eq(a[1]) }
+      expect(got.sum { |_, _, pprof| DdprofRecorder.summary(pprof)[:totals]["wall-time"] }).to be > 0.3e9
+    end
+
+    it "calls #export on an exporter object, and survives an exporter that raises" do
+      exporter = Class.new do
+        attr_reader :calls
+
+        def initialize
+          @calls = 0
+        end
+
+        def export(_start, _finish, _pprof)
+          @calls += 1
+          raise IOError, "upload failed"
+        end
+      end.new
+      log = StringIO.new
+      DdprofRecorder.logger = Logger.new(log)
+      profiler = described_class.new(hz: 200, interval: 0.1, exporter: exporter)
+      profiler.start
+      sleep 0.35
+      expect(profiler).to be_running
+      profiler.stop
+      expect(exporter.calls).to be >= 3
+      expect(log.string).to include("the exporter raised IOError: upload failed")
+    end
+  end
+
+  describe "not crashing the host" do
+    it "samples threads that come and go without errors" do
+      profiler = described_class.new(hz: 1000)
+      profiler.start
+      200.times { Array.new(5) { Thread.new { Thread.pass } }.each(&:join) }
+      profiler.stop
+      expect(profiler.stats).to include(errors: 0)
+      expect(profiler.stats[:passes]).to be > 0
+    end
+
+    it "logs a failing pass and carries on" do
+      log = StringIO.new
+      DdprofRecorder.logger = Logger.new(log)
+      calls = 0
+      allow(Thread).to receive(:list).and_wrap_original do |original|
+        calls += 1
+        raise "injected" if calls == 2 && Thread.current.name == "ddprof_recorder sampler"
+
+        original.call
+      end
+      profiler = described_class.new(hz: 200)
+      profiler.start
+      sleep 0.1
+      profiler.stop
+      expect(profiler.stats[:errors]).to eq(1)
+      expect(profiler.stats[:passes]).to be > 2
+      expect(log.string).to include("profiler: sampling failed: RuntimeError: injected")
+    end
+
+    it "stops sampling, without raising anywhere, after #{described_class::MAX_CONSECUTIVE_ERRORS} failed passes in a row" do
+      log = StringIO.new
+      DdprofRecorder.logger = Logger.new(log)
+      allow(Thread).to receive(:list).and_wrap_original do |original|
+        raise "always" if Thread.current.name == "ddprof_recorder sampler"
+
+        original.call
+      end
+      profiler = described_class.new(hz: 500)
+      profiler.start
+      sleep 0.01 while profiler.running? && profiler.stats[:errors] < described_class::MAX_CONSECUTIVE_ERRORS
+      sleep 0.05
+      expect(profiler).not_to be_running
+      expect(profiler.stats[:errors]).to eq(described_class::MAX_CONSECUTIVE_ERRORS)
+      expect(log.string).to include("sampling stops")
+    end
+  end
+end
