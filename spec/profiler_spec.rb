@@ -80,6 +80,50 @@ RSpec.describe DdprofRecorder::Profiler do
     expect(value_totals(mine)["cpu-time"]).to be < 20_000_000
   end
 
+  describe "idle threads" do
+    def nap_a(seconds) = sleep(seconds)
+    def nap_b(seconds) = sleep(seconds)
+
+    it "records a thread that did not run once per stack, with the number of passes and the time it waited" do
+      profiler = described_class.new(hz: 200, compression: :none)
+      profiler.start
+      napper = Thread.new do
+        nap_a(0.3)
+        nap_b(0.3)
+      end
+      napper.name = "napper"
+      napper.join
+      pprof = profiler.stop.last
+      mine = samples_from(decode_pprof(pprof)).select { |s| s[:labels]["thread name"] == "napper" }
+      wall_by_nap = Hash.new(0)
+      mine.each do |s|
+        nap = s[:frames].map(&:first).find { |name| name.start_with?("nap_") }
+        wall_by_nap[nap] += s[:values]["wall-time"]
+      end
+      expect(wall_by_nap["nap_a"]).to be_within(0.1e9).of(0.3e9)
+      expect(wall_by_nap["nap_b"]).to be_within(0.1e9).of(0.3e9)
+      expect(value_totals(mine)["cpu-samples"]).to be > 10 # one per pass, though recorded at once
+      expect(profiler.stats[:samples]).to eq(value_totals(samples_from(decode_pprof(pprof)))["cpu-samples"])
+    end
+
+    it "closes each window with the idle time it holds" do
+      windows = Queue.new
+      sleeper = Thread.new { sleep 0.8 }
+      sleeper.name = "sleeper"
+      profiler = described_class.new(hz: 200, interval: 0.2, compression: :none) { |*window| windows << window }
+      profiler.start
+      sleeper.join
+      profiler.stop
+      got = []
+      got << windows.pop until windows.empty?
+      expect(got.size).to be >= 3
+      got[0..-2].each do |start, finish, pprof|
+        mine = samples_from(decode_pprof(pprof)).select { |s| s[:labels]["thread name"] == "sleeper" }
+        expect(value_totals(mine)["wall-time"]).to be > 0.5 * (finish - start) * 1e9
+      end
+    end
+  end
+
   describe "options" do
     it "rejects a bad rate, interval or exporter" do
       expect { described_class.new(hz: 0) }.to raise_error(ArgumentError, /hz/)

@@ -14,7 +14,11 @@ module DdprofRecorder
   # (`Thread#name`, `"main"` for the main thread, else where the thread was created).
   #
   # Values are differences of clocks, so totals are exact whatever the sampling rate: the
-  # rate decides only how finely time is split between stacks. The sampler is a Ruby thread
+  # rate decides only how finely time is split between stacks. A thread that has not run
+  # since it was last looked at (its CPU clock has not moved) still has the same stack: its
+  # samples are added up and recorded as one (`cpu-samples` = their number) when it runs
+  # again, ends, or the window closes, which saves reading and recording the same stack of
+  # every idle thread on every pass. The sampler is a Ruby thread
   # and needs the GVL to look at stacks; while another thread runs Ruby code without
   # pause, Ruby hands the GVL over every 100 ms only (its thread time slice), so a CPU-bound
   # program is sampled about 10 times a second whatever `hz` says. {#stats} reports the rate
@@ -39,12 +43,15 @@ module DdprofRecorder
     # A sampling pass that raises is logged and skipped; this many in a row stop the sampler
     # rather than flood the log of a program that would keep failing the same way.
     MAX_CONSECUTIVE_ERRORS = 10
-    # How long {#stop} waits for the background threads to notice (they wake up at once).
+    # How long {#stop} waits for the sampler to notice (it wakes up at once).
     STOP_TIMEOUT = 5
+    # How long {#stop} lets the exporter finish handing over the windows before the last one.
+    EXPORT_TIMEOUT = 30
 
-    # Per Ruby thread, between samples: the wall clock at its previous sample and its labels.
-    # CPU clocks are kept per native thread instead (see #cpu_delta).
-    ThreadState = Struct.new(:wall_ns, :native_id, :name, :labels)
+    # Per Ruby thread, between samples: the wall clock when it was last looked at, its labels,
+    # the stack last recorded, and the idle samples not recorded yet (see #sample_thread).
+    # CPU clocks are kept per native thread instead (see #baseline_threads).
+    ThreadState = Struct.new(:wall_ns, :native_id, :name, :labels, :locations, :idle_wall_ns, :idle_samples)
     private_constant :ThreadState
 
     @current = nil
@@ -98,10 +105,12 @@ module DdprofRecorder
 
     # @param hz [Integer] sampling passes per second, 1..1000.
     # @param interval [Numeric, nil] with an exporter, hand it a window every `interval`
-    #   seconds (default 60); the last window goes to it at {#stop}.
+    #   seconds (default 60); the last window goes to it at {#stop}. The sampler thread cuts
+    #   the windows (a few ms: encoding runs without the GVL).
     # @param exporter [#call, #export, nil] receives `(start, finish, pprof)` for each window:
     #   `export` if it has one, else `call`. Or pass a block. It runs in a thread of its own
-    #   and may take its time; an exception it raises is logged and forgotten.
+    #   (the last window: in the thread calling {#stop}) and may take its time; an exception
+    #   it raises is logged and forgotten.
     # @param max_frames [Integer] deepest stack kept (see {StackRecorder.new}).
     # @param compression [Symbol] `:gzip` (default, the usual `.pb.gz`) or `:none`.
     # @raise [ArgumentError] on a bad option.
@@ -147,13 +156,15 @@ module DdprofRecorder
         @cpu_by_tid = {}
         @stats = { passes: 0, samples: 0, errors: 0, consecutive_errors: 0 }
         @started_ns = @last_pass_ns = now_ns
+        @next_window_ns = @interval && (@started_ns + (@interval * 1e9).to_i)
         baseline_threads(@started_ns)
         @started = @running = true
         @sampler = Thread.new { run_sampler }
         @sampler.name = "ddprof_recorder sampler"
         @sampler.report_on_exception = false
         if @exporter
-          @exporter_thread = Thread.new { run_exporter }
+          @windows = Queue.new
+          @exporter_thread = Thread.new { run_exporter(@windows) }
           @exporter_thread.name = "ddprof_recorder exporter"
           @exporter_thread.report_on_exception = false
         end
@@ -174,8 +185,13 @@ module DdprofRecorder
         @stopped_ns = now_ns
         return nil unless Process.pid == @pid
 
-        [@sampler, @exporter_thread].compact.each { |t| stop_thread(t) }
-        @exporter_thread = nil
+        stop_thread(@sampler, STOP_TIMEOUT)
+        if @exporter_thread
+          @windows.close # the exporter hands over what is queued, then ends
+          stop_thread(@exporter_thread, EXPORT_TIMEOUT)
+          @exporter_thread = nil
+        end
+        flush_idle_samples
         result = @recorder.serialize
         deliver(result) if result && @exporter
         result
@@ -263,27 +279,31 @@ module DdprofRecorder
     end
 
     def new_state(thread, wall_ns)
-      ThreadState.new(wall_ns, nil, nil, nil).tap { |s| refresh_labels(s, thread) }
+      ThreadState.new(wall_ns, nil, nil, nil, nil, 0, 0).tap { |s| refresh_labels(s, thread) }
     end
 
-    # CPU time native thread `tid` used since we last read it (all of it for a native thread
-    # born since then); 0 when it cannot be read.
-    def cpu_delta(tid)
-      return 0 unless tid
-
-      cpu = Profiler._native_thread_cpu_time_ns(tid)
-      return 0 unless cpu
-
-      previous = @cpu_by_tid[tid] || 0
-      @cpu_by_tid[tid] = cpu
-      cpu > previous ? cpu - previous : 0
-    end
-
-    # Forgets the finished native threads (their tids may come back for new threads, which
-    # then count from 0 as they should).
+    # Forgets the finished threads (after recording their idle samples) and native threads
+    # (their tids may come back for new threads, which then count from 0 as they should).
     def prune_finished_threads
-      @threads.delete_if { |thread, _| !thread.alive? }
+      @threads.delete_if do |thread, state|
+        next false if thread.alive?
+
+        flush_idle(state)
+        true
+      end
       @cpu_by_tid.delete_if { |tid, _| Profiler._native_thread_cpu_time_ns(tid).nil? }
+    end
+
+    # Records the idle samples of every thread: before a window closes.
+    def flush_idle_samples
+      @threads.each_value { |state| flush_idle(state) }
+    end
+
+    def flush_idle(state)
+      return if state.idle_samples.zero?
+
+      @recorder.record_sample(state.locations, [0, state.idle_samples, state.idle_wall_ns], state.labels)
+      state.idle_samples = state.idle_wall_ns = 0
     end
 
     def run_sampler
@@ -295,6 +315,7 @@ module DdprofRecorder
         break unless @running
 
         sample_pass
+        cut_window if @next_window_ns && now_ns >= @next_window_ns
         next_tick += period_ns
         now = now_ns
         # Behind (the GVL came late): start again from now rather than catch up in a burst.
@@ -322,20 +343,39 @@ module DdprofRecorder
     end
 
     def sample_thread(thread, now)
-      locations = thread.backtrace_locations
-      # nil: the thread is dead; empty: not started yet or ending. Nothing to attribute the
-      # time to: its next sample gets it.
-      return if locations.nil? || locations.empty?
-
       tid = thread.native_thread_id
-      cpu = cpu_delta(tid)
+      cpu = tid && Profiler._native_thread_cpu_time_ns(tid)
       # New since the previous pass: its wall time counts from that pass.
       state = (@threads[thread] ||= new_state(thread, @last_pass_ns))
-      refresh_labels(state, thread) unless thread.name.equal?(state.name) && tid == state.native_id
-
+      same_labels = thread.name.equal?(state.name) && tid == state.native_id
       wall = now - state.wall_ns
+      wall = 0 if wall.negative?
+
+      if cpu && cpu == @cpu_by_tid[tid] && state.locations && same_labels
+        # It has not run since it was last looked at: same stack. Add up, record later.
+        state.wall_ns = now
+        state.idle_wall_ns += wall
+        state.idle_samples += 1
+        @stats[:samples] += 1
+        return
+      end
+
+      locations = thread.backtrace_locations
+      # nil: the thread is dead; empty: not started yet or ending. Nothing to attribute the
+      # time to: its next sample gets it (its clocks are left as they are).
+      return if locations.nil? || locations.empty?
+
+      flush_idle(state)
+      refresh_labels(state, thread) unless same_labels
+      cpu_used = 0
+      if cpu
+        previous = @cpu_by_tid[tid] || 0
+        cpu_used = cpu - previous if cpu > previous
+        @cpu_by_tid[tid] = cpu
+      end
       state.wall_ns = now
-      @recorder.record_sample(locations, [cpu, 1, wall.positive? ? wall : 0], state.labels)
+      state.locations = locations
+      @recorder.record_sample(locations, [cpu_used, 1, wall], state.labels)
       @stats[:samples] += 1
     end
 
@@ -355,17 +395,20 @@ module DdprofRecorder
       thread.inspect[/\A#<Thread:0x\h+ (.+) \w+>\z/, 1] || "thread #{thread.object_id}"
     end
 
-    def run_exporter
-      deadline = now_ns + (@interval * 1e9).to_i
-      while @started
-        delay = deadline - now_ns
-        if delay.positive?
-          sleep(delay / 1e9)
-          next
-        end
-        result = @recorder.serialize
-        deliver(result) if result
-        deadline += (@interval * 1e9).to_i
+    # In the sampler thread, every `interval`: closes the window (with the idle samples it
+    # holds) and queues it for the exporter thread.
+    def cut_window
+      @next_window_ns += (@interval * 1e9).to_i
+      flush_idle_samples
+      result = @recorder.serialize
+      @windows << result if result
+    rescue ClosedQueueError
+      nil # stopping: the window is in the last one
+    end
+
+    def run_exporter(windows)
+      while (result = windows.pop)
+        deliver(result)
       end
     end
 
@@ -379,13 +422,13 @@ module DdprofRecorder
       DdprofRecorder.logger.error("profiler: the exporter raised #{e.class}: #{e.message}")
     end
 
-    def stop_thread(thread)
+    def stop_thread(thread, timeout)
       return if thread.equal?(Thread.current)
 
-      thread.wakeup if thread.alive?
-      return if thread.join(STOP_TIMEOUT)
+      thread.wakeup if thread.alive? && thread.equal?(@sampler)
+      return if thread.join(timeout)
 
-      DdprofRecorder.logger.warn("profiler: #{thread.name} did not stop in #{STOP_TIMEOUT} s; killing it")
+      DdprofRecorder.logger.warn("profiler: #{thread.name} did not stop in #{timeout} s; killing it")
       thread.kill
     rescue ThreadError
       nil # it ended between alive? and wakeup
