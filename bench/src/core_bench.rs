@@ -186,6 +186,36 @@ pub fn run(w: &Workload, reps: usize, quiet: bool) -> Result<CoreResult, String>
     Ok(r)
 }
 
+/// Runs one part of the benchmark `reps` times, for profiling it alone (`--only PART`):
+/// `load` (nothing but the workload load), `core-add`, `floor-add`, `serialize-raw` and
+/// `serialize-gzip` (each also adds the workload first: subtract `core-add`).
+pub fn run_part(w: &Workload, part: &str, reps: usize) -> Result<(), String> {
+    for _ in 0..reps {
+        let t = Instant::now();
+        match part {
+            "load" => {}
+            "core-add" => {
+                let rec = Recorder::new(config(w)?, Timestamp::now());
+                fill(w, &rec)?;
+            }
+            "floor-add" => {
+                let mut floor = FloorRecorder::new(w.num_values());
+                w.feed(0..w.samples.len(), |s| floor.add(s));
+            }
+            "serialize-raw" | "serialize-gzip" => {
+                let rec = Recorder::new(config(w)?, Timestamp::now());
+                fill(w, &rec)?;
+                let compression =
+                    if part == "serialize-raw" { Compression::None } else { Compression::Gzip };
+                rec.serialize(compression).map_err(|e| e.to_string())?;
+            }
+            _ => return Err(format!("unknown part {part:?}")),
+        }
+        eprintln!("{part}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(())
+}
+
 impl CoreResult {
     pub fn print_table(&self) {
         let mb = |b: usize| format!("{:.2} MB", b as f64 / 1e6);

@@ -19,11 +19,16 @@ fn run() -> Result<(), String> {
         Some(n) => n.parse::<usize>().ok().filter(|&n| n > 0).ok_or("--reps must be >= 1")?,
         None => 5,
     };
+    let only = take_option(&mut args, "--only")?;
     let [path] = &args[..] else {
-        return Err("usage: core WORKLOAD.json [--reps N]".into());
+        return Err("usage: core WORKLOAD.json [--reps N] [--only load|core-add|floor-add|serialize-raw|serialize-gzip]".into());
     };
     let w = Workload::load(&PathBuf::from(path))?;
     eprintln!("loaded {path}: {} samples; {reps} reps", w.samples.len());
+    if let Some(part) = only {
+        // A profiling aid: run one part alone (under `perf stat` or callgrind), no table.
+        return core_bench::run_part(&w, &part, reps);
+    }
     let result = core_bench::run(&w, reps, false)?;
     result.print_table();
     println!("{}", result.to_json());

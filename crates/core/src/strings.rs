@@ -35,6 +35,18 @@ impl StringTable {
         self.spans.len()
     }
 
+    /// `(start, end)` of string `id` in [`StringTable::bytes`].
+    #[inline]
+    pub fn span(&self, id: StringId) -> (usize, usize) {
+        self.spans[id as usize]
+    }
+
+    /// All strings back to back (see [`StringTable::span`]).
+    #[inline]
+    pub fn bytes(&self) -> &[u8] {
+        self.bytes.as_bytes()
+    }
+
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
         self.spans.iter().map(|&(start, end)| &self.bytes[start..end])
     }
