@@ -184,7 +184,7 @@ module DdprofRecorder
       elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
       files = options[:interval] ? Recording.window_files(out) : [out].select { |f| File.file?(f) }
       if files.empty?
-        raise Failure, "record: no profile was written by `#{command.shelljoin}` " \
+        raise Failure, "record: no profile was written by `#{display_command(command)}` " \
                        "(is it a Ruby program? did it end through exit! or a signal?)"
       end
 
@@ -243,7 +243,7 @@ module DdprofRecorder
       shown = display_path(files.first)
 
       lines = []
-      lines << "ddprof-recorder: recorded `#{command.shelljoin}` (#{status_text(status)}, #{format('%.2f', elapsed)} s)"
+      lines << "ddprof-recorder: recorded `#{display_command(command)}` (#{status_text(status)}, #{format('%.2f', elapsed)} s)"
       lines << row("duration", format("%.2f s profiled", duration))
       rate = thread_ids.empty? || duration <= 0 ? "" : format(", about %.0f per second per thread (asked %d)", samples / thread_ids.size / duration, options[:hz])
       lines << row("samples", "#{samples}#{rate}")
@@ -262,6 +262,11 @@ module DdprofRecorder
       lines << row("", "ddprof-recorder flamegraph #{shown.shellescape} -o #{svg_name(shown).shellescape}")
       lines << row("", "go tool pprof -top #{shown.shellescape}")
       @out.puts(lines)
+    end
+
+    # The command as one would type it: words with shell characters in single quotes.
+    def display_command(command)
+      command.map { |word| word.match?(%r{\A[\w@%+=:,./-]+\z}) ? word : "'#{word.gsub("'", "'\\\\''")}'" }.join(" ")
     end
 
     def row(label, text)
