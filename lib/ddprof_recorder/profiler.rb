@@ -228,7 +228,7 @@ module DdprofRecorder
       return {} unless @stats
 
       seconds = ((@started ? now_ns : (@stopped_ns || now_ns)) - @started_ns) / 1e9
-      sampler_id = @sampler&.native_thread_id
+      sampler_id = @sampler && native_id(@sampler)
       {
         passes: @stats[:passes],
         samples: @stats[:samples],
@@ -273,9 +273,21 @@ module DdprofRecorder
 
     def native_thread_ids
       ids = Dir.children("/proc/self/task").map(&:to_i)
-      ids.empty? ? Thread.list.filter_map(&:native_thread_id) : ids
+      ids.empty? ? Thread.list.filter_map { |t| native_id(t) } : ids
     rescue SystemCallError
-      Thread.list.filter_map(&:native_thread_id)
+      Thread.list.filter_map { |t| native_id(t) }
+    end
+
+    # `Thread#native_thread_id` came with Ruby 3.1; before it, no thread's CPU clock can be
+    # read and cpu-time stays 0.
+    if Thread.method_defined?(:native_thread_id)
+      def native_id(thread)
+        thread.native_thread_id
+      end
+    else
+      def native_id(_thread)
+        nil
+      end
     end
 
     def new_state(thread, wall_ns)
@@ -343,7 +355,7 @@ module DdprofRecorder
     end
 
     def sample_thread(thread, now)
-      tid = thread.native_thread_id
+      tid = native_id(thread)
       cpu = tid && Profiler._native_thread_cpu_time_ns(tid)
       # New since the previous pass: its wall time counts from that pass.
       state = (@threads[thread] ||= new_state(thread, @last_pass_ns))
@@ -381,7 +393,7 @@ module DdprofRecorder
 
     def refresh_labels(state, thread)
       state.name = thread.name
-      state.native_id = thread.native_thread_id
+      state.native_id = native_id(thread)
       id = state.native_id ? "#{state.native_id} (#{thread.object_id})" : thread.object_id.to_s
       state.labels = [[THREAD_ID_LABEL, id].freeze, [THREAD_NAME_LABEL, display_name(thread)].freeze].freeze
     end
