@@ -191,7 +191,11 @@ module DdprofRecorder
           stop_thread(@exporter_thread, EXPORT_TIMEOUT)
           @exporter_thread = nil
         end
-        flush_idle_samples
+        begin
+          flush_idle_samples
+        rescue StandardError => e # never expected; the window is still worth having
+          DdprofRecorder.logger.error("profiler: could not record the idle samples: #{e.class}: #{e.message}")
+        end
         result = @recorder.serialize
         deliver(result) if result && @exporter
         result
