@@ -271,6 +271,21 @@ RSpec.describe DdprofRecorder::Profiler do
       expect { DdprofRecorder.folded(pprof, value: 1) }.to raise_error(TypeError, /value/)
     end
 
+    it "builds its Ruby results safely (GC.stress under GC_STRESS=1)", gc_stress: true do
+      recorder = DdprofRecorder::StackRecorder.new
+      recorder.record_sample([["leaf", "a.rb", 2], ["root", "a.rb", 1]], [5, 1, 7], [["thread name", "t"], ["thread id", 3]])
+      data = recorder.serialize!
+      # Plain comparisons: RSpec's matchers are slow under GC.stress.
+      folded = DdprofRecorder.folded(data, group_by: "thread name")
+      names = DdprofRecorder.top(data)[:rows].map { |r| r[:name] }
+      summary = DdprofRecorder.summary(data)
+      svg = DdprofRecorder.flamegraph(data)
+      expect(folded == "thread name=t;root;leaf 5\n").to be(true)
+      expect(names == %w[leaf root]).to be(true)
+      expect([summary[:thread_names], summary[:thread_ids], summary[:samples]] == [["t"], [3], 1]).to be(true)
+      expect(svg.include?("leaf")).to be(true)
+    end
+
     it "raises DdprofRecorder::Error when there is nothing to draw" do
       empty = DdprofRecorder::StackRecorder.new.serialize!
       expect(DdprofRecorder.folded(empty)).to eq("")
