@@ -186,6 +186,36 @@ pub fn run(w: &Workload, reps: usize, quiet: bool) -> Result<CoreResult, String>
     Ok(r)
 }
 
+/// Compresses the workload's raw pprof at every level with flate2's zlib-rs backend (the
+/// core's) and with miniz_oxide (flate2's default Rust backend), 3 times each: what the
+/// choice of `GZIP_LEVEL` and backend rests on.
+fn gzip_levels(w: &Workload) -> Result<(), String> {
+    let rec = Recorder::new(config(w)?, Timestamp::now());
+    fill(w, &rec)?;
+    let raw = rec.serialize(Compression::None).map_err(|e| e.to_string())?.bytes;
+    println!("raw pprof {} bytes; best of 3 runs", raw.len());
+    println!("{:<12} {:>5} {:>10} {:>12} {:>7}", "backend", "level", "ms", "bytes", "ratio");
+    for level in 1..=9u32 {
+        let mut zlib_rs = (f64::INFINITY, 0);
+        let mut miniz = (f64::INFINITY, 0);
+        for _ in 0..3 {
+            let t = Instant::now();
+            let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(level));
+            std::io::Write::write_all(&mut e, &raw).map_err(|e| e.to_string())?;
+            let out = e.finish().map_err(|e| e.to_string())?;
+            zlib_rs = (f64::min(zlib_rs.0, t.elapsed().as_secs_f64() * 1e3), out.len());
+            let t = Instant::now();
+            let out = miniz_oxide::deflate::compress_to_vec(&raw, level as u8);
+            miniz = (f64::min(miniz.0, t.elapsed().as_secs_f64() * 1e3), out.len());
+        }
+        for (name, (ms, bytes)) in [("zlib-rs", zlib_rs), ("miniz_oxide", miniz)] {
+            let ratio = bytes as f64 / raw.len() as f64;
+            println!("{name:<12} {level:>5} {ms:>10.1} {bytes:>12} {ratio:>7.3}");
+        }
+    }
+    Ok(())
+}
+
 /// Runs one part of the benchmark `reps` times, for profiling it alone (`--only PART`):
 /// `load` (nothing but the workload load), `core-add`, `floor-add`, `serialize-raw` and
 /// `serialize-gzip` (each also adds the workload first: subtract `core-add`).
@@ -209,6 +239,7 @@ pub fn run_part(w: &Workload, part: &str, reps: usize) -> Result<(), String> {
                     if part == "serialize-raw" { Compression::None } else { Compression::Gzip };
                 rec.serialize(compression).map_err(|e| e.to_string())?;
             }
+            "gzip-levels" => gzip_levels(w)?,
             _ => return Err(format!("unknown part {part:?}")),
         }
         eprintln!("{part}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);

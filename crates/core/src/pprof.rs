@@ -4,12 +4,12 @@
 //! wire format and decode profiles in tests and benchmarks; the encoder itself streams a
 //! [`Profile`](crate::Profile) straight into bytes with prost's wire helpers, so that
 //! serializing does not first build a second copy of the profile as message structs.
-use std::io::Write as _;
+use std::io::Write;
 
 use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
 
 use crate::error::SerializeError;
-use crate::profile::{Profile, StoredLabel, StoredValue};
+use crate::profile::{Function, Location, Profile, StoredLabel, StoredValue};
 use crate::sample::ValueType as InputValueType;
 use crate::time::Timestamp;
 
@@ -193,22 +193,116 @@ fn packed_field_len(payload: usize) -> usize {
     }
 }
 
-fn put_label(buf: &mut Vec<u8>, key: u32, value: StoredValue) {
-    let (str_id, num) = match value {
+/// Bytes of a `Label` message (without its key and length prefix).
+#[inline]
+fn label_len(key: u32, value: StoredValue) -> usize {
+    let (str_id, num) = label_fields(value);
+    varint_field_len(u64::from(key)) + varint_field_len(str_id) + varint_field_len(num)
+}
+
+#[inline]
+fn label_fields(value: StoredValue) -> (u64, u64) {
+    match value {
         StoredValue::Str(s) => (u64::from(s), 0),
         StoredValue::Num(n) => (0, n as u64),
-    };
-    let len = varint_field_len(u64::from(key)) + varint_field_len(str_id) + varint_field_len(num);
-    put_len_prefix(buf, 3, len);
+    }
+}
+
+fn put_label(buf: &mut Vec<u8>, key: u32, value: StoredValue) {
+    let (str_id, num) = label_fields(value);
+    put_len_prefix(buf, 3, label_len(key, value));
     put_varint_field(buf, 1, u64::from(key));
     put_varint_field(buf, 2, str_id);
     put_varint_field(buf, 3, num);
+}
+
+/// A length-delimited field with `len` bytes of payload (key byte for tags < 16).
+#[inline]
+fn message_field_len(len: usize) -> usize {
+    1 + encoded_len_varint(len as u64) + len
+}
+
+/// `Location` message length: id, mapping 1, one line (function id, line).
+#[inline]
+fn location_len(id: u64, location: &Location) -> (usize, usize) {
+    let function_id = u64::from(location.function) + 1;
+    let line_len = varint_field_len(function_id) + varint_field_len(location.line as u64);
+    (varint_field_len(id) + varint_field_len(1) + message_field_len(line_len), line_len)
+}
+
+#[inline]
+fn function_len(id: u64, function: &Function) -> usize {
+    let (name, filename) = (u64::from(function.name), u64::from(function.filename));
+    varint_field_len(id) + 2 * varint_field_len(name) + varint_field_len(filename)
+}
+
+/// Where encoded bytes go: kept whole (raw output, sized exactly up front), or handed to a
+/// writer (the gzip encoder) every [`STREAM_CHUNK`] bytes so that the raw profile never exists
+/// whole in memory.
+struct Out<'w> {
+    buf: Vec<u8>,
+    sink: Option<&'w mut dyn Write>,
+    error: Option<std::io::Error>,
+}
+
+/// Measured on the medium workload: 64 KiB chunks compress as fast as one 19 MB buffer.
+const STREAM_CHUNK: usize = 64 * 1024;
+
+impl Out<'_> {
+    #[inline]
+    fn maybe_flush(&mut self) {
+        if self.buf.len() >= STREAM_CHUNK {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Some(sink) = self.sink.as_mut() {
+            if self.error.is_none() {
+                if let Err(e) = sink.write_all(&self.buf) {
+                    self.error = Some(e);
+                }
+            }
+            self.buf.clear();
+        }
+    }
 }
 
 /// Encodes `profile` as a pprof covering `profile.start()..finish`. Takes `&mut` only to
 /// intern the strings the output needs besides the samples' own (value types, the
 /// `"trace endpoint"` key).
 pub fn encode(profile: &mut Profile, value_types: &[InputValueType], finish: Timestamp) -> Vec<u8> {
+    let mut out = Out { buf: Vec::new(), sink: None, error: None };
+    encode_into(profile, value_types, finish, &mut out);
+    out.buf
+}
+
+/// [`encode`] then gzip, streaming: the encoder hands the gzip encoder 64 KiB at a time
+/// instead of a whole raw copy of the profile (measured on the medium workload: peak heap
+/// during a gzip serialization 76 -> ~30 MB).
+pub fn encode_gzip(
+    profile: &mut Profile,
+    value_types: &[InputValueType],
+    finish: Timestamp,
+) -> Result<Vec<u8>, SerializeError> {
+    let mut encoder =
+        flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(GZIP_LEVEL));
+    let mut out =
+        Out { buf: Vec::with_capacity(2 * STREAM_CHUNK), sink: Some(&mut encoder), error: None };
+    encode_into(profile, value_types, finish, &mut out);
+    out.flush();
+    if let Some(e) = out.error {
+        return Err(SerializeError::Compression(e.to_string()));
+    }
+    encoder.finish().map_err(|e| SerializeError::Compression(e.to_string()))
+}
+
+fn encode_into(
+    profile: &mut Profile,
+    value_types: &[InputValueType],
+    finish: Timestamp,
+    out: &mut Out<'_>,
+) {
     let value_type_ids: Vec<(u64, u64)> = value_types
         .iter()
         .map(|vt| {
@@ -223,98 +317,126 @@ pub fn encode(profile: &mut Profile, value_types: &[InputValueType], finish: Tim
 
     // Each label set's `Sample.label` fields, encoded once and copied into every sample using it.
     let mut label_bytes = Vec::new();
-    let mut label_spans = Vec::with_capacity(profile.label_set_total());
+    let mut label_ends = Vec::with_capacity(profile.label_set_total());
     for set in 0..profile.label_set_total() as u32 {
-        let start = label_bytes.len();
-        for &StoredLabel { key, value } in profile.label_set(set) {
+        for &label in profile.label_set(set) {
+            let StoredLabel { key, value } = profile.labels[label as usize];
             put_label(&mut label_bytes, key, value);
         }
         if let (Some(key), Some(Some(endpoint))) = (endpoint_key, endpoints.get(set as usize)) {
             put_label(&mut label_bytes, key, StoredValue::Str(*endpoint));
         }
-        label_spans.push((start, label_bytes.len()));
+        label_ends.push(label_bytes.len());
     }
+    drop(endpoints);
+    let label_range = |set: u32| {
+        let set = set as usize;
+        (if set == 0 { 0 } else { label_ends[set - 1] })..label_ends[set]
+    };
 
     let n = profile.num_values();
-    let mut out = Vec::with_capacity(
-        profile.samples.len() * 96 + profile.locations.len() * 16 + profile.functions.len() * 12,
-    );
+    let values_len = |i: usize| -> usize {
+        profile.values[i * n..(i + 1) * n].iter().map(|&v| encoded_len_varint(v as u64)).sum()
+    };
+    let sample_len = |i: usize, stack: u32, set: u32| -> usize {
+        packed_field_len(profile.stack_bytes(stack).len())
+            + packed_field_len(values_len(i))
+            + label_range(set).len()
+    };
+
+    if out.sink.is_none() {
+        // The raw output is returned whole: size it exactly, once, rather than grow it by
+        // doubling (which held up to 1.5x its size more at the peak).
+        let mut total = value_type_ids
+            .iter()
+            .map(|&(t, u)| message_field_len(varint_field_len(t) + varint_field_len(u)))
+            .sum::<usize>();
+        for (i, &(stack, set)) in profile.samples.iter().enumerate() {
+            total += message_field_len(sample_len(i, stack, set));
+        }
+        if !profile.samples.is_empty() {
+            total += message_field_len(2);
+        }
+        for (i, location) in profile.locations.iter().enumerate() {
+            total += message_field_len(location_len(i as u64 + 1, location).0);
+        }
+        for (i, function) in profile.functions.iter().enumerate() {
+            total += message_field_len(function_len(i as u64 + 1, function));
+        }
+        total += profile.strings.iter().map(|s| message_field_len(s.len())).sum::<usize>();
+        let start = profile.start();
+        total += varint_field_len(start.unix_nanos() as u64)
+            + varint_field_len(finish.nanos_since(start) as u64);
+        out.buf.reserve_exact(total);
+    }
 
     for &(t, u) in &value_type_ids {
-        put_len_prefix(&mut out, tag::SAMPLE_TYPE, varint_field_len(t) + varint_field_len(u));
-        put_varint_field(&mut out, 1, t);
-        put_varint_field(&mut out, 2, u);
+        let buf = &mut out.buf;
+        put_len_prefix(buf, tag::SAMPLE_TYPE, varint_field_len(t) + varint_field_len(u));
+        put_varint_field(buf, 1, t);
+        put_varint_field(buf, 2, u);
     }
 
     for (i, &(stack, set)) in profile.samples.iter().enumerate() {
-        let locations = profile.stack(stack);
-        let values = &profile.values[i * n..(i + 1) * n];
-        let (label_start, label_end) = label_spans[set as usize];
-        let locations_len: usize =
-            locations.iter().map(|&l| encoded_len_varint(u64::from(l) + 1)).sum();
-        let values_len: usize = values.iter().map(|&v| encoded_len_varint(v as u64)).sum();
-        let len = packed_field_len(locations_len)
-            + packed_field_len(values_len)
-            + (label_end - label_start);
-        put_len_prefix(&mut out, tag::SAMPLE, len);
-        if locations_len > 0 {
-            put_len_prefix(&mut out, 1, locations_len);
-            for &l in locations {
-                encode_varint(u64::from(l) + 1, &mut out);
-            }
+        let buf = &mut out.buf;
+        let locations = profile.stack_bytes(stack);
+        put_len_prefix(buf, tag::SAMPLE, sample_len(i, stack, set));
+        if !locations.is_empty() {
+            put_len_prefix(buf, 1, locations.len());
+            buf.extend_from_slice(locations);
         }
+        let values_len = values_len(i);
         if values_len > 0 {
-            put_len_prefix(&mut out, 2, values_len);
-            for &v in values {
-                encode_varint(v as u64, &mut out);
+            put_len_prefix(buf, 2, values_len);
+            for &v in &profile.values[i * n..(i + 1) * n] {
+                encode_varint(v as u64, buf);
             }
         }
-        out.extend_from_slice(&label_bytes[label_start..label_end]);
+        buf.extend_from_slice(&label_bytes[label_range(set)]);
+        out.maybe_flush();
     }
+    drop(label_bytes);
 
     if !profile.samples.is_empty() {
         // The one mapping every location points at: id 1, every other field zero.
-        put_len_prefix(&mut out, tag::MAPPING, 2);
-        put_varint_field(&mut out, 1, 1);
+        put_len_prefix(&mut out.buf, tag::MAPPING, 2);
+        put_varint_field(&mut out.buf, 1, 1);
     }
 
     for (i, location) in profile.locations.iter().enumerate() {
-        let function_id = u64::from(location.function) + 1;
-        let line_len = varint_field_len(function_id) + varint_field_len(location.line as u64);
+        let buf = &mut out.buf;
         let id = i as u64 + 1;
-        let len = varint_field_len(id)
-            + varint_field_len(1)
-            + 1
-            + encoded_len_varint(line_len as u64)
-            + line_len;
-        put_len_prefix(&mut out, tag::LOCATION, len);
-        put_varint_field(&mut out, 1, id);
-        put_varint_field(&mut out, 2, 1);
-        put_len_prefix(&mut out, 4, line_len);
-        put_varint_field(&mut out, 1, function_id);
-        put_varint_field(&mut out, 2, location.line as u64);
+        let (len, line_len) = location_len(id, location);
+        put_len_prefix(buf, tag::LOCATION, len);
+        put_varint_field(buf, 1, id);
+        put_varint_field(buf, 2, 1);
+        put_len_prefix(buf, 4, line_len);
+        put_varint_field(buf, 1, u64::from(location.function) + 1);
+        put_varint_field(buf, 2, location.line as u64);
+        out.maybe_flush();
     }
 
     for (i, function) in profile.functions.iter().enumerate() {
+        let buf = &mut out.buf;
         let id = i as u64 + 1;
         let (name, filename) = (u64::from(function.name), u64::from(function.filename));
-        let len = varint_field_len(id) + 2 * varint_field_len(name) + varint_field_len(filename);
-        put_len_prefix(&mut out, tag::FUNCTION, len);
-        put_varint_field(&mut out, 1, id);
-        put_varint_field(&mut out, 2, name);
-        put_varint_field(&mut out, 3, name);
-        put_varint_field(&mut out, 4, filename);
+        put_len_prefix(buf, tag::FUNCTION, function_len(id, function));
+        put_varint_field(buf, 1, id);
+        put_varint_field(buf, 2, name);
+        put_varint_field(buf, 3, name);
+        put_varint_field(buf, 4, filename);
+        out.maybe_flush();
     }
 
     for s in profile.strings.iter() {
-        put_len_prefix(&mut out, tag::STRING_TABLE, s.len());
-        out.extend_from_slice(s.as_bytes());
+        put_len_prefix(&mut out.buf, tag::STRING_TABLE, s.len());
+        out.buf.extend_from_slice(s.as_bytes());
+        out.maybe_flush();
     }
 
     let start = profile.start();
-    put_varint_field(&mut out, tag::TIME_NANOS, start.unix_nanos() as u64);
-    put_varint_field(&mut out, tag::DURATION_NANOS, finish.nanos_since(start) as u64);
-    out
+    put_varint_field(&mut out.buf, tag::TIME_NANOS, start.unix_nanos() as u64);
+    put_varint_field(&mut out.buf, tag::DURATION_NANOS, finish.nanos_since(start) as u64);
 }
 
 /// gzip-compresses an encoded profile.
@@ -435,5 +557,48 @@ mod tests {
         let mut back = Vec::new();
         std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut back).unwrap();
         assert_eq!(back, raw);
+    }
+
+    /// The streaming gzip path hands the compressor many chunks: a profile several chunks
+    /// long, with labels and endpoints, decompresses to exactly the raw encoding, and the raw
+    /// encoding's up-front size was exact (no spare capacity).
+    #[test]
+    fn streamed_gzip_equals_raw_encoding_and_raw_is_sized_exactly() {
+        let names: Vec<String> = (0..3000).map(|i| format!("function_{i}")).collect();
+        let fill = || {
+            let mut p = Profile::new(2, Timestamp { secs: 3, nanos: 4 });
+            for i in 0..8_000usize {
+                let frames: Vec<Frame<'_>> = (0..(i % 50))
+                    .map(|d| Frame {
+                        function_name: &names[(i * 7 + d * 13) % names.len()],
+                        filename: "file.rb",
+                        line: (d as i64) - 3,
+                    })
+                    .collect();
+                let labels = [
+                    Label { key: "local root span id", value: LabelValue::Num((i % 100) as i64) },
+                    Label { key: "thread name", value: LabelValue::Str(&names[i % 16]) },
+                ];
+                let values = [i as i64, -(i as i64)];
+                let sample = Sample {
+                    frames: &frames,
+                    omitted_frames: i % 3,
+                    values: &values,
+                    labels: &labels,
+                };
+                p.add(&sample, 40).unwrap();
+            }
+            p.record_endpoint(SpanId::Num(7), "GET /seven");
+            p
+        };
+        let finish = Timestamp { secs: 9, nanos: 1 };
+        let raw = encode(&mut fill(), &vts(), finish);
+        assert!(raw.len() > 4 * STREAM_CHUNK);
+        assert_eq!(raw.len(), raw.capacity(), "sized exactly");
+        let gz = encode_gzip(&mut fill(), &vts(), finish).unwrap();
+        let mut back = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut back).unwrap();
+        assert!(back == raw, "gzip stream differs from the raw encoding");
+        decode(&raw);
     }
 }

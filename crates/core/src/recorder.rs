@@ -253,10 +253,10 @@ impl Recorder {
         let start = profile.start();
         let bytes = match output {
             Output::Pprof(compression) => {
-                let raw = pprof::encode(profile, &self.config.value_types, finish);
+                let value_types = &self.config.value_types;
                 match compression {
-                    Compression::None => Ok(raw),
-                    Compression::Gzip => pprof::gzip(&raw),
+                    Compression::None => Ok(pprof::encode(profile, value_types, finish)),
+                    Compression::Gzip => pprof::encode_gzip(profile, value_types, finish),
                 }
             }
             Output::Discard => Ok(Vec::new()),
