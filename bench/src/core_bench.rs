@@ -41,6 +41,8 @@ pub struct CoreResult {
     /// Peak heap over add + serialize gzip, the returned pprof included.
     pub peak_heap_gzip: usize,
     pub floor_peak_heap: usize,
+    /// 1-minute load average before and after the run.
+    pub loadavg: (Option<f64>, Option<f64>),
 }
 
 fn config(w: &Workload) -> Result<Config, String> {
@@ -163,6 +165,7 @@ pub fn run(w: &Workload, reps: usize, quiet: bool) -> Result<CoreResult, String>
         distinct_stacks: w.distinct_stacks(),
         frames_per_sample: w.mean_frames(),
         reps,
+        loadavg: (crate::loadavg(), None),
         ..CoreResult::default()
     };
     for rep in 0..reps {
@@ -280,6 +283,9 @@ impl CoreResult {
         println!("{:<34} {:>12}", "peak heap, add + serialize gzip", mb(self.peak_heap_gzip));
         println!("{:<34} {:>12}", "peak heap, floor", mb(self.floor_peak_heap));
         println!("{:<34} {:>12}", "samples with an endpoint", self.endpoint_samples);
+        if let (Some(before), Some(after)) = self.loadavg {
+            println!("{:<34} {:>12}", "load average before / after", format!("{before} / {after}"));
+        }
     }
 
     /// Median core add cost over median floor add cost.
@@ -314,6 +320,8 @@ impl CoreResult {
             "heap_after_add_bytes": self.heap_after_add,
             "floor_peak_heap_bytes": self.floor_peak_heap,
             "endpoint_samples": self.endpoint_samples,
+            "loadavg_before": self.loadavg.0,
+            "loadavg_after": self.loadavg.1,
         })
     }
 }

@@ -29,3 +29,9 @@ pub fn exit_on_error(result: Result<(), String>) {
         std::process::exit(1);
     }
 }
+
+/// The 1-minute load average (Linux), recorded with each result: this machine is shared and
+/// noisy, and a number measured under load 4 is not one measured idle.
+pub fn loadavg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}

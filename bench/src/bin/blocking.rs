@@ -205,6 +205,7 @@ fn run() -> Result<(), String> {
         w.samples.len()
     );
 
+    let load_before = ddprof_recorder_bench::loadavg();
     let mut two_slot_runs = Vec::new();
     let mut mutex_runs = Vec::new();
     for run in 0..runs {
@@ -275,6 +276,8 @@ fn run() -> Result<(), String> {
         "two_slot_during_max_over_idle_p999": round(ts_ratio, 3),
         "mutex_during_max_over_idle_p999": round(mx_ratio, 3),
         "mutex_over_two_slot_during_max": round(mutex_over_two_slot, 3),
+        "loadavg_before": load_before,
+        "loadavg_after": ddprof_recorder_bench::loadavg(),
     });
     println!("{json}");
     Ok(())
