@@ -37,6 +37,80 @@ module SpecSupport
 
     require File.join(out_dir, "profile_pb")
   end
+
+  # GC_STRESS=1 support. In the examples tagged `gc_stress: true`, GC.stress is switched on
+  # *inside* every method of the native extension (each `_native_*` method of DdprofRecorder and
+  # the classes and modules under it) and inside the StackRecorder's public methods, rather than
+  # around the whole example: the code under test is the same, and RSpec's matchers and the
+  # protobuf decoder, which are not under test, would otherwise make each example take minutes
+  # (a full GC of the spec process' heap at every allocation).
+  module GcStress
+    # The Ruby wrappers around the native methods.
+    STACK_RECORDER_METHODS = %i[record_sample record_endpoint serialize serialize! clear reset_after_fork stats].freeze
+
+    @lock = Mutex.new
+    @active = false
+    @depth = 0
+
+    class << self
+      # Runs the block (an example) with the stressing wrappers turned on.
+      def during
+        @active = true
+        yield
+      ensure
+        @active = false
+      end
+
+      # Runs the block under GC.stress if an example asked for it. Calls nest (serialize calls
+      # _native_serialize) and may come from several threads: GC.stress is global, so it is on
+      # while at least one call is inside.
+      def stressed
+        return yield unless @active
+
+        @lock.synchronize { GC.stress = true if (@depth += 1) == 1 }
+        begin
+          yield
+        ensure
+          @lock.synchronize { GC.stress = false if (@depth -= 1).zero? }
+        end
+      end
+
+      def install
+        each_module(DdprofRecorder) do |mod|
+          [mod, mod.singleton_class].each do |owner|
+            names = (owner.instance_methods(false) + owner.private_instance_methods(false))
+                    .select { |name| name.start_with?("_native_") }
+            names |= STACK_RECORDER_METHODS + %i[new] if mod == DdprofRecorder::StackRecorder
+            owner.prepend(wrapper(names, owner.private_instance_methods(false))) unless names.empty?
+          end
+        end
+      end
+
+      private
+
+      def each_module(mod, seen = {}, &block)
+        return if seen[mod]
+
+        seen[mod] = true
+        yield mod
+        mod.constants(false).each do |name|
+          value = mod.const_get(name, false)
+          each_module(value, seen, &block) if value.is_a?(Module) && value.name&.start_with?("DdprofRecorder")
+        end
+      end
+
+      def wrapper(names, private_names)
+        Module.new do
+          names.each do |name|
+            define_method(name) do |*args, **kwargs, &block|
+              SpecSupport::GcStress.stressed { super(*args, **kwargs, &block) }
+            end
+            private name if private_names.include?(name)
+          end
+        end
+      end
+    end
+  end
 end
 
 SpecSupport.load_profile_proto
@@ -57,17 +131,14 @@ RSpec.configure do |config|
   config.order = :random
   Kernel.srand config.seed
 
-  # `GC_STRESS=1 rspec --tag gc_stress` (rake spec:gc_stress): the tagged examples run with
-  # GC.stress, so that a Ruby object the native code forgot to keep alive (or moved under it)
-  # is collected at the worst moment and the example crashes or fails instead of passing by luck.
+  # `GC_STRESS=1 rspec --tag gc_stress` (rake spec:gc_stress): in the tagged examples, every
+  # call into the recorder runs under GC.stress (a full GC at each allocation), so that a Ruby
+  # object the native code forgot to keep alive, or one it kept without marking, is collected at
+  # the worst moment and the example crashes or fails instead of passing by luck.
   if ENV["GC_STRESS"] == "1"
+    SpecSupport::GcStress.install
     config.around(:example, gc_stress: true) do |example|
-      GC.stress = true
-      begin
-        example.run
-      ensure
-        GC.stress = false
-      end
+      SpecSupport::GcStress.during { example.run }
     end
   end
 

@@ -9,14 +9,49 @@ module PprofHelpers
   # @param bytes [String] a pprof, raw or gzip-compressed
   # @return [Perftools::Profiles::Profile]
   def decode_pprof(bytes)
-    bytes = Zlib.gunzip(bytes) if bytes.b.start_with?(GZIP_MAGIC)
-    Perftools::Profiles::Profile.decode(bytes)
+    without_gc_stress do
+      bytes = Zlib.gunzip(bytes) if bytes.b.start_with?(GZIP_MAGIC)
+      Perftools::Profiles::Profile.decode(bytes)
+    end
+  end
+
+  # Runs the block with GC.stress off. Decoding a profile allocates thousands of objects, and
+  # under GC.stress each allocation is a full GC: the decoder is not what GC_STRESS=1 tests.
+  def without_gc_stress
+    stress = GC.stress
+    GC.stress = false
+    yield
+  ensure
+    GC.stress = stress
   end
 
   # The samples of a decoded profile as plain Ruby data, strings resolved:
   # `{frames: [[name, filename, line], ...] (leaf first), values: {type => value}, labels: {key => value}}`.
   # A label whose `str` is 0 is read as numeric (a string label never points at "" here).
   def samples_from(profile)
+    without_gc_stress { plain_samples(profile) }
+  end
+
+  # Serializes `recorder` and returns its samples (see #samples_from).
+  def serialized_samples(recorder)
+    samples_from(decode_pprof(recorder.serialize.fetch(2)))
+  end
+
+  # Per value type sums over `samples` (see #samples_from).
+  def value_totals(samples)
+    samples.each_with_object(Hash.new(0)) do |sample, totals|
+      sample[:values].each { |type, value| totals[type] += value }
+    end
+  end
+
+  # Unix nanoseconds of a Time.
+  def unix_ns(time)
+    (time.to_i * 1_000_000_000) + time.nsec
+  end
+
+  private
+
+  def plain_samples(profile)
     strings = profile.string_table
     functions = profile.function.to_h { |function| [function.id, function] }
     locations = profile.location.to_h { |location| [location.id, location] }
@@ -33,27 +68,5 @@ module PprofHelpers
       end
       { frames: frames, values: types.zip(sample.value.to_a).to_h, labels: labels }
     end
-  end
-
-  # Serializes `recorder` and returns its samples (see #samples_from).
-  def serialized_samples(recorder)
-    samples_from(decode_pprof(recorder.serialize.fetch(2)))
-  end
-
-  # Per value type sums over `samples` (see #samples_from).
-  def value_totals(samples)
-    samples.each_with_object(Hash.new(0)) do |sample, totals|
-      sample[:values].each { |type, value| totals[type] += value }
-    end
-  end
-
-  # Wall-clock time as the recorder reads it (CLOCK_REALTIME), with nanoseconds.
-  def realtime_now
-    Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond)
-  end
-
-  # Unix nanoseconds of a Time.
-  def unix_ns(time)
-    (time.to_i * 1_000_000_000) + time.nsec
   end
 end
