@@ -46,9 +46,14 @@ unsafe impl GlobalAlloc for CountingAlloc {
         // SAFETY: forwarded as is (see the impl).
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
-            // Counted as the worst case, both blocks live at once, as a copying realloc has.
-            grew(new_size);
-            LIVE.fetch_sub(layout.size(), Relaxed);
+            // Counted as growing (or shrinking) in place: glibc grows large blocks with
+            // `mremap`, without a second copy; a small block that is copied is live twice only
+            // for the copy, and small.
+            if new_size >= layout.size() {
+                grew(new_size - layout.size());
+            } else {
+                LIVE.fetch_sub(layout.size() - new_size, Relaxed);
+            }
         }
         p
     }

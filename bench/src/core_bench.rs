@@ -173,6 +173,7 @@ pub fn run(w: &Workload, reps: usize, quiet: bool) -> Result<CoreResult, String>
         run_floor(w, &mut r)?;
         run_core_once(w, &mut r, Compression::Gzip)?;
         run_floor(w, &mut r)?;
+        r.loadavg.1 = crate::loadavg();
         if !quiet {
             eprintln!(
                 "  rep {}/{reps}: add {:.0} {:.0} ns/sample, floor {:.0} {:.0}, raw {:.1} ms, gzip {:.1} ms",

@@ -285,8 +285,8 @@ pub fn encode_gzip(
     value_types: &[InputValueType],
     finish: Timestamp,
 ) -> Result<Vec<u8>, SerializeError> {
-    let mut encoder =
-        flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(GZIP_LEVEL));
+    let mut gz = GzOutput(Vec::new());
+    let mut encoder = flate2::write::GzEncoder::new(&mut gz, flate2::Compression::new(GZIP_LEVEL));
     let mut out =
         Out { buf: Vec::with_capacity(2 * STREAM_CHUNK), sink: Some(&mut encoder), error: None };
     encode_into(profile, value_types, finish, &mut out);
@@ -294,7 +294,32 @@ pub fn encode_gzip(
     if let Some(e) = out.error {
         return Err(SerializeError::Compression(e.to_string()));
     }
-    encoder.finish().map_err(|e| SerializeError::Compression(e.to_string()))
+    encoder.finish().map_err(|e| SerializeError::Compression(e.to_string()))?;
+    let mut bytes = gz.0;
+    // Growth by doubling can leave up to half the buffer unused; hand back only what is used.
+    bytes.shrink_to_fit();
+    Ok(bytes)
+}
+
+/// The gzip encoder's output buffer, grown by a quarter at a time rather than doubled, so that
+/// at most a fifth of it is spare at the peak (large buffers are grown in place by `mremap`, so
+/// the smaller steps cost no copying).
+struct GzOutput(Vec<u8>);
+
+impl Write for GzOutput {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let spare = self.0.capacity() - self.0.len();
+        if spare < bytes.len() {
+            let step = (self.0.capacity() / 4).max(STREAM_CHUNK).max(bytes.len());
+            self.0.reserve_exact(step);
+        }
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn encode_into(
@@ -315,23 +340,26 @@ fn encode_into(
     let (endpoints, endpoint_key) = profile.resolve_endpoints();
     let profile = &*profile;
 
-    // Each label set's `Sample.label` fields, encoded once and copied into every sample using it.
+    // Each label's `Sample.label` field, encoded once and copied into every sample that has
+    // it. (Per label rather than per label set: a large profile has ~1M label sets but only
+    // ~50k labels, and the per-set copy held 40 MB more at the peak.)
     let mut label_bytes = Vec::new();
-    let mut label_ends = Vec::with_capacity(profile.label_set_total());
-    for set in 0..profile.label_set_total() as u32 {
-        for &label in profile.label_set(set) {
-            let StoredLabel { key, value } = profile.labels[label as usize];
-            put_label(&mut label_bytes, key, value);
-        }
-        if let (Some(key), Some(Some(endpoint))) = (endpoint_key, endpoints.get(set as usize)) {
-            put_label(&mut label_bytes, key, StoredValue::Str(*endpoint));
-        }
+    let mut label_ends = Vec::with_capacity(profile.labels.len());
+    for &StoredLabel { key, value } in &profile.labels {
+        put_label(&mut label_bytes, key, value);
         label_ends.push(label_bytes.len());
     }
-    drop(endpoints);
-    let label_range = |set: u32| {
-        let set = set as usize;
-        (if set == 0 { 0 } else { label_ends[set - 1] })..label_ends[set]
+    let label_field = |label: u32| {
+        let label = label as usize;
+        &label_bytes[(if label == 0 { 0 } else { label_ends[label - 1] })..label_ends[label]]
+    };
+    let endpoint_of = |set: u32| match (endpoint_key, endpoints.get(set as usize)) {
+        (Some(key), Some(Some(endpoint))) => Some((key, StoredValue::Str(*endpoint))),
+        _ => None,
+    };
+    let labels_len = |set: u32| -> usize {
+        profile.label_set(set).iter().map(|&l| label_field(l).len()).sum::<usize>()
+            + endpoint_of(set).map_or(0, |(key, value)| message_field_len(label_len(key, value)))
     };
 
     let n = profile.num_values();
@@ -341,7 +369,7 @@ fn encode_into(
     let sample_len = |i: usize, stack: u32, set: u32| -> usize {
         packed_field_len(profile.stack_bytes(stack).len())
             + packed_field_len(values_len(i))
-            + label_range(set).len()
+            + labels_len(set)
     };
 
     if out.sink.is_none() {
@@ -392,10 +420,14 @@ fn encode_into(
                 encode_varint(v as u64, buf);
             }
         }
-        buf.extend_from_slice(&label_bytes[label_range(set)]);
+        for &label in profile.label_set(set) {
+            buf.extend_from_slice(label_field(label));
+        }
+        if let Some((key, value)) = endpoint_of(set) {
+            put_label(buf, key, value);
+        }
         out.maybe_flush();
     }
-    drop(label_bytes);
 
     if !profile.samples.is_empty() {
         // The one mapping every location points at: id 1, every other field zero.

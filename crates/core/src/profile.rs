@@ -345,7 +345,9 @@ impl Profile {
         self.sample_index.insert_unique(hash, id, |&id| hash_sample(samples[id as usize]));
     }
 
-    #[inline]
+    /// The location of a frame: one probe that compares the caller's strings with the stored
+    /// bytes. Small enough to inline into the per-frame loop; adding a new frame is out of line.
+    #[inline(always)]
     fn intern_frame(&mut self, function_name: &str, filename: &str, line: i64) -> u32 {
         let hash = hash_frame(function_name, filename, line);
         let bytes = self.strings.bytes();
@@ -354,9 +356,15 @@ impl Profile {
                 && bytes_eq(&bytes[e.name.0..e.name.1], function_name.as_bytes())
                 && bytes_eq(&bytes[e.filename.0..e.filename.1], filename.as_bytes())
         });
-        if let Some(e) = found {
-            return e.location;
+        match found {
+            Some(e) => e.location,
+            None => self.add_frame(hash, function_name, filename, line),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn add_frame(&mut self, hash: u64, function_name: &str, filename: &str, line: i64) -> u32 {
         let function = self.intern_function(function_name, filename);
         let location = self.locations.len() as u32;
         self.locations.push(Location { function, line });
@@ -430,10 +438,6 @@ impl Profile {
     /// Label set `id` as ids into [`Profile::labels`].
     pub(crate) fn label_set(&self, id: u32) -> &[u32] {
         self.label_sets.get(id)
-    }
-
-    pub(crate) fn label_set_total(&self) -> usize {
-        self.label_sets.len()
     }
 
     /// Links samples whose `"local root span id"` label is `span` to `endpoint`; the latest
