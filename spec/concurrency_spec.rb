@@ -124,6 +124,57 @@ RSpec.describe DdprofRecorder::StackRecorder, "across threads and processes" do
     expect_consistent_slots(recorder)
   end
 
+  describe "Ruby code run while converting a sample (before any slot is taken)" do
+    # DESIGN.md: arguments are converted, and Location methods called, before the slot lock is
+    # taken; otherwise another thread running meanwhile would find both slots taken.
+    def location_calling(method_name, &block)
+      location = caller_locations(0, 1).first
+      original = location.method(method_name)
+      location.define_singleton_method(method_name) do
+        block.call
+        original.call
+      end
+      location
+    end
+
+    it "lets another thread record while a Location method runs", gc_stress: true do
+      recorder = described_class.new
+      location = location_calling(:path) do
+        Thread.new { recorder.record_sample([["from_other_thread", "b.rb", 2]], [1, 1, 1]) }.join
+      end
+
+      recorder.record_sample([location], [1, 1, 1])
+
+      expect(serialized_samples(recorder).map { |s| s[:frames].first.first })
+        .to contain_exactly("from_other_thread", location.base_label)
+      expect(recorder.stats).to include(samples_recorded: 2, samples_lost: 0)
+    end
+
+    it "lets the same thread record from inside a Location method (re-entrant call)", gc_stress: true do
+      recorder = described_class.new
+      location = location_calling(:base_label) do
+        recorder.record_sample([["nested", "b.rb", 2]], { "wall-time" => 5 }, { "nested" => "yes" })
+      end
+
+      recorder.record_sample([["leaf", "a.rb", 1], location], [1, 1, 1], { "outer" => 1 })
+
+      expect(serialized_samples(recorder).map { |s| [s[:frames].first.first, s[:labels]] })
+        .to contain_exactly(["nested", { "nested" => "yes" }], ["leaf", { "outer" => 1 }])
+    end
+
+    it "lets another thread serialize while a Location method runs" do
+      recorder = described_class.new
+      recorder.record_sample([["earlier", "a.rb", 1]], [1, 1, 1])
+      serialized_meanwhile = nil
+      location = location_calling(:lineno) { serialized_meanwhile = Thread.new { recorder.serialize! }.value }
+
+      recorder.record_sample([location], [1, 1, 1])
+
+      expect(samples_from(decode_pprof(serialized_meanwhile)).map { |s| s[:frames].first.first }).to eq ["earlier"]
+      expect(serialized_samples(recorder).map { |s| s[:frames].first.first }).to eq [location.base_label]
+    end
+  end
+
   describe "interrupting a thread inside serialize" do
     # Each round: record a batch, start a thread that serializes it, interrupt that thread
     # after a delay, then check the slots and serialize what is left from the main thread.
