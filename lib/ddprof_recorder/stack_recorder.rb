@@ -26,9 +26,7 @@ module DdprofRecorder
     # @param compression [Symbol] `:none` (raw protobuf) or `:gzip`.
     # @raise [ArgumentError, TypeError, RangeError] on a bad option (naming it).
     def self.new(value_types: DEFAULT_VALUE_TYPES, max_frames: DEFAULT_MAX_FRAMES, compression: :none)
-      recorder = _native_new(value_types, max_frames, compression)
-      recorder.send(:initialize_serializer_guard)
-      recorder
+      _native_new(value_types, max_frames, compression)
     end
 
     # Records one sample in the current window. Samples with the same stack and labels are
@@ -63,7 +61,7 @@ module DdprofRecorder
     #   String, gzip-compressed if the recorder was built with `compression: :gzip`), or nil
     #   after logging an error through {DdprofRecorder.logger}.
     def serialize
-      status, result = @serialize_mutex.synchronize { self.class._native_serialize(self) }
+      status, result = serializer_mutex.synchronize { self.class._native_serialize(self) }
       if status == :ok
         start, finish, encoded_pprof = result
         DdprofRecorder.logger.debug { "Encoded profile covering #{start.iso8601} to #{finish.iso8601}" }
@@ -79,7 +77,7 @@ module DdprofRecorder
     # @return [String] the pprof.
     # @raise [DdprofRecorder::Error] with the native message.
     def serialize!
-      status, result = @serialize_mutex.synchronize { self.class._native_serialize(self) }
+      status, result = serializer_mutex.synchronize { self.class._native_serialize(self) }
       raise Error, "Failed to serialize profiling data: #{result}" unless status == :ok
 
       result[2]
@@ -90,19 +88,18 @@ module DdprofRecorder
     # @return [Time] the finish time of the dropped window (the start of the next one).
     # @raise [DdprofRecorder::Error] with the native message.
     def clear
-      status, result = @serialize_mutex.synchronize { self.class._native_clear(self) }
+      status, result = serializer_mutex.synchronize { self.class._native_clear(self) }
       raise Error, "Failed to clear profiling data: #{result}" unless status == :ok
 
       result
     end
 
     # Back to the initial state (both windows empty, endpoints dropped, start time = now),
-    # whatever state a fork left the recorder in. Call it in a forked child before using it.
+    # whatever state a fork left the recorder in. A forked child need not call it: the
+    # recorder notices the fork by itself and does the same before its first use there.
     #
     # @return [true]
     def reset_after_fork
-      # A serializer thread of the parent may have held the old mutex: it does not exist here.
-      initialize_serializer_guard
       self.class._native_reset_after_fork(self)
     end
 
@@ -117,9 +114,11 @@ module DdprofRecorder
 
     private
 
-    # Only one serializer at a time (the seed's guard): serialize, serialize! and clear.
-    def initialize_serializer_guard
-      @serialize_mutex = Mutex.new
+    # Only one serializer at a time (the seed's guard): serialize, serialize! and clear. The
+    # native side keeps it in @serialize_mutex and hands out a new one after a fork or a reset,
+    # since a serializer thread of the parent may have held the old one.
+    def serializer_mutex
+      self.class._native_serializer_mutex(self)
     end
 
     private :_native_record_sample, :_native_record_endpoint, :_native_stats

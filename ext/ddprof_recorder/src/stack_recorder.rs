@@ -1,6 +1,25 @@
 //! `DdprofRecorder::StackRecorder`: a TypedData object around the core's two-slot
 //! [`Recorder`], and its `_native_*` entry points. The public Ruby methods, keywords and
 //! docs are in `lib/ddprof_recorder/stack_recorder.rb`.
+//!
+//! # Fork safety without a hook
+//!
+//! A `pthread_atfork` child handler, installed once, bumps [`FORK_GENERATION`] in every
+//! forked child. Each recorder remembers the generation it last ran in; every `_native_*`
+//! entry point starts with [`StackRecorder::check_fork`], one relaxed atomic load and a
+//! compare, and on a mismatch resets the recorder (the core's `reset_after_fork`) before doing
+//! anything else. A generation rather than `getpid()`: the load costs nothing on the sampler's
+//! path (glibc no longer caches the pid, so `getpid` is a system call), and a recycled pid
+//! cannot fool it.
+//!
+//! The reset is sound there because every entry point holds the GVL and samplers hold it for
+//! the whole time they hold a slot; and it copes with any state the parent's threads left,
+//! a flip cut in the middle included (see the core's `recorder` module). The Ruby-side
+//! serializer `Mutex` is replaced too (`_native_serializer_mutex`), so that no lock of a
+//! thread that did not survive the fork is ever waited for.
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Once;
+
 use ddprof_recorder_core::{
     Compression, Config, Output, Recorder, SerializeError, Serialized, Timestamp,
 };
@@ -18,12 +37,89 @@ use crate::nogvl::nogvl;
 pub struct StackRecorder {
     recorder: Recorder,
     compression: Compression,
+    /// [`FORK_GENERATION`] when this process last used the recorder.
+    fork_generation: AtomicU64,
+    /// [`FORK_GENERATION`] when the Ruby serializer `Mutex` (`@serialize_mutex`) was made, or
+    /// [`NO_MUTEX`] when the next serializer must make a new one.
+    mutex_generation: AtomicU64,
 }
 
 impl DataTypeFunctions for StackRecorder {}
 
+/// How many forks separate this process from the one that loaded the extension: bumped in
+/// each child by [`after_fork_in_child`]. A process's threads all see its own count.
+static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// `mutex_generation` of a recorder whose serializer `Mutex` must be (re)made.
+const NO_MUTEX: u64 = u64::MAX;
+
+/// The `pthread_atfork` child handler. Runs in the child's only thread before `fork` returns
+/// there; it must be async-signal-safe, and one atomic add is.
+extern "C" fn after_fork_in_child() {
+    FORK_GENERATION.fetch_add(1, Relaxed);
+}
+
+fn install_fork_handler(ruby: &Ruby) -> Result<(), Error> {
+    static INSTALL: Once = Once::new();
+    let mut status = 0;
+    INSTALL.call_once(|| {
+        // SAFETY: registers a plain `extern "C"` function with no captured state; handlers
+        // are inherited by children, so once per process tree is enough.
+        status = unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
+    if status != 0 {
+        return Err(Error::new(
+            ruby.exception_runtime_error(),
+            format!("pthread_atfork failed (error {status}): fork detection unavailable"),
+        ));
+    }
+    Ok(())
+}
+
+impl StackRecorder {
+    fn new(recorder: Recorder, compression: Compression) -> Self {
+        Self {
+            recorder,
+            compression,
+            fork_generation: AtomicU64::new(FORK_GENERATION.load(Relaxed)),
+            mutex_generation: AtomicU64::new(NO_MUTEX),
+        }
+    }
+
+    /// Resets the recorder if this is the first use in a forked child. Every entry point calls
+    /// it first, with the GVL held.
+    #[inline]
+    fn check_fork(&self) {
+        let current = FORK_GENERATION.load(Relaxed);
+        if self.fork_generation.load(Relaxed) != current {
+            self.reset_in_child(current);
+        }
+    }
+
+    #[cold]
+    fn reset_in_child(&self, generation: u64) {
+        // SAFETY: called with the GVL held (from an entry point), and samplers hold the GVL
+        // for the whole time they hold a slot (`record_sample` never releases it), so no
+        // sampler is inside the recorder.
+        unsafe { self.reset() };
+        self.fork_generation.store(generation, Relaxed);
+    }
+
+    /// Back to the initial state, with a fresh serializer `Mutex` at the next serialization.
+    ///
+    /// # Safety
+    ///
+    /// The GVL is held (so no sampler is inside the recorder: see `Recorder::reset_after_fork`).
+    unsafe fn reset(&self) {
+        // SAFETY: the caller holds the GVL, see above.
+        unsafe { self.recorder.reset_after_fork(Timestamp::now()) };
+        self.mutex_generation.store(NO_MUTEX, Relaxed);
+    }
+}
+
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     convert::init(ruby)?;
+    install_fork_handler(ruby)?;
     let class = module.define_class("StackRecorder", ruby.class_object())?;
     // Instances only come from `_native_new`: a bare `allocate` would have no recorder.
     class.undef_default_alloc_func();
@@ -31,6 +127,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.define_singleton_method("_native_serialize", function!(native_serialize, 1))?;
     class.define_singleton_method("_native_clear", function!(native_clear, 1))?;
     class.define_singleton_method("_native_reset_after_fork", function!(reset_after_fork, 1))?;
+    class.define_singleton_method("_native_serializer_mutex", function!(serializer_mutex, 1))?;
     class.define_method("_native_record_sample", method!(record_sample, 3))?;
     class.define_method("_native_record_endpoint", method!(record_endpoint, 2))?;
     class.define_method("_native_stats", method!(stats, 0))?;
@@ -40,12 +137,13 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     testing.define_singleton_method("_native_active_slot", function!(active_slot, 1))?;
     testing.define_singleton_method(
         "_native_slot_one_mutex_locked?",
-        function!(|r: &StackRecorder| r.recorder.slot_is_locked(1), 1),
+        function!(|r: &StackRecorder| slot_is_locked(r, 1), 1),
     )?;
     testing.define_singleton_method(
         "_native_slot_two_mutex_locked?",
-        function!(|r: &StackRecorder| r.recorder.slot_is_locked(2), 1),
+        function!(|r: &StackRecorder| slot_is_locked(r, 2), 1),
     )?;
+    testing.define_singleton_method("_native_fork_generation", function!(fork_generation, 0))?;
     testing.define_singleton_method(
         "_native_record_endpoint",
         function!(testing_record_endpoint, 3),
@@ -87,7 +185,7 @@ fn native_new(
         let config =
             Config::new(value_types, max_frames).map_err(|e| arg_error(ruby, e.to_string()))?;
         let recorder = Recorder::new(config, Timestamp::now());
-        Ok(ruby.obj_wrap_as(StackRecorder { recorder, compression }, class))
+        Ok(ruby.obj_wrap_as(StackRecorder::new(recorder, compression), class))
     })
 }
 
@@ -102,6 +200,7 @@ fn record_sample(
     values: Value,
     labels: Value,
 ) -> Result<(), Error> {
+    rb_self.check_fork();
     guard(ruby, || {
         let recorder = &rb_self.recorder;
         let config = recorder.config();
@@ -129,6 +228,7 @@ fn record_endpoint(
     local_root_span_id: Value,
     endpoint: Value,
 ) -> Result<(), Error> {
+    rb_self.check_fork();
     guard(ruby, || {
         let span = convert::span_id(ruby, local_root_span_id)?;
         let endpoint = convert::text(ruby, endpoint, "endpoint")?;
@@ -162,6 +262,7 @@ fn finish_window(
     rb_self: &StackRecorder,
     output: Output,
 ) -> Result<Result<Serialized, SerializeError>, Error> {
+    rb_self.check_fork();
     let recorder = &rb_self.recorder;
     let finish = Timestamp::now();
     if let Err(e) = recorder.start_next_profile(finish) {
@@ -205,18 +306,50 @@ fn native_clear(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RArray, Error> {
 
 fn reset_after_fork(ruby: &Ruby, rb_self: &StackRecorder) -> Result<bool, Error> {
     guard(ruby, || {
-        // SAFETY: we hold the GVL, and samplers hold it for the whole time they hold a slot
-        // (`record_sample` never releases it), so no sampler is inside the recorder.
-        unsafe { rb_self.recorder.reset_after_fork(Timestamp::now()) };
+        // SAFETY: we hold the GVL (a Ruby method), see `StackRecorder::reset`.
+        unsafe { rb_self.reset() };
+        rb_self.fork_generation.store(FORK_GENERATION.load(Relaxed), Relaxed);
         Ok(true)
     })
 }
 
+/// `StackRecorder._native_serializer_mutex(recorder)`: the Ruby `Mutex` that `serialize`,
+/// `serialize!` and `clear` hold (one serializer at a time), kept in `@serialize_mutex`. A new
+/// one after a fork or a reset: the old one may be held by a thread that does not exist here.
+/// Deciding and replacing in one native call means no other Ruby thread can run in between
+/// and pick the old one.
+fn serializer_mutex(ruby: &Ruby, rb_self: Obj<StackRecorder>) -> Result<Value, Error> {
+    rb_self.check_fork();
+    let generation = FORK_GENERATION.load(Relaxed);
+    if rb_self.mutex_generation.load(Relaxed) == generation {
+        let mutex: Value = rb_self.ivar_get("@serialize_mutex")?;
+        if !mutex.is_nil() {
+            return Ok(mutex);
+        }
+    }
+    let mutex = ruby.mutex_new();
+    rb_self.ivar_set("@serialize_mutex", mutex)?;
+    rb_self.mutex_generation.store(generation, Relaxed);
+    Ok(mutex.as_value())
+}
+
 fn active_slot(recorder: &StackRecorder) -> u8 {
+    recorder.check_fork();
     recorder.recorder.active_slot()
 }
 
+fn slot_is_locked(recorder: &StackRecorder, slot: u8) -> bool {
+    recorder.check_fork();
+    recorder.recorder.slot_is_locked(slot)
+}
+
+/// How many forks separate this process from the one that loaded the extension.
+fn fork_generation() -> u64 {
+    FORK_GENERATION.load(Relaxed)
+}
+
 fn stats(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RHash, Error> {
+    rb_self.check_fork();
     let s = rb_self.recorder.stats();
     let hash = ruby.hash_new();
     for (key, value) in [
