@@ -8,6 +8,13 @@
 //! profile with one mutex (the serializer holds it while encoding). The first two rounds are
 //! warm-up (both of the two-slot recorder's profiles have then grown to their steady size) and
 //! are not counted.
+//!
+//! The machine has 2 cores and is shared, so a call can also be slow because the OS took the
+//! core away from the sampler. Each call is bracketed by `getrusage(RUSAGE_THREAD)`: a call
+//! during which the sampler thread was switched out involuntarily (`ru_nivcsw` grew) and never
+//! gave up the core itself (`ru_nvcsw` unchanged) was preempted. Waiting on a lock is a
+//! voluntary switch (a futex wait), so a blocked call is never taken for a preempted one.
+//! Latencies are reported over all calls and over the calls that were not preempted.
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -93,7 +100,21 @@ impl Latencies {
 struct RunResult {
     idle: Latencies,
     during: Latencies,
+    /// The same, without the calls during which the sampler was preempted.
+    idle_running: Latencies,
+    during_running: Latencies,
     serialize_ms: Vec<f64>,
+}
+
+/// (voluntary, involuntary) context switches of the calling thread so far.
+fn context_switches() -> (i64, i64) {
+    // SAFETY: `usage` is a plain C struct that getrusage fills; all-zero is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage, for the duration of the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) } != 0 {
+        return (0, 0);
+    }
+    (usage.ru_nvcsw, usage.ru_nivcsw)
 }
 
 fn run_once(w: &Workload, target: &dyn Target, rounds: usize) -> Result<RunResult, String> {
@@ -136,22 +157,31 @@ fn run_once(w: &Workload, target: &dyn Target, rounds: usize) -> Result<RunResul
 
         let capacity = per_round * (rounds + 1);
         let (mut idle, mut during) = (Vec::with_capacity(capacity), Vec::with_capacity(capacity));
+        let mut preempted_idle = Vec::new();
+        let mut preempted_during = Vec::new();
         let mut failed = 0usize;
         let mut next = 0usize;
         while !stop.load(Relaxed) {
             w.feed(next..next + 1000, |sample| {
+                let switches = context_switches();
                 let before = serializing.load(Relaxed);
                 let t = Instant::now();
                 let ok = target.record(sample);
                 let ns = t.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32;
                 let after = serializing.load(Relaxed);
+                let (voluntary, involuntary) = context_switches();
+                let preempted = voluntary == switches.0 && involuntary != switches.1;
                 failed += usize::from(!ok);
                 if measuring.load(Relaxed) {
-                    if before || after {
-                        during.push(ns);
+                    let (all, preempted_ones) = if before || after {
+                        (&mut during, &mut preempted_during)
                     } else {
-                        idle.push(ns);
+                        (&mut idle, &mut preempted_idle)
+                    };
+                    if preempted {
+                        preempted_ones.push(all.len());
                     }
+                    all.push(ns);
                 }
                 since_last.fetch_add(1, Relaxed);
             });
@@ -161,17 +191,38 @@ fn run_once(w: &Workload, target: &dyn Target, rounds: usize) -> Result<RunResul
         if failed > 0 {
             return Err(format!("{}: {failed} samples were not recorded", target.name()));
         }
-        Ok(RunResult { idle: Latencies::of(idle), during: Latencies::of(during), serialize_ms })
+        let running = |all: &[u32], preempted: &[usize]| {
+            let mut keep = vec![true; all.len()];
+            for &i in preempted {
+                keep[i] = false;
+            }
+            all.iter().zip(keep).filter(|&(_, k)| k).map(|(&ns, _)| ns).collect::<Vec<_>>()
+        };
+        Ok(RunResult {
+            idle_running: Latencies::of(running(&idle, &preempted_idle)),
+            during_running: Latencies::of(running(&during, &preempted_during)),
+            idle: Latencies::of(idle),
+            during: Latencies::of(during),
+            serialize_ms,
+        })
     })
 }
 
+struct Summary {
+    idle: Latencies,
+    during: Latencies,
+    idle_running: Latencies,
+    during_running: Latencies,
+    serialize_ms: f64,
+}
+
 /// Medians over runs of each statistic.
-fn summarize(runs: &[RunResult]) -> (Latencies, Latencies, f64) {
+fn summarize(runs: &[RunResult]) -> Summary {
     let med = |f: &dyn Fn(&RunResult) -> u32| {
         median(&runs.iter().map(|r| f64::from(f(r))).collect::<Vec<_>>()) as u32
     };
-    let pick = |during: bool| {
-        let l = |r: &RunResult| if during { r.during } else { r.idle };
+    let pick = |which: fn(&RunResult) -> Latencies| {
+        let l = which;
         Latencies {
             count: runs.iter().map(|r| l(r).count).sum(),
             p50: med(&|r| l(r).p50),
@@ -181,7 +232,13 @@ fn summarize(runs: &[RunResult]) -> (Latencies, Latencies, f64) {
         }
     };
     let ser: Vec<f64> = runs.iter().flat_map(|r| r.serialize_ms.iter().copied()).collect();
-    (pick(false), pick(true), median(&ser))
+    Summary {
+        idle: pick(|r| r.idle),
+        during: pick(|r| r.during),
+        idle_running: pick(|r| r.idle_running),
+        during_running: pick(|r| r.during_running),
+        serialize_ms: median(&ser),
+    }
 }
 
 fn main() {
@@ -236,45 +293,66 @@ fn run() -> Result<(), String> {
         }
     }
 
-    let (ts_idle, ts_during, ts_ser) = summarize(&two_slot_runs);
-    let (mx_idle, mx_during, mx_ser) = summarize(&mutex_runs);
+    let ts = summarize(&two_slot_runs);
+    let mx = summarize(&mutex_runs);
     println!(
         "sampler latency per record_sample call, medium workload; median over {runs} runs of {rounds} serializations each"
     );
     println!(
-        "{:<20} {:<7} {:>10} {:>10} {:>10} {:>12} {:>10}",
-        "recorder", "phase", "p50 ns", "p99 ns", "p99.9 ns", "max ns", "calls"
+        "{:<20} {:<7} {:<14} {:>10} {:>10} {:>10} {:>12} {:>10}",
+        "recorder", "phase", "calls", "p50 ns", "p99 ns", "p99.9 ns", "max ns", "count"
     );
-    for (name, phase, l) in [
-        ("two-slot recorder", "idle", ts_idle),
-        ("two-slot recorder", "during", ts_during),
-        ("one-mutex baseline", "idle", mx_idle),
-        ("one-mutex baseline", "during", mx_during),
-    ] {
-        println!(
-            "{name:<20} {phase:<7} {:>10} {:>10} {:>10} {:>12} {:>10}",
-            l.p50, l.p99, l.p999, l.max, l.count
-        );
+    for (name, s) in [("two-slot recorder", &ts), ("one-mutex baseline", &mx)] {
+        for (phase, calls, l) in [
+            ("idle", "all", s.idle),
+            ("during", "all", s.during),
+            ("idle", "not preempted", s.idle_running),
+            ("during", "not preempted", s.during_running),
+        ] {
+            println!(
+                "{name:<20} {phase:<7} {calls:<14} {:>10} {:>10} {:>10} {:>12} {:>10}",
+                l.p50, l.p99, l.p999, l.max, l.count
+            );
+        }
     }
-    let ts_ratio = f64::from(ts_during.max) / f64::from(ts_idle.p999);
-    let mx_ratio = f64::from(mx_during.max) / f64::from(mx_idle.p999);
-    let mutex_over_two_slot = f64::from(mx_during.max) / f64::from(ts_during.max);
-    println!("serialize (raw), median ms: two-slot {ts_ser:.1}, one-mutex {mx_ser:.1}");
+    let ratio = |s: &Summary, running: bool| {
+        let (during, idle) =
+            if running { (s.during_running, s.idle_running) } else { (s.during, s.idle) };
+        f64::from(during.max) / f64::from(idle.p999)
+    };
+    let mutex_over_two_slot = f64::from(mx.during.max) / f64::from(ts.during.max);
     println!(
-        "max during serialization / idle p99.9: two-slot {ts_ratio:.2}, one-mutex {mx_ratio:.1}"
+        "serialize (raw), median ms: two-slot {:.1}, one-mutex {:.1}",
+        ts.serialize_ms, mx.serialize_ms
     );
-    println!("one-mutex max during / two-slot max during: {mutex_over_two_slot:.1}x");
+    println!(
+        "max during serialization / idle p99.9, all calls: two-slot {:.2}, one-mutex {:.1}",
+        ratio(&ts, false),
+        ratio(&mx, false)
+    );
+    println!(
+        "max during serialization / idle p99.9, calls not preempted: two-slot {:.2}, one-mutex {:.1}",
+        ratio(&ts, true),
+        ratio(&mx, true)
+    );
+    println!("one-mutex max during / two-slot max during (all calls): {mutex_over_two_slot:.1}x");
+    let side = |s: &Summary| {
+        json!({"idle": s.idle.json(), "during": s.during.json(),
+               "idle_not_preempted": s.idle_running.json(),
+               "during_not_preempted": s.during_running.json(),
+               "serialize_ms_median": round(s.serialize_ms, 2)})
+    };
     let json = json!({
         "benchmark": "blocking",
         "workload": w.name,
         "runs": runs,
         "rounds": rounds,
-        "two_slot": {"idle": ts_idle.json(), "during": ts_during.json(),
-                     "serialize_ms_median": round(ts_ser, 2)},
-        "mutex": {"idle": mx_idle.json(), "during": mx_during.json(),
-                  "serialize_ms_median": round(mx_ser, 2)},
-        "two_slot_during_max_over_idle_p999": round(ts_ratio, 3),
-        "mutex_during_max_over_idle_p999": round(mx_ratio, 3),
+        "two_slot": side(&ts),
+        "mutex": side(&mx),
+        "two_slot_during_max_over_idle_p999": round(ratio(&ts, false), 3),
+        "mutex_during_max_over_idle_p999": round(ratio(&mx, false), 3),
+        "two_slot_during_max_over_idle_p999_not_preempted": round(ratio(&ts, true), 3),
+        "mutex_during_max_over_idle_p999_not_preempted": round(ratio(&mx, true), 3),
         "mutex_over_two_slot_during_max": round(mutex_over_two_slot, 3),
         "loadavg_before": load_before,
         "loadavg_after": ddprof_recorder_bench::loadavg(),
