@@ -164,31 +164,24 @@ class PureRubyRecorder
     values.each_with_index { |v, i| sums[i] += v }
   end
 
-  # Encodes in chunks of samples and concatenates the bytes (repeated fields of concatenated
-  # messages merge): one google-protobuf object graph for the whole profile crashes Debian's
-  # google-protobuf 3.21 under memory pressure on the medium workload (segfault reproduced
-  # without this gem loaded).
   def serialize
     strings = { "" => 0 }
     str = ->(s) { strings[s] ||= strings.size }
     functions = {}
     locations = {}
-    out = +"".b
-    @samples.each_slice(2_000) do |chunk|
-      pb_samples = chunk.map do |(stack, labels), values|
-        ids = stack.map do |name, file, line|
-          function_id = functions[[name, file]] ||= functions.size + 1
-          locations[[function_id, line]] ||= locations.size + 1
-        end
-        Perftools::Profiles::Sample.new(
-          location_id: ids, value: values,
-          label: labels.map { |k, v| v.is_a?(Integer) ? { key: str[k], num: v } : { key: str[k], str: str[v] } },
-        )
+    pb_samples = @samples.map do |(stack, labels), values|
+      ids = stack.map do |name, file, line|
+        function_id = functions[[name, file]] ||= functions.size + 1
+        locations[[function_id, line]] ||= locations.size + 1
       end
-      out << Perftools::Profiles::Profile.encode(Perftools::Profiles::Profile.new(sample: pb_samples))
+      Perftools::Profiles::Sample.new(
+        location_id: ids, value: values,
+        label: labels.map { |k, v| v.is_a?(Integer) ? { key: str[k], num: v } : { key: str[k], str: str[v] } },
+      )
     end
-    out << Perftools::Profiles::Profile.encode(Perftools::Profiles::Profile.new(
+    Perftools::Profiles::Profile.encode(Perftools::Profiles::Profile.new(
       sample_type: @value_types.map { |t, u| { type: str[t], unit: str[u] } },
+      sample: pb_samples,
       mapping: [{ id: 1 }],
       location: locations.map { |(function_id, line), id| { id: id, mapping_id: 1, line: [{ function_id: function_id, line: line }] } },
       function: functions.map { |(name, file), id| { id: id, name: str[name], system_name: str[name], filename: str[file] } },
