@@ -144,6 +144,15 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         function!(|r: &StackRecorder| slot_is_locked(r, 2), 1),
     )?;
     testing.define_singleton_method("_native_fork_generation", function!(fork_generation, 0))?;
+    // Unlike every other entry point, does not reset a recorder first used in a forked child:
+    // lets a child see the state the fork left (both slots held mid-flip, for instance).
+    testing.define_singleton_method(
+        "_native_slot_locks_before_fork_check",
+        function!(
+            |r: &StackRecorder| (r.recorder.slot_is_locked(1), r.recorder.slot_is_locked(2)),
+            1
+        ),
+    )?;
     testing.define_singleton_method(
         "_native_record_endpoint",
         function!(testing_record_endpoint, 3),
