@@ -347,7 +347,7 @@ impl Profile {
 
     /// The location of a frame: one probe that compares the caller's strings with the stored
     /// bytes. Small enough to inline into the per-frame loop; adding a new frame is out of line.
-    #[inline(always)]
+    #[inline]
     fn intern_frame(&mut self, function_name: &str, filename: &str, line: i64) -> u32 {
         let hash = hash_frame(function_name, filename, line);
         let bytes = self.strings.bytes();

@@ -2,7 +2,7 @@
 //! by a dense id that is also its index in the pprof `string_table` (id 0 is `""`).
 use hashbrown::HashTable;
 
-use crate::hash::hash_str;
+use crate::hash::{bytes_eq, hash_str};
 
 /// Index into a [`StringTable`]; also the pprof string table index.
 pub type StringId = u32;
@@ -58,11 +58,11 @@ impl StringTable {
 
     #[inline]
     fn lookup_hashed(&self, hash: u64, s: &str) -> Option<StringId> {
-        let (bytes, spans) = (&self.bytes, &self.spans);
+        let (bytes, spans) = (self.bytes.as_bytes(), &self.spans);
         self.index
             .find(hash, |&id| {
                 let (start, end) = spans[id as usize];
-                &bytes[start..end] == s
+                bytes_eq(&bytes[start..end], s.as_bytes())
             })
             .copied()
     }
