@@ -144,6 +144,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         function!(|r: &StackRecorder| slot_is_locked(r, 2), 1),
     )?;
     testing.define_singleton_method("_native_fork_generation", function!(fork_generation, 0))?;
+    testing.define_singleton_method("_native_malloc_in_use", function!(malloc_in_use, 0))?;
     // Unlike every other entry point, does not reset a recorder first used in a forked child:
     // lets a child see the state the fork left (both slots held mid-flip, for instance).
     testing.define_singleton_method(
@@ -355,6 +356,15 @@ fn slot_is_locked(recorder: &StackRecorder, slot: u8) -> bool {
 /// How many forks separate this process from the one that loaded the extension.
 fn fork_generation() -> u64 {
     FORK_GENERATION.load(Relaxed)
+}
+
+/// Bytes glibc malloc has handed out and not had back (heap chunks in use plus mmapped
+/// chunks): lets the soak test compare `ObjectSpace.memsize_of` with what freeing a recorder
+/// really returns.
+fn malloc_in_use() -> u64 {
+    // SAFETY: mallinfo2 has no preconditions; it only reads the allocator's statistics.
+    let info = unsafe { libc::mallinfo2() };
+    (info.uordblks + info.hblkhd) as u64
 }
 
 fn stats(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RHash, Error> {
