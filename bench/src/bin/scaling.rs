@@ -25,6 +25,11 @@ fn run() -> Result<(), String> {
         None => 3,
     };
     let svg = take_option(&mut args, "--svg")?.map(PathBuf::from);
+    if let Some(json) = take_option(&mut args, "--replot")? {
+        // Redraws the plot from the JSON line of an earlier run, without measuring again.
+        let svg = svg.ok_or("--replot needs --svg PATH")?;
+        return replot(&PathBuf::from(json), &svg);
+    }
     if args.is_empty() {
         return Err("usage: scaling [--reps N] [--svg PATH] WORKLOAD.json...".into());
     }
@@ -80,6 +85,29 @@ fn run() -> Result<(), String> {
     Ok(())
 }
 
+fn replot(json: &std::path::Path, svg: &std::path::Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(json).map_err(|e| format!("{}: {e}", json.display()))?;
+    let last = text.lines().rev().find(|l| l.starts_with('{')).ok_or("no JSON line")?;
+    let value: serde_json::Value = serde_json::from_str(last).map_err(|e| e.to_string())?;
+    let workloads = value["workloads"].as_array().ok_or("no \"workloads\" in the JSON line")?;
+    let f = |w: &serde_json::Value, key: &str| w[key].as_f64().unwrap_or(f64::NAN);
+    let results: Vec<CoreResult> = workloads
+        .iter()
+        .map(|w| CoreResult {
+            workload: w["workload"].as_str().unwrap_or("").to_string(),
+            distinct_stacks: f(w, "distinct_stacks") as usize,
+            add_ns: vec![f(w, "add_ns_per_sample_median")],
+            floor_ns: vec![f(w, "floor_ns_per_sample_median")],
+            raw_ms: vec![f(w, "serialize_raw_ms_median")],
+            gzip_ms: vec![f(w, "serialize_gzip_ms_median")],
+            ..CoreResult::default()
+        })
+        .collect();
+    plot(svg, &results).map_err(|e| format!("plotting {}: {e}", svg.display()))?;
+    println!("plot: {}", svg.display());
+    Ok(())
+}
+
 /// Two panels side by side, both against distinct stacks on a log axis: add ns/sample (core
 /// and floor), and serialize ms (raw and gzip) on a log axis.
 fn plot(path: &std::path::Path, results: &[CoreResult]) -> Result<(), Box<dyn std::error::Error>> {
@@ -101,9 +129,10 @@ fn plot(path: &std::path::Path, results: &[CoreResult]) -> Result<(), Box<dyn st
         .build_cartesian_2d((x_min..x_max).log_scale(), 0.0..y_max)?;
     chart
         .configure_mesh()
-        .x_desc("distinct stacks")
+        .x_desc("distinct stacks (log)")
         .y_desc("ns per sample")
         .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()?;
     for (name, color, pick) in [
         ("core recorder", BLUE, (|r: &CoreResult| median(&r.add_ns)) as fn(&CoreResult) -> f64),
@@ -116,7 +145,12 @@ fn plot(path: &std::path::Path, results: &[CoreResult]) -> Result<(), Box<dyn st
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         chart.draw_series(points.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
     }
-    chart.configure_series_labels().background_style(WHITE).border_style(BLACK).draw()?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE)
+        .border_style(BLACK)
+        .draw()?;
 
     let y_lo = results.iter().map(|r| median(&r.raw_ms)).fold(f64::INFINITY, f64::min) / 2.0;
     let y_hi = results.iter().map(|r| median(&r.gzip_ms)).fold(0.0, f64::max) * 2.0;
@@ -128,8 +162,8 @@ fn plot(path: &std::path::Path, results: &[CoreResult]) -> Result<(), Box<dyn st
         .build_cartesian_2d((x_min..x_max).log_scale(), (y_lo..y_hi).log_scale())?;
     chart
         .configure_mesh()
-        .x_desc("distinct stacks")
-        .y_desc("ms")
+        .x_desc("distinct stacks (log)")
+        .y_desc("ms (log)")
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()?;
