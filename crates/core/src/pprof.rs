@@ -21,8 +21,15 @@ pub enum Compression {
     Gzip,
 }
 
-/// gzip level used for [`Compression::Gzip`]. See the README's performance section for the
-/// measurement behind it.
+/// gzip level used for [`Compression::Gzip`], with flate2's zlib-rs backend.
+///
+/// Measured 2026-11 on the medium workload's 18.9 MB raw pprof (`bench/run core medium --only
+/// gzip-levels`, best of 3, fastest of 4 runs, 2-vCPU machine under load): level 1 takes 128 ms
+/// for 52.0% of the size, level 2 298 ms for 46.2%, level 6 442 ms for 42.6%, level 9 571 ms
+/// for 42.1%. Only level 1 keeps encode + compress within the 250 ms budget: pprof's location
+/// ids are near-random varints and compress little better at higher levels. miniz_oxide (the
+/// other pure-Rust backend) is as fast at level 1 (139 ms, 51.2%) but 1.5-3x slower at every
+/// higher level. Details: bench/RESULTS.md.
 pub const GZIP_LEVEL: u32 = 1;
 
 #[derive(Clone, PartialEq, prost::Message)]
