@@ -62,7 +62,7 @@ RSpec.describe DdprofRecorder::StackRecorder, "across threads and processes" do
         serializing = false
         result
       end
-      Thread.pass until serializer.status == "sleep"
+      wait_until("the serializer thread sleeps in Thread.stop") { serializer.status == "sleep" }
 
       # Counts its loop iterations; those that saw the serializer sleeping inside `serialize`
       # can only have run while it was in a blocking region (without the GVL): a thread that
@@ -75,12 +75,15 @@ RSpec.describe DdprofRecorder::StackRecorder, "across threads and processes" do
           counts[:while_serializer_blocked] += 1 if serializing && serializer.status == "sleep"
         end
       end
-      Thread.pass until counts[:total] > 0
-
-      serializer.wakeup
-      start, finish, encoded_pprof = serializer.value
-      stop = true
-      spinner.join
+      begin
+        wait_until("the spinning thread runs") { counts[:total] > 0 }
+        serializer.wakeup
+        start, finish, encoded_pprof = serializer.value
+      ensure
+        stop = true
+        spinner.join
+        serializer.kill.join
+      end
 
       expect(encoded_pprof.bytesize).to be > 1_000_000 # a large profile, not a trivial one
       expect(start).to be <= finish
@@ -111,8 +114,9 @@ RSpec.describe DdprofRecorder::StackRecorder, "across threads and processes" do
         recorded += record_all(recorder, stacks.sample(20))
         Thread.pass
       end
-      done = true
       recorded
+    ensure
+      done = true
     end
 
     recorded = sampler.value
@@ -256,7 +260,7 @@ RSpec.describe DdprofRecorder::StackRecorder, "across threads and processes" do
       end
       thread.report_on_exception = false
       ready.pop
-      Thread.pass until thread.status == "sleep"
+      wait_until("the thread sleeps in Thread.stop") { thread.status == "sleep" }
       thread.raise(ConcurrencySpec::SentByTheSpec)
       thread.wakeup
 
@@ -351,15 +355,17 @@ RSpec.describe DdprofRecorder::StackRecorder, "across threads and processes" do
           serializations += 1
         end
       end
-      Thread.pass until serializations > 0
-
-      results = Array.new(12) do |i|
-        record_all(recorder, stacks.take(200 * (1 + (i % 5)))) # the parent keeps recording
-        sleep(0.001 * (i % 4) * rand)
-        in_child { check_child_recorder(recorder) }
+      results = begin
+        wait_until("the serializer thread serialized once") { serializations > 0 }
+        Array.new(12) do |i|
+          record_all(recorder, stacks.take(200 * (1 + (i % 5)))) # the parent keeps recording
+          sleep(0.001 * (i % 4) * rand)
+          in_child { check_child_recorder(recorder) }
+        end
+      ensure
+        stop = true
+        serializer.join
       end
-      stop = true
-      serializer.join
 
       results.each { |status, message| expect(status&.exitstatus).to eq(0), message }
       expect(recorder.serialize).not_to be_nil

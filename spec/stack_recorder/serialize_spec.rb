@@ -237,7 +237,7 @@ RSpec.describe DdprofRecorder::StackRecorder do
         Thread.new { stack_recorder.serialize },
       ]
       # The others wait on the guard (sleeping), none of them inside a native call.
-      Thread.pass until others.all? { |thread| thread.status == "sleep" }
+      wait_until("the other serializers wait on the guard") { others.all? { |thread| thread.status == "sleep" } }
       expect(entered.size).to eq 0
 
       4.times { release << true }
