@@ -64,9 +64,11 @@ RSpec.describe DdprofRecorder::StackRecorder, "across threads and processes" do
       end
       wait_until("the serializer thread sleeps in Thread.stop") { serializer.status == "sleep" }
 
-      # Counts its loop iterations; those that saw the serializer sleeping inside `serialize`
-      # can only have run while it was in a blocking region (without the GVL): a thread that
-      # holds the GVL, or waits for it, has status "run".
+      # Counts its loop iterations. Those that saw the serializer "sleep" inside `serialize` ran
+      # while the serializer was in a blocking region, i.e. had released the GVL: Ruby marks a
+      # thread "sleep" from the moment it releases the GVL for a blocking call until that call
+      # is over, while a thread running Ruby or C code with the GVL is "run". (Nothing else in
+      # `serialize` sleeps here: its Mutex is uncontended.)
       counts = { total: 0, while_serializer_blocked: 0 }
       stop = false
       spinner = Thread.new do

@@ -24,7 +24,7 @@ RSpec.describe DdprofRecorder::StackRecorder do
   end
 
   describe "Testing module" do
-    it "is documented as test-only hooks and answers the three questions of the seed" do
+    it "exposes the seed's test-only hooks" do
       expect(testing).to be_a(Module)
       expect(testing).to respond_to(
         :_native_active_slot, :_native_slot_one_mutex_locked?, :_native_slot_two_mutex_locked?,
