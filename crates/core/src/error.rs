@@ -4,9 +4,16 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfigError {
     ValueTypesCount(usize),
-    EmptyValueType { index: usize },
+    EmptyValueType {
+        index: usize,
+    },
     DuplicateValueType(String),
     MaxFrames(usize),
+    /// A profile limit (`max_stacks`, ...) out of `1..=Limits::MAX`.
+    Limit {
+        name: &'static str,
+        value: usize,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -25,6 +32,9 @@ impl fmt::Display for ConfigError {
                 crate::MAX_FRAMES_RANGE.start(),
                 crate::MAX_FRAMES_RANGE.end()
             ),
+            Self::Limit { name, value } => {
+                write!(f, "{name} must be in 1..={}, got {value}", crate::Limits::MAX)
+            }
         }
     }
 }

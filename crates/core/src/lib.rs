@@ -19,11 +19,14 @@ mod time;
 
 pub use error::{ConfigError, RecordError, SerializeError};
 pub use pprof::Compression;
-pub use profile::Profile;
+pub use profile::{Limits, Profile};
 pub use recorder::{Config, Output, Recorder, Serialized, StatsSnapshot};
 pub use sample::{Frame, Label, LabelValue, Sample, SpanId, ValueType};
 pub use time::Timestamp;
 
+/// Function name of the one frame of the placeholder sample that samples over the profile
+/// [`Limits`] fold into.
+pub const DROPPED_FRAME: &str = "(dropped: profile limits reached)";
 /// Label key set on samples by [`Recorder::record_endpoint`]; callers may not use it.
 pub const TRACE_ENDPOINT_LABEL: &str = "trace endpoint";
 /// Label key whose value links a sample to an endpoint.

@@ -20,7 +20,7 @@ use crate::hash::{bytes_eq, fx_hash, hash_bytes, hash_frame as hash_frame_bytes,
 use crate::sample::{Frame, Label, LabelValue, Sample, SpanId};
 use crate::strings::{StringId, StringTable};
 use crate::time::Timestamp;
-use crate::{LOCAL_ROOT_SPAN_ID_LABEL, TRACE_ENDPOINT_LABEL};
+use crate::{DROPPED_FRAME, LOCAL_ROOT_SPAN_ID_LABEL, TRACE_ENDPOINT_LABEL};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Function {
@@ -80,6 +80,12 @@ impl<T: Copy + Eq> Arena<T> {
         &self.items[Self::range(&self.ends, id)]
     }
 
+    /// The id of `slice`, if it was interned.
+    fn find(&self, slice: &[T], hash: impl Fn(&[T]) -> u64) -> Option<u32> {
+        let (items, ends) = (&self.items, &self.ends);
+        self.index.find(hash(slice), |&id| items[Self::range(ends, id)] == *slice).copied()
+    }
+
     fn intern(&mut self, slice: &[T], hash: impl Fn(&[T]) -> u64) -> u32 {
         let h = hash(slice);
         let (items, ends) = (&self.items, &self.ends);
@@ -107,7 +113,7 @@ impl<T: Copy + Eq> Arena<T> {
     fn heap_bytes(&self) -> usize {
         self.items.capacity() * std::mem::size_of::<T>()
             + self.ends.capacity() * std::mem::size_of::<usize>()
-            + self.index.capacity() * (std::mem::size_of::<u32>() + 1)
+            + self.index.allocation_size()
     }
 }
 
@@ -161,6 +167,60 @@ struct FrameEntry {
     location: u32,
 }
 
+/// Per-profile bounds on distinct content: what bounds a profile's memory. A sample that would
+/// need more folds into the [`DROPPED_FRAME`] placeholder sample instead (its values are kept,
+/// so totals stay exact); an endpoint that would need more is dropped. What a sample needs
+/// that the profile already holds is always reused. The placeholder itself is stored whatever
+/// the limits (it may add one string, stack, label set and sample past them), and once stored
+/// counts toward them like any other entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Distinct stacks.
+    pub max_stacks: usize,
+    /// Distinct strings (function names, filenames, label keys and values, endpoints).
+    pub max_strings: usize,
+    /// Distinct label sets; also the most endpoints a profile keeps.
+    pub max_label_sets: usize,
+    /// Distinct (stack, label set) pairs: the samples of the pprof.
+    pub max_samples: usize,
+}
+
+impl Limits {
+    /// Largest accepted value of any limit: ids are `u32`s.
+    pub const MAX: usize = u32::MAX as usize - 16;
+
+    /// Generous enough that the large workload of bench/gen_workload.rb (2M samples: 124k
+    /// stacks, 35k strings, 859k label sets) is never folded; at these bounds a profile of
+    /// 60-frame stacks holds on the order of 500 MB.
+    pub const DEFAULT: Limits = Limits {
+        max_stacks: 1_000_000,
+        max_strings: 1_000_000,
+        max_label_sets: 1_000_000,
+        max_samples: 4_000_000,
+    };
+
+    /// Checks every limit is in `1..=Limits::MAX`.
+    pub fn validate(&self) -> Result<(), crate::ConfigError> {
+        for (name, value) in [
+            ("max_stacks", self.max_stacks),
+            ("max_strings", self.max_strings),
+            ("max_label_sets", self.max_label_sets),
+            ("max_samples", self.max_samples),
+        ] {
+            if !(1..=Self::MAX).contains(&value) {
+                return Err(crate::ConfigError::Limit { name, value });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
 /// Checks a sample against a profile with `num_values` value types, before anything is
 /// stored, so that a bad sample records nothing.
 pub(crate) fn validate(sample: &Sample<'_>, num_values: usize) -> Result<(), RecordError> {
@@ -209,6 +269,9 @@ pub struct Profile {
     endpoints: HashMap<SpanKey, StringId, FxBuildHasher>,
     /// Samples added (before aggregation) since the last reset.
     samples_added: u64,
+    /// Of those, samples folded into the placeholder (over the limits).
+    samples_dropped: u64,
+    limits: Limits,
     scratch_stack: Vec<u8>,
     scratch_labels: Vec<u32>,
     scratch_string: String,
@@ -216,6 +279,11 @@ pub struct Profile {
 
 impl Profile {
     pub fn new(num_values: usize, start: Timestamp) -> Self {
+        Self::with_limits(num_values, start, Limits::DEFAULT)
+    }
+
+    /// A profile whose distinct content is bounded by `limits` (see [`Limits`]).
+    pub fn with_limits(num_values: usize, start: Timestamp, limits: Limits) -> Self {
         Self {
             num_values,
             start,
@@ -233,6 +301,8 @@ impl Profile {
             sample_index: HashTable::new(),
             endpoints: HashMap::default(),
             samples_added: 0,
+            samples_dropped: 0,
+            limits,
             scratch_stack: Vec::new(),
             scratch_labels: Vec::new(),
             scratch_string: String::new(),
@@ -269,6 +339,10 @@ impl Profile {
         self.label_sets.len()
     }
 
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
     /// Empties the profile for a new window starting at `start`, keeping its allocations.
     pub fn reset(&mut self, start: Timestamp) {
         self.start = start;
@@ -286,27 +360,43 @@ impl Profile {
         self.sample_index.clear();
         self.endpoints.clear();
         self.samples_added = 0;
+        self.samples_dropped = 0;
     }
 
     /// Adds a sample, truncating its stack to `max_frames` (the root-most kept frame becomes a
     /// `"N frames omitted"` placeholder). Returns an error, recording nothing, if the sample is
     /// invalid.
+    /// A sample over the [`Limits`] is folded into the placeholder (see [`Profile::samples_dropped`]).
     pub fn add(&mut self, sample: &Sample<'_>, max_frames: usize) -> Result<(), RecordError> {
         validate(sample, self.num_values)?;
         self.add_validated(sample, max_frames);
         Ok(())
     }
 
-    /// [`Profile::add`] for a sample that [`validate`] accepted.
-    pub(crate) fn add_validated(&mut self, sample: &Sample<'_>, max_frames: usize) {
-        let mut stack = std::mem::take(&mut self.scratch_stack);
-        stack.clear();
+    /// [`Profile::add`] for a sample that [`validate`] accepted. Returns false when the sample
+    /// was over the [`Limits`] and folded into the [`DROPPED_FRAME`] placeholder.
+    pub(crate) fn add_validated(&mut self, sample: &Sample<'_>, max_frames: usize) -> bool {
         let total = sample.frames.len().saturating_add(sample.omitted_frames);
         let kept = if total > max_frames {
             sample.frames.len().min(max_frames.saturating_sub(1))
         } else {
             sample.frames.len()
         };
+        // The limit check on the hot path: integer compares against an upper bound of what the
+        // sample can add (each frame and label at most two new strings, one new stack, label
+        // set and sample). Only a profile close to a limit pays for the exact check.
+        let worst_strings = 2 * (kept + 1) + 2 * sample.labels.len();
+        let limits = &self.limits;
+        let surely_fits = self.strings.len() + worst_strings <= limits.max_strings
+            && self.stacks.len() < limits.max_stacks
+            && self.label_sets.len() < limits.max_label_sets
+            && self.samples.len() < limits.max_samples;
+        if !surely_fits && !self.fits(sample, kept, total) {
+            self.add_dropped(sample.values);
+            return false;
+        }
+        let mut stack = std::mem::take(&mut self.scratch_stack);
+        stack.clear();
         for frame in &sample.frames[..kept] {
             let location = self.intern_frame(frame.function_name, frame.filename, frame.line);
             push_varint(&mut stack, u64::from(location) + 1);
@@ -326,6 +416,119 @@ impl Profile {
         let label_set = self.intern_labels(sample.labels);
         self.add_values(stack_id, label_set, sample.values);
         self.samples_added += 1;
+        true
+    }
+
+    /// Folds a sample's values into the placeholder sample: one [`DROPPED_FRAME`] frame, no
+    /// labels. Stored whatever the limits (at most one more of each kind).
+    #[cold]
+    fn add_dropped(&mut self, values: &[i64]) {
+        // Not through `intern_frame`: a second call site changed how the hot loop's copy is
+        // optimized. Callgrind, `bench/run core small --only core-add`: 255.0M instructions
+        // before limits, 280.7M with this call, 256.9M without it (2026-11-30).
+        let location = match self.find_frame(DROPPED_FRAME, "", 0) {
+            Some(location) => location,
+            None => self.add_frame(hash_frame(DROPPED_FRAME, "", 0), DROPPED_FRAME, "", 0),
+        };
+        let mut stack = std::mem::take(&mut self.scratch_stack);
+        stack.clear();
+        push_varint(&mut stack, u64::from(location) + 1);
+        let stack_id = self.stacks.intern(&stack, hash_bytes);
+        self.scratch_stack = stack;
+        let label_set = self.intern_labels(&[]);
+        self.add_values(stack_id, label_set, values);
+        self.samples_added += 1;
+        self.samples_dropped += 1;
+    }
+
+    /// The exact limit check, for a profile near a limit: whether storing the sample (its `kept`
+    /// frames of `total`) stays within every limit. Looks everything up, changes nothing.
+    #[cold]
+    #[inline(never)]
+    fn fits(&self, sample: &Sample<'_>, kept: usize, total: usize) -> bool {
+        // New strings, each once (a slow path: allocating is fine).
+        let note = |s: &str, owned: &mut Vec<String>| {
+            if self.strings.lookup(s).is_none() && !owned.iter().any(|n| n == s) {
+                owned.push(s.to_owned());
+            }
+        };
+        let mut owned: Vec<String> = Vec::new();
+        let mut stack = Vec::new();
+        let mut new_stack = false;
+        let placeholder = (kept < total).then(|| format!("{} frames omitted", total - kept));
+        let frames = sample.frames[..kept]
+            .iter()
+            .map(|f| (f.function_name, f.filename, f.line))
+            .chain(placeholder.as_deref().map(|name| ("", name, 0)));
+        for (name, filename, line) in frames {
+            match self.find_frame(name, filename, line) {
+                Some(location) => push_varint(&mut stack, u64::from(location) + 1),
+                None => {
+                    new_stack = true;
+                    note(name, &mut owned);
+                    note(filename, &mut owned);
+                }
+            }
+        }
+        let stack_id = if new_stack { None } else { self.stacks.find(&stack, hash_bytes) };
+        let mut ids = Vec::with_capacity(sample.labels.len());
+        let mut new_set = false;
+        for label in sample.labels {
+            let key = self.strings.lookup(label.key);
+            if key.is_none() {
+                note(label.key, &mut owned);
+            }
+            let value = match label.value {
+                LabelValue::Num(n) => Some(StoredValue::Num(n)),
+                LabelValue::Str(v) => {
+                    let id = self.strings.lookup(v);
+                    if id.is_none() {
+                        note(v, &mut owned);
+                    }
+                    id.map(StoredValue::Str)
+                }
+            };
+            match (key, value) {
+                (Some(key), Some(value)) => match self.find_label(StoredLabel { key, value }) {
+                    Some(id) => ids.push(id),
+                    None => new_set = true,
+                },
+                _ => new_set = true,
+            }
+        }
+        let set_id = if new_set {
+            None
+        } else {
+            ids.sort_unstable();
+            self.label_sets.find(&ids, hash_u32s)
+        };
+        let new_sample = match (stack_id, set_id) {
+            (Some(stack), Some(set)) => self.find_sample((stack, set)).is_none(),
+            _ => true,
+        };
+        let limits = &self.limits;
+        // What the sample needs anew must fit; what exists is always reused (a profile at a
+        // limit still aggregates samples it already holds).
+        let room = |len: usize, new: usize, max: usize| new == 0 || len + new <= max;
+        room(self.strings.len(), owned.len(), limits.max_strings)
+            && room(self.stacks.len(), usize::from(stack_id.is_none()), limits.max_stacks)
+            && room(self.label_sets.len(), usize::from(set_id.is_none()), limits.max_label_sets)
+            && room(self.samples.len(), usize::from(new_sample), limits.max_samples)
+    }
+
+    /// Samples folded into the placeholder since the last reset.
+    pub fn samples_dropped(&self) -> u64 {
+        self.samples_dropped
+    }
+
+    fn find_sample(&self, key: (u32, u32)) -> Option<u32> {
+        let samples = &self.samples;
+        self.sample_index.find(hash_sample(key), |&id| samples[id as usize] == key).copied()
+    }
+
+    fn find_label(&self, label: StoredLabel) -> Option<u32> {
+        let labels = &self.labels;
+        self.label_index.find(hash_label(&label), |&id| labels[id as usize] == label).copied()
     }
 
     fn add_values(&mut self, stack: u32, label_set: u32, values: &[i64]) {
@@ -361,6 +564,19 @@ impl Profile {
             Some(e) => e.location,
             None => self.add_frame(hash, function_name, filename, line),
         }
+    }
+
+    /// [`Profile::intern_frame`]'s lookup alone, for the exact limit check and the placeholder.
+    fn find_frame(&self, function_name: &str, filename: &str, line: i64) -> Option<u32> {
+        let hash = hash_frame(function_name, filename, line);
+        let bytes = self.strings.bytes();
+        self.location_index
+            .find(hash, |e| {
+                e.line == line
+                    && bytes_eq(&bytes[e.name.0..e.name.1], function_name.as_bytes())
+                    && bytes_eq(&bytes[e.filename.0..e.filename.1], filename.as_bytes())
+            })
+            .map(|e| e.location)
     }
 
     #[cold]
@@ -442,8 +658,15 @@ impl Profile {
     }
 
     /// Links samples whose `"local root span id"` label is `span` to `endpoint`; the latest
-    /// call for a span wins.
-    pub fn record_endpoint(&mut self, span: SpanId<'_>, endpoint: &str) {
+    /// call for a span wins. Returns false, storing nothing, when that needs more strings than
+    /// `max_strings` or more endpoints than `max_label_sets` (see [`Limits`]).
+    pub fn record_endpoint(&mut self, span: SpanId<'_>, endpoint: &str) -> bool {
+        let limits = &self.limits;
+        let surely_fits = self.strings.len() + 2 <= limits.max_strings
+            && self.endpoints.len() < limits.max_label_sets;
+        if !surely_fits && !self.endpoint_fits(span, endpoint) {
+            return false;
+        }
         let key = match span {
             SpanId::Num(n) => SpanKey::Num(n),
             SpanId::Str(s) => match SpanId::from_str(s) {
@@ -453,6 +676,26 @@ impl Profile {
         };
         let endpoint = self.strings.intern(endpoint);
         self.endpoints.insert(key, endpoint);
+        true
+    }
+
+    #[cold]
+    fn endpoint_fits(&self, span: SpanId<'_>, endpoint: &str) -> bool {
+        // A span string not interned yet cannot be a key yet.
+        let (key, span_str) = match span {
+            SpanId::Num(n) => (Some(SpanKey::Num(n)), None),
+            SpanId::Str(s) => match SpanId::from_str(s) {
+                SpanId::Num(n) => (Some(SpanKey::Num(n)), None),
+                SpanId::Str(s) => (self.strings.lookup(s).map(SpanKey::Str), Some(s)),
+            },
+        };
+        let new_key = key.is_none_or(|key| !self.endpoints.contains_key(&key));
+        let mut new_strings = usize::from(self.strings.lookup(endpoint).is_none());
+        if let Some(s) = span_str {
+            new_strings += usize::from(self.strings.lookup(s).is_none() && s != endpoint);
+        }
+        (new_strings == 0 || self.strings.len() + new_strings <= self.limits.max_strings)
+            && (!new_key || self.endpoints.len() < self.limits.max_label_sets)
     }
 
     /// The endpoint of each label set, by label set id, and the string id of the
@@ -486,20 +729,23 @@ impl Profile {
     }
 
     /// Heap bytes held by this profile (capacities, not lengths: what the allocator holds).
+    /// Hash tables count their whole allocation (buckets, control bytes), not the 7/8 of it
+    /// that `capacity()` reports: `ObjectSpace.memsize_of` is checked against what freeing a
+    /// recorder gives back to malloc (bench/soak.rb).
     pub fn heap_bytes(&self) -> usize {
         self.strings.heap_bytes()
             + self.functions.capacity() * std::mem::size_of::<Function>()
-            + self.function_index.capacity() * 5
+            + self.function_index.allocation_size()
             + self.locations.capacity() * std::mem::size_of::<Location>()
-            + self.location_index.capacity() * (std::mem::size_of::<FrameEntry>() + 1)
+            + self.location_index.allocation_size()
             + self.stacks.heap_bytes()
             + self.labels.capacity() * std::mem::size_of::<StoredLabel>()
-            + self.label_index.capacity() * 5
+            + self.label_index.allocation_size()
             + self.label_sets.heap_bytes()
-            + self.samples.capacity() * 8
-            + self.values.capacity() * 8
-            + self.sample_index.capacity() * 5
-            + self.endpoints.capacity() * (std::mem::size_of::<(SpanKey, StringId)>() + 1)
+            + self.samples.capacity() * std::mem::size_of::<(u32, u32)>()
+            + self.values.capacity() * std::mem::size_of::<i64>()
+            + self.sample_index.allocation_size()
+            + self.endpoints.allocation_size()
             + self.scratch_stack.capacity()
             + self.scratch_labels.capacity() * 4
             + self.scratch_string.capacity()

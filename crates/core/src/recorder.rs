@@ -44,7 +44,16 @@
 //! serializer lock or a slot may be held by a thread that does not exist in the child.
 //! [`Recorder::reset_after_fork`] recognizes such locks by the process id and puts the
 //! recorder back into its initial state.
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+//!
+//! # Memory
+//!
+//! Each profile is bounded by the [`Limits`] of the [`Config`]: a sample over them folds into
+//! one placeholder sample, counted in `samples_dropped`. [`Recorder::heap_bytes`] answers how
+//! much memory both profiles hold without taking either lock (it runs on Ruby's GC thread,
+//! for `ObjectSpace.memsize_of`): each slot caches its profile's size in an atomic, written by
+//! whoever holds the slot when the size can have changed (a new distinct sample or endpoint,
+//! a reset).
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -52,16 +61,18 @@ use parking_lot::{ArcMutexGuard, Mutex, MutexGuard, RawMutex};
 
 use crate::error::{ConfigError, RecordError, SerializeError};
 use crate::pprof::{self, Compression};
-use crate::profile::{validate, Profile};
+use crate::profile::{validate, Limits, Profile};
 use crate::sample::{Sample, SpanId, ValueType};
 use crate::time::Timestamp;
 use crate::{MAX_FRAMES_RANGE, MAX_VALUE_TYPES};
 
-/// What a recorder records: its value types (in value order) and the stack depth limit.
+/// What a recorder records: its value types (in value order), the stack depth limit and the
+/// per-profile [`Limits`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     value_types: Vec<ValueType>,
     max_frames: usize,
+    limits: Limits,
 }
 
 impl Config {
@@ -80,7 +91,17 @@ impl Config {
         if !MAX_FRAMES_RANGE.contains(&max_frames) {
             return Err(ConfigError::MaxFrames(max_frames));
         }
-        Ok(Self { value_types, max_frames })
+        Ok(Self { value_types, max_frames, limits: Limits::DEFAULT })
+    }
+
+    /// The same config with other per-profile limits (each in `1..=Limits::MAX`).
+    pub fn with_limits(self, limits: Limits) -> Result<Self, ConfigError> {
+        limits.validate()?;
+        Ok(Self { limits, ..self })
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     pub fn value_types(&self) -> &[ValueType] {
@@ -114,6 +135,8 @@ pub struct StatsSnapshot {
     pub samples_recorded: u64,
     pub samples_rejected: u64,
     pub samples_dropped: u64,
+    /// `record_endpoint` calls ignored because the profile was at its limits.
+    pub endpoints_dropped: u64,
     pub samples_lost: u64,
     pub serializations: u64,
     pub last_serialization_ns: u64,
@@ -124,6 +147,8 @@ pub struct StatsSnapshot {
 struct Stats {
     samples_recorded: AtomicU64,
     samples_rejected: AtomicU64,
+    samples_dropped: AtomicU64,
+    endpoints_dropped: AtomicU64,
     samples_lost: AtomicU64,
     serializations: AtomicU64,
     last_serialization_ns: AtomicU64,
@@ -144,6 +169,8 @@ struct SerializerSide {
 pub struct Recorder {
     config: Config,
     slots: [Slot; 2],
+    /// `heap_bytes` of each slot's profile, written by the holder of that slot's lock.
+    slot_heap: [AtomicUsize; 2],
     serializer: Mutex<SerializerSide>,
     /// 1 or 2. Written by the serializer side only; the sampler never reads it.
     active_slot: AtomicU8,
@@ -166,14 +193,16 @@ impl Recorder {
     /// A recorder whose first profile starts at `start`, with slot one active.
     pub fn new(config: Config, start: Timestamp) -> Self {
         let n = config.value_types.len();
+        let limits = config.limits;
         let slots = [
-            Arc::new(Mutex::new(Profile::new(n, start))),
-            Arc::new(Mutex::new(Profile::new(n, start))),
+            Arc::new(Mutex::new(Profile::with_limits(n, start, limits))),
+            Arc::new(Mutex::new(Profile::with_limits(n, start, limits))),
         ];
         let inactive = slots[1].lock_arc();
         Self {
             config,
             serializer: Mutex::new(SerializerSide { inactive: Some(inactive) }),
+            slot_heap: [AtomicUsize::new(0), AtomicUsize::new(0)],
             slots,
             active_slot: AtomicU8::new(1),
             serializer_pid: AtomicU32::new(std::process::id()),
@@ -192,15 +221,36 @@ impl Recorder {
             return Err(e);
         }
         let max_frames = self.config.max_frames;
-        self.with_active_profile(|profile| profile.add_validated(sample, max_frames))?;
+        let stored = self.with_active_profile(|profile, heap| {
+            let distinct = profile.sample_count();
+            let stored = profile.add_validated(sample, max_frames);
+            // Only a new distinct sample can have grown the profile (a new string, location,
+            // stack or label set always makes one): the common case skips the recount.
+            if profile.sample_count() != distinct {
+                heap.store(profile.heap_bytes(), Relaxed);
+            }
+            stored
+        })?;
         self.stats.samples_recorded.fetch_add(1, Relaxed);
+        if !stored {
+            self.stats.samples_dropped.fetch_add(1, Relaxed);
+        }
         Ok(())
     }
 
     /// Links samples of the active profile with `"local root span id" == span` (recorded
-    /// before or after this call) to `endpoint`. Never blocks.
+    /// before or after this call) to `endpoint`. Never blocks. An endpoint over the profile
+    /// limits is ignored and counted in `endpoints_dropped`.
     pub fn record_endpoint(&self, span: SpanId<'_>, endpoint: &str) -> Result<(), RecordError> {
-        self.with_active_profile(|profile| profile.record_endpoint(span, endpoint))
+        let stored = self.with_active_profile(|profile, heap| {
+            let stored = profile.record_endpoint(span, endpoint);
+            heap.store(profile.heap_bytes(), Relaxed);
+            stored
+        })?;
+        if !stored {
+            self.stats.endpoints_dropped.fetch_add(1, Relaxed);
+        }
+        Ok(())
     }
 
     /// Counts a `record_sample` call that the caller refused before reaching the recorder
@@ -210,11 +260,14 @@ impl Recorder {
     }
 
     /// The sampler's side of the protocol: `try_lock` slot one, then slot two, twice at most.
-    fn with_active_profile<R>(&self, f: impl FnOnce(&mut Profile) -> R) -> Result<R, RecordError> {
+    fn with_active_profile<R>(
+        &self,
+        f: impl FnOnce(&mut Profile, &AtomicUsize) -> R,
+    ) -> Result<R, RecordError> {
         for _attempt in 0..2 {
-            for slot in &self.slots {
+            for (slot, heap) in self.slots.iter().zip(&self.slot_heap) {
                 if let Some(mut profile) = slot.try_lock() {
-                    return Ok(f(&mut profile));
+                    return Ok(f(&mut profile, heap));
                 }
             }
         }
@@ -263,6 +316,7 @@ impl Recorder {
         };
         // Emptied now rather than at the next flip: the memory is free for reuse meanwhile.
         profile.reset(finish);
+        self.slot_heap[active_index].store(profile.heap_bytes(), Relaxed);
         drop(side);
         let bytes = bytes?;
         if output != Output::Discard {
@@ -316,11 +370,32 @@ impl Recorder {
         }
         // Fresh profiles rather than `reset`: they free the parent's data in the child, and
         // do not trust structures a parent thread may have been changing at the fork.
-        *self.slots[0].lock() = Profile::new(n, now);
+        let limits = self.config.limits;
+        *self.slots[0].lock() = Profile::with_limits(n, now, limits);
         let mut inactive = self.slots[1].lock_arc();
-        *inactive = Profile::new(n, now);
+        *inactive = Profile::with_limits(n, now, limits);
         side.inactive = Some(inactive);
+        for heap in &self.slot_heap {
+            heap.store(0, Relaxed);
+        }
         self.active_slot.store(1, Relaxed);
+    }
+
+    /// Heap bytes both profiles hold (plus the recorder's own allocations), without taking
+    /// either lock: from the per-slot caches (see the module docs), so it may lag a sample that
+    /// is being recorded right now by that sample's growth.
+    pub fn heap_bytes(&self) -> usize {
+        let slots: usize = self.slot_heap.iter().map(|h| h.load(Relaxed)).sum();
+        // Each slot's `Arc` allocation: two counters and the `Mutex<Profile>`.
+        let arcs = 2 * (2 * std::mem::size_of::<usize>() + std::mem::size_of::<Mutex<Profile>>());
+        let config: usize = self.config.value_types.capacity() * std::mem::size_of::<ValueType>()
+            + self
+                .config
+                .value_types
+                .iter()
+                .map(|v| v.r#type.capacity() + v.unit.capacity())
+                .sum::<usize>();
+        slots + arcs + config
     }
 
     /// 1 or 2: the slot samplers currently record into. For tests and debugging.
@@ -338,7 +413,8 @@ impl Recorder {
         StatsSnapshot {
             samples_recorded: s.samples_recorded.load(Relaxed),
             samples_rejected: s.samples_rejected.load(Relaxed),
-            samples_dropped: 0,
+            samples_dropped: s.samples_dropped.load(Relaxed),
+            endpoints_dropped: s.endpoints_dropped.load(Relaxed),
             samples_lost: s.samples_lost.load(Relaxed),
             serializations: s.serializations.load(Relaxed),
             last_serialization_ns: s.last_serialization_ns.load(Relaxed),

@@ -98,7 +98,7 @@ impl StringTable {
     pub fn heap_bytes(&self) -> usize {
         self.bytes.capacity()
             + self.spans.capacity() * std::mem::size_of::<(usize, usize)>()
-            + self.index.capacity() * (std::mem::size_of::<StringId>() + 1)
+            + self.index.allocation_size()
     }
 }
 
