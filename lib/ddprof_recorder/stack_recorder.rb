@@ -24,9 +24,23 @@ module DdprofRecorder
     # @param max_frames [Integer] 2..10_000: deeper stacks keep `max_frames - 1` leaf-side
     #   frames and a root-most `"N frames omitted"` placeholder.
     # @param compression [Symbol] `:none` (raw protobuf) or `:gzip`.
+    # @param max_stacks [Integer] most distinct stacks one profile (time window) keeps.
+    # @param max_strings [Integer] most distinct strings one profile keeps (function names,
+    #   filenames, label keys and values, endpoints).
+    # @param max_label_sets [Integer] most distinct label sets one profile keeps; also its most
+    #   endpoints.
+    # @param max_samples [Integer] most distinct (stack, label set) pairs one profile keeps.
+    #
+    # The four limits (each 1..MAX_LIMIT; the defaults, DEFAULT_MAX_*, are generous) bound the
+    # memory a profile can take. A sample that would go over one is folded into a single
+    # placeholder sample whose one frame is named `"(dropped: profile limits reached)"`, so
+    # value totals stay exact; `stats[:samples_dropped]` counts them. An endpoint over the
+    # limits is ignored (`stats[:endpoints_dropped]`).
     # @raise [ArgumentError, TypeError, RangeError] on a bad option (naming it).
-    def self.new(value_types: DEFAULT_VALUE_TYPES, max_frames: DEFAULT_MAX_FRAMES, compression: :none)
-      _native_new(value_types, max_frames, compression)
+    def self.new(value_types: DEFAULT_VALUE_TYPES, max_frames: DEFAULT_MAX_FRAMES, compression: :none,
+                 max_stacks: DEFAULT_MAX_STACKS, max_strings: DEFAULT_MAX_STRINGS,
+                 max_label_sets: DEFAULT_MAX_LABEL_SETS, max_samples: DEFAULT_MAX_SAMPLES)
+      _native_new(value_types, max_frames, compression, max_stacks, max_strings, max_label_sets, max_samples)
     end
 
     # Records one sample in the current window. Samples with the same stack and labels are
@@ -96,7 +110,9 @@ module DdprofRecorder
 
     # Back to the initial state (both windows empty, endpoints dropped, start time = now),
     # whatever state a fork left the recorder in. A forked child need not call it: the
-    # recorder notices the fork by itself and does the same before its first use there.
+    # recorder notices the fork by itself and does the same before its first use there. The
+    # counters of {#stats} are kept: they are over the recorder's life, the parent's part
+    # included.
     #
     # @return [true]
     def reset_after_fork
@@ -106,7 +122,8 @@ module DdprofRecorder
     # Counters over the recorder's life.
     #
     # @return [Hash{Symbol => Integer}] `:samples_recorded`, `:samples_rejected`,
-    #   `:samples_dropped`, `:samples_lost`, `:serializations`, `:last_serialization_ns`,
+    #   `:samples_dropped` (recorded, but folded into the placeholder by the limits),
+    #   `:endpoints_dropped`, `:samples_lost`, `:serializations`, `:last_serialization_ns`,
     #   `:last_serialization_bytes`.
     def stats
       _native_stats

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Once;
 
 use ddprof_recorder_core::{
-    Compression, Config, Output, Recorder, SerializeError, Serialized, Timestamp,
+    Compression, Config, Limits, Output, Recorder, SerializeError, Serialized, Timestamp,
 };
 use magnus::{
     function, method, prelude::*, typed_data::Obj, value::ReprValue, DataTypeFunctions, Error,
@@ -44,7 +44,14 @@ pub struct StackRecorder {
     mutex_generation: AtomicU64,
 }
 
-impl DataTypeFunctions for StackRecorder {}
+impl DataTypeFunctions for StackRecorder {
+    /// `ObjectSpace.memsize_of`: this struct and the native memory both profiles hold. Called
+    /// by the GC (possibly while another thread records or serializes): reads the recorder's
+    /// lock-free size caches, never a lock. Must not panic, and does not.
+    fn size(&self) -> usize {
+        std::mem::size_of_val(self) + self.recorder.heap_bytes()
+    }
+}
 
 /// How many forks separate this process from the one that loaded the extension: bumped in
 /// each child by [`after_fork_in_child`]. A process's threads all see its own count.
@@ -123,7 +130,13 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("StackRecorder", ruby.class_object())?;
     // Instances only come from `_native_new`: a bare `allocate` would have no recorder.
     class.undef_default_alloc_func();
-    class.define_singleton_method("_native_new", method!(native_new, 3))?;
+    class.define_singleton_method("_native_new", method!(native_new, 7))?;
+    // The core's limits, so that the Ruby keywords' defaults cannot drift from them.
+    class.const_set("MAX_LIMIT", Limits::MAX)?;
+    class.const_set("DEFAULT_MAX_STACKS", Limits::DEFAULT.max_stacks)?;
+    class.const_set("DEFAULT_MAX_STRINGS", Limits::DEFAULT.max_strings)?;
+    class.const_set("DEFAULT_MAX_LABEL_SETS", Limits::DEFAULT.max_label_sets)?;
+    class.const_set("DEFAULT_MAX_SAMPLES", Limits::DEFAULT.max_samples)?;
     class.define_singleton_method("_native_serialize", function!(native_serialize, 1))?;
     class.define_singleton_method("_native_clear", function!(native_clear, 1))?;
     class.define_singleton_method("_native_reset_after_fork", function!(reset_after_fork, 1))?;
@@ -161,26 +174,45 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     Ok(())
 }
 
-/// `StackRecorder._native_new(value_types, max_frames, compression)`, on the class or a
-/// subclass.
+/// A size option (`max_frames`, the limits) as an Integer: a bignum is a RangeError, as for
+/// any Ruby size argument; the caller checks the range.
+fn size_option(ruby: &Ruby, v: Value, name: &str) -> Result<i64, Error> {
+    convert::int64(ruby, v, || name.to_string()).map_err(|e| {
+        if e.is_kind_of(ruby.exception_arg_error()) {
+            Error::new(ruby.exception_range_error(), format!("{name} is out of range"))
+        } else {
+            e
+        }
+    })
+}
+
+/// `StackRecorder._native_new(value_types, max_frames, compression, max_stacks, max_strings,
+/// max_label_sets, max_samples)`, on the class or a subclass.
+#[allow(clippy::too_many_arguments)] // one per Ruby keyword
 fn native_new(
     ruby: &Ruby,
     class: RClass,
     value_types: Value,
     max_frames: Value,
     compression: Value,
+    max_stacks: Value,
+    max_strings: Value,
+    max_label_sets: Value,
+    max_samples: Value,
 ) -> Result<Obj<StackRecorder>, Error> {
     guard(ruby, || {
         let value_types = convert::value_types(ruby, value_types)?;
-        let max_frames =
-            convert::int64(ruby, max_frames, || "max_frames".to_string()).map_err(|e| {
-                // A bignum is a RangeError for max_frames, as for any Ruby size argument.
-                if e.is_kind_of(ruby.exception_arg_error()) {
-                    Error::new(ruby.exception_range_error(), "max_frames is out of range")
-                } else {
-                    e
-                }
-            })?;
+        let max_frames = size_option(ruby, max_frames, "max_frames")?;
+        // Negative values become 0, which every range check rejects with the given name.
+        let limit = |v: Value, name: &str| -> Result<usize, Error> {
+            Ok(usize::try_from(size_option(ruby, v, name)?).unwrap_or(0))
+        };
+        let limits = Limits {
+            max_stacks: limit(max_stacks, "max_stacks")?,
+            max_strings: limit(max_strings, "max_strings")?,
+            max_label_sets: limit(max_label_sets, "max_label_sets")?,
+            max_samples: limit(max_samples, "max_samples")?,
+        };
         let compression = match Symbol::from_value(compression).map(|s| s.name()) {
             Some(Ok(name)) if name == "none" => Compression::None,
             Some(Ok(name)) if name == "gzip" => Compression::Gzip,
@@ -192,8 +224,9 @@ fn native_new(
             }
         };
         let max_frames = usize::try_from(max_frames).unwrap_or(0);
-        let config =
-            Config::new(value_types, max_frames).map_err(|e| arg_error(ruby, e.to_string()))?;
+        let config = Config::new(value_types, max_frames)
+            .and_then(|config| config.with_limits(limits))
+            .map_err(|e| arg_error(ruby, e.to_string()))?;
         let recorder = Recorder::new(config, Timestamp::now());
         Ok(ruby.obj_wrap_as(StackRecorder::new(recorder, compression), class))
     })
@@ -375,6 +408,7 @@ fn stats(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RHash, Error> {
         ("samples_recorded", s.samples_recorded),
         ("samples_rejected", s.samples_rejected),
         ("samples_dropped", s.samples_dropped),
+        ("endpoints_dropped", s.endpoints_dropped),
         ("samples_lost", s.samples_lost),
         ("serializations", s.serializations),
         ("last_serialization_ns", s.last_serialization_ns),
