@@ -1,0 +1,33 @@
+# frozen_string_literal: true
+
+require_relative "../bench/soak"
+
+# Issue 4, "Soak", the short form that fits in CI: 100 serialize cycles of the small workload of
+# bench/gen_workload.rb (bench/soak.rb runs the long one: 1,000 cycles of medium). Memory must
+# not grow across cycles, and ObjectSpace.memsize_of must report the native memory the recorder
+# really holds (measured as what glibc malloc gets back when the recorder is freed).
+RSpec.describe DdprofRecorder::StackRecorder, "soak" do
+  cycles = Integer(ENV.fetch("SOAK_CYCLES", "100"))
+
+  it "keeps RSS and memsize_of flat over #{cycles} serialize cycles, and memsize_of matches what it holds" do
+    figures = Soak.run(size: "small", cycles: cycles)
+    File.write(ENV["SOAK_REPORT_FILE"], JSON.generate(figures)) if ENV["SOAK_REPORT_FILE"]
+
+    expect(figures[:samples_lost]).to eq(0)
+    expect(figures[:samples_dropped]).to eq(0)
+    expect(figures[:samples_recorded]).to eq(cycles * figures[:samples_per_cycle])
+    expect(figures[:rss_growth_percent]).to be < 10, -> { "RSS grew: #{figures}" }
+    expect(figures[:memsize_last]).to be <= figures[:memsize_early] * 1.10, -> { "memsize_of grew: #{figures}" }
+    # The recorder holds megabytes here; memsize_of is within 10% of what freeing it returns.
+    expect(figures[:native_bytes_freed]).to be > 1_000_000, -> { "nothing measured: #{figures}" }
+    expect(figures[:memsize_error_percent].abs).to be < 10, -> { "memsize_of is off: #{figures}" }
+  end
+
+  it "reports a new recorder's memory, and more once it holds samples", gc_stress: true do
+    recorder = described_class.new
+    empty = ObjectSpace.memsize_of(recorder)
+    expect(empty).to be > 0
+    100.times { |i| recorder.record_sample([["f#{i}", "soak.rb", i]], [1, 1, 1]) }
+    expect(ObjectSpace.memsize_of(recorder)).to be > empty
+  end
+end
