@@ -85,8 +85,8 @@ namespace :sanitize do
   task :valgrind do
     core_test_binaries.each do |exe|
       # 50x slower under valgrind: fewer pseudo-random fuzz inputs (the kept ones all replay).
-      sh({ "FUZZ_ITERATIONS" => "150" }, "valgrind", "--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite",
-         "--quiet", exe, "--test-threads=1"
+      sh({ "FUZZ_ITERATIONS" => "150" }, "valgrind", "--error-exitcode=99", "--leak-check=full",
+         "--errors-for-leak-kinds=definite", "--quiet", exe, "--test-threads=1")
     end
   end
 
