@@ -371,13 +371,14 @@ impl Recorder {
         // Fresh profiles rather than `reset`: they free the parent's data in the child, and
         // do not trust structures a parent thread may have been changing at the fork.
         let limits = self.config.limits;
-        *self.slots[0].lock() = Profile::with_limits(n, now, limits);
+        let mut active = self.slots[0].lock();
+        *active = Profile::with_limits(n, now, limits);
+        self.slot_heap[0].store(active.heap_bytes(), Relaxed);
+        drop(active);
         let mut inactive = self.slots[1].lock_arc();
         *inactive = Profile::with_limits(n, now, limits);
+        self.slot_heap[1].store(inactive.heap_bytes(), Relaxed);
         side.inactive = Some(inactive);
-        for heap in &self.slot_heap {
-            heap.store(0, Relaxed);
-        }
         self.active_slot.store(1, Relaxed);
     }
 
