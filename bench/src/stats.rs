@@ -23,7 +23,8 @@ pub fn percentile_sorted<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
     if sorted.is_empty() {
         return None;
     }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    // The epsilon keeps an exact rank exact: 99.9% of 1000 is 999, not 999.0000000000001 -> 1000.
+    let rank = ((p / 100.0) * sorted.len() as f64 - 1e-9).ceil() as usize;
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
