@@ -2,8 +2,8 @@
 
 # Reliability tasks (issue 4; docs/reliability.md):
 #   rake fuzz          libFuzzer on the core for FUZZ_SECONDS (default 60), through cargo fuzz
-#   rake sanitize      the core's tests under valgrind memcheck, AddressSanitizer (+ LeakSanitizer)
-#                      and ThreadSanitizer
+#   rake sanitize      the core's tests under valgrind memcheck, AddressSanitizer (+ LeakSanitizer),
+#                      ThreadSanitizer, and Miri for the slot protocol where nightly has it
 #   rake reliability   bench/reliability: every figure of the issue in one summary
 require "fileutils"
 require "json"
@@ -111,8 +111,22 @@ namespace :sanitize do
   end
 end
 
-desc "The core's tests under valgrind memcheck, ASan/LSan and TSan"
-task sanitize: %w[sanitize:valgrind sanitize:address sanitize:thread]
+namespace :sanitize do
+  desc "The two-slot protocol under Miri (needs nightly with the miri component; skipped without)"
+  task :miri do
+    unless system("cargo +nightly miri --version", out: File::NULL, err: File::NULL)
+      puts "sanitize:miri skipped: no nightly toolchain with the miri component here"
+      next
+    end
+    # Isolation off: the recorder reads the wall clock. Only the Miri-sized protocol tests: the
+    # other suites' thousands of samples would take hours in the interpreter.
+    sh({ "MIRIFLAGS" => "-Zmiri-disable-isolation" }, "cargo", "+nightly", "miri", "test", "-p",
+       "ddprof_recorder_core", "--test", "slot_protocol_small")
+  end
+end
+
+desc "The core's tests under valgrind memcheck, ASan/LSan, TSan and (where available) Miri"
+task sanitize: %w[sanitize:valgrind sanitize:address sanitize:thread sanitize:miri]
 
 desc "bench/reliability: inputs tried, crashes, samples lost, forks survived, soak RSS growth"
 task reliability: :compile do
