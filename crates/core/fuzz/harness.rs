@@ -342,8 +342,23 @@ fn decode(bytes: &[u8], gzip: bool, value_types: &[ValueType]) -> (PprofProfile,
             })
             .collect();
         labels.sort();
-        let previous = samples.insert((frames, labels), sample.value.clone());
-        assert!(previous.is_none(), "samples with one stack and label set are aggregated");
+        match samples.entry((frames, labels)) {
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(sample.value.clone());
+            }
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                // Only a string label `""` (encoded `str: 0`) and a numeric label 0 read back
+                // alike: the recorder rightly keeps them apart, pprof cannot tell them apart.
+                // Any other repeat means the recorder failed to aggregate.
+                assert!(
+                    e.key().1.iter().any(|(_, v)| *v == ModelLabelValue::Num(0)),
+                    "samples with one stack and label set are aggregated"
+                );
+                for (sum, v) in e.get_mut().iter_mut().zip(&sample.value) {
+                    *sum += v;
+                }
+            }
+        }
     }
     (p, samples)
 }
