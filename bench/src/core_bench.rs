@@ -129,7 +129,9 @@ fn run_core_once(w: &Workload, r: &mut CoreResult, compression: Compression) -> 
     let t = Instant::now();
     let out = rec.serialize(compression).map_err(|e| e.to_string())?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
-    let peak = alloc::peak() - base;
+    // The output's capacity past its length (see `pprof::output_capacity`) is address space
+    // that is never written, so never resident: not counted.
+    let peak = alloc::peak() - base - (out.bytes.capacity() - out.bytes.len());
     drop(rec);
     let gzip = compression == Compression::Gzip;
     let (samples_out, with_endpoint) = verify(w, &out.bytes, gzip)?;

@@ -20,6 +20,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Once;
 
+use ddprof_recorder_core::pprof::output_capacity;
 use ddprof_recorder_core::{
     Compression, Config, Limits, Output, Recorder, SerializeError, Serialized, Timestamp,
 };
@@ -324,7 +325,10 @@ fn error_pair(ruby: &Ruby, e: SerializeError) -> RArray {
 fn native_serialize(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RArray, Error> {
     guard(ruby, || match finish_window(ruby, rb_self, Output::Pprof(rb_self.compression))? {
         Ok(Serialized { start, finish, bytes }) => {
-            let pprof = ruby.str_from_slice(&bytes);
+            // Sized like the core's buffer, so that glibc maps it and unmaps it when the GC
+            // frees it, see `output_capacity`.
+            let pprof = ruby.str_buf_new(output_capacity(bytes.len()));
+            pprof.cat(&bytes);
             drop(bytes);
             let triple = ruby.ary_new_from_values(&[
                 time(ruby, start)?.as_value(),
