@@ -123,6 +123,28 @@ RSpec.describe DdprofRecorder::StackRecorder do
       end
     end
 
+    # A pprof of 4 MiB or more goes into a String made before the window is encoded, as large as
+    # the previous window's pprof needed, or into a new one if it does not fit; a smaller one
+    # into a String of its own size. 40,000 stacks with incompressible names make ~7 MB raw and
+    # ~5 MB gzip; 5,000 make under 1 MB.
+    [:none, :gzip].each do |compression|
+      it "hands back every sample as pprofs grow and shrink between windows (compression: #{compression})" do
+        recorder = described_class.new(compression: compression)
+        [10, 40_000, 5_000, 40_000, 41_000, 10, 0].each do |distinct_stacks|
+          distinct_stacks.times do |i|
+            name = "#{i}-#{Random.new(i).bytes(60).unpack1("H*")}"
+            recorder.record_sample([[name, "/app/file_#{i % 97}.rb", i], frame], [i, 1, 2])
+          end
+          _, _, pprof = recorder.serialize
+
+          expect(pprof.bytesize).to eq(recorder.stats[:last_serialization_bytes])
+          samples = samples_from(decode_pprof(pprof))
+          expect(samples.size).to eq(distinct_stacks)
+          expect(value_totals(samples)["cpu-time"].to_i).to eq((0...distinct_stacks).sum)
+        end
+      end
+    end
+
     it "calls _native_serialize with the recorder (the thin-wrapper contract)" do
       expect(described_class).to receive(:_native_serialize).with(stack_recorder).and_call_original
 

@@ -32,8 +32,11 @@ pub enum Compression {
 /// higher level. Details: bench/RESULTS.md.
 pub const GZIP_LEVEL: u32 = 1;
 
-/// Capacity to allocate for an output buffer of `len` bytes: `len` itself, or, from 128 KiB up,
-/// at least 32 MiB and a page.
+/// From this size up, output buffers get an mmapped capacity, see [`output_capacity`].
+pub const LARGE_OUTPUT: usize = 4 * 1024 * 1024;
+
+/// Capacity to allocate for an output buffer of `len` bytes: `len` itself, or, from
+/// [`LARGE_OUTPUT`] (4 MiB) up, at least 32 MiB and a page.
 ///
 /// glibc malloc serves blocks from 128 KiB up with `mmap` and unmaps them when freed, but the
 /// first time it frees such a block smaller than 32 MiB it raises its mmap threshold to that
@@ -43,13 +46,12 @@ pub const GZIP_LEVEL: u32 = 1;
 /// RSS settled 36 MiB (+18%) above its level after window 10. A block of 32 MiB or more is
 /// always mmapped and never moves the threshold, so it is returned to the kernel as soon as it
 /// is freed. The capacity past `len` is address space only: pages never written are never
-/// resident. Other allocators lose nothing by it.
+/// resident. Below 4 MiB the memory glibc may keep (twice the output at most) is not worth
+/// it: Ruby counts a String's capacity, not its length, towards its next GC.
 pub fn output_capacity(len: usize) -> usize {
-    /// glibc's `DEFAULT_MMAP_THRESHOLD_MIN`: below it, blocks come from the heap anyway.
-    const MMAP_FROM: usize = 128 * 1024;
     /// Above glibc's `DEFAULT_MMAP_THRESHOLD_MAX` (32 MiB on 64-bit), with room for its header.
     const ALWAYS_MMAPPED: usize = 32 * 1024 * 1024 + 4096;
-    if len < MMAP_FROM {
+    if len < LARGE_OUTPUT {
         len
     } else {
         len.max(ALWAYS_MMAPPED)
@@ -675,8 +677,8 @@ mod tests {
     #[test]
     fn output_capacity_keeps_large_buffers_above_glibcs_dynamic_mmap_threshold() {
         assert_eq!(output_capacity(0), 0);
-        assert_eq!(output_capacity(128 * 1024 - 1), 128 * 1024 - 1);
-        assert!(output_capacity(128 * 1024) > 32 << 20);
+        assert_eq!(output_capacity(LARGE_OUTPUT - 1), LARGE_OUTPUT - 1);
+        assert!(output_capacity(LARGE_OUTPUT) > 32 << 20);
         assert!(output_capacity(18 << 20) > 32 << 20);
         assert_eq!(output_capacity(200 << 20), 200 << 20);
     }
