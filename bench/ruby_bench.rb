@@ -125,24 +125,45 @@ def rate(log, from_ns, to_ns)
   log.count { |t| t >= from_ns && t < to_ns } * 1024 / ((to_ns - from_ns) / 1e9)
 end
 
-recorder = filled_recorder(samples, endpoints)
-native_from = native_to = nil
-during_log = with_counter_log do
-  native_from = now_ns
-  recorder.serialize
-  native_to = native_from + recorder.stats[:last_serialization_ns]
+# Longest time the counter made no progress during the whole `serialize` call: how long the
+# call stops the other Ruby threads at once (GVL held, or handed back late). Its resolution is
+# one log entry, 1024 iterations (tens of microseconds).
+def longest_stop_ms(window)
+  edges = [window[:from], *window[:log].select { |t| t > window[:from] && t < window[:to] }, window[:to]]
+  edges.each_cons(2).map { |a, b| b - a }.max / 1e6
 end
+
+# Three windows of one recorder, the workload recorded anew for each: the first, then two
+# whose pprof String is made beforehand from the previous window's size.
+recorder = filled_recorder(samples, endpoints)
+windows = Array.new(3) do |i|
+  samples.each { |stack, values, labels| recorder.record_sample(stack, values, labels) } if i.positive?
+  GC.start # the GC owed by what came before is not the call's
+  window = { gc_ms: GC.stat(:time) }
+  window[:log] = with_counter_log do
+    window[:from] = now_ns
+    recorder.serialize
+    window[:to] = now_ns
+    window[:native_to] = window[:from] + recorder.stats[:last_serialization_ns]
+  end
+  window[:gc_ms] = GC.stat(:time) - window[:gc_ms]
+  window
+end
+first = windows.first
 solo_from = solo_to = nil
 solo_log = with_counter_log do
   solo_from = now_ns
   sleep 0.5
   solo_to = now_ns
 end
-progress_ratio = rate(during_log, native_from, native_to) / rate(solo_log, solo_from, solo_to)
+progress_ratio = rate(first[:log], first[:from], first[:native_to]) / rate(solo_log, solo_from, solo_to)
 results["serialize_ms_median"] = (serialize_ns / 1e6).round(1)
 results["serialize_native_ms_median"] = (native_serialize_ns / 1e6).round(1)
 results["pprof_bytes"] = pprof_bytes
 results["second_thread_progress_ratio"] = progress_ratio.round(3)
+results["second_thread_longest_stop_ms_first_window"] = longest_stop_ms(first).round(2)
+results["second_thread_longest_stop_ms_later_windows"] = windows.drop(1).map { |w| longest_stop_ms(w) }.max.round(2)
+results["gc_ms_during_serialize_windows"] = windows.map { |w| w[:gc_ms] }
 
 # 4. A pure-Ruby recorder on the same input: aggregate in a Hash, encode with google-protobuf.
 proto_dir = Dir.mktmpdir("ddprof_bench_proto")
@@ -217,5 +238,8 @@ puts format("%-52s %12d ns/sample  (%.1fx slower)", "pure-Ruby recorder, same in
 puts format("%-52s %12.1f ms  (native part %.1f ms; %d bytes)", "serialize, alone", results["serialize_ms_median"], results["serialize_native_ms_median"], pprof_bytes)
 puts format("%-52s %12.1f ms  (%.1fx slower)", "pure-Ruby serialize (google-protobuf)", results["pure_ruby_serialize_ms"], results["speedup_vs_pure_ruby_serialize"])
 puts format("%-52s %12.1f %%", "2nd thread progress during serialize vs solo", progress_ratio * 100)
+puts format("%-52s %12.2f ms (first window; later windows: %.2f ms at most)", "2nd thread's longest stop during serialize",
+            results["second_thread_longest_stop_ms_first_window"], results["second_thread_longest_stop_ms_later_windows"])
+puts format("%-52s %12s ms", "GC time inside those serialize calls", results["gc_ms_during_serialize_windows"].join(" / "))
 puts
 puts JSON.generate({ benchmark: "ruby", workload: File.basename(workload_path, ".json"), samples_in: samples.size }.merge(results))

@@ -65,26 +65,3 @@ where
         }
     }
 }
-
-/// Runs `work` without the GVL, or, if an interrupt is pending, right here with it: for work
-/// that must run whatever happens, such as handing over a window's pprof once it exists.
-/// Never processes the interrupt, which stays pending for Ruby to raise later.
-pub fn nogvl_or_here<F, R>(ruby: &Ruby, work: F) -> Result<R, Error>
-where
-    F: Send + FnOnce() -> R,
-    R: Send,
-{
-    let mut call = Call { work: Some(work), result: None };
-    let data = (&mut call as *mut Call<F, R>).cast();
-    // SAFETY: as in `nogvl`.
-    unsafe {
-        rb_sys::rb_thread_call_without_gvl2(Some(trampoline::<F, R>), data, None, null_mut())
-    };
-    // If it returned without running `work` (an interrupt is pending), run it with the GVL.
-    // SAFETY: `data` is still `&mut call`; the trampoline runs `work` only if it has not run.
-    unsafe { trampoline::<F, R>(data) };
-    match call.result {
-        Some(result) => result.map_err(|panic| panic_error(ruby, panic)),
-        None => Err(panic_error(ruby, Box::new("no-GVL work did not run"))),
-    }
-}

@@ -32,7 +32,7 @@ use magnus::{
 
 use crate::convert;
 use crate::errors::{arg_error, guard, record_error};
-use crate::nogvl::{nogvl, nogvl_or_here};
+use crate::nogvl::nogvl;
 
 #[derive(TypedData)]
 #[magnus(class = "DdprofRecorder::StackRecorder", free_immediately, size)]
@@ -369,7 +369,8 @@ fn pprof_string(ruby: &Ruby, bytes: Vec<u8>) -> Result<RString, Error> {
         return Ok(ruby.str_from_slice(&bytes));
     }
     let (string, buffer) = StringBuffer::new(ruby, output_capacity(bytes.len()));
-    Ok(match nogvl_or_here(ruby, move || buffer.fill(bytes))? {
+    // An interrupt pending here (Thread#raise) loses the window, as it would a moment later.
+    Ok(match nogvl(ruby, move || buffer.fill(bytes))? {
         // SAFETY: `fill` wrote `len` bytes into `string`'s buffer.
         Ok(len) => unsafe { StringBuffer::set_len(string, len) },
         Err(bytes) => ruby.str_from_slice(&bytes),
