@@ -22,6 +22,16 @@ pub fn take_option(args: &mut Vec<String>, name: &str) -> Result<Option<String>,
     }
 }
 
+/// `--reps N` (N >= 1) taken out of `args`, or `default`.
+pub fn take_reps(args: &mut Vec<String>, default: usize) -> Result<usize, String> {
+    match take_option(args, "--reps")? {
+        Some(n) => {
+            n.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| "--reps must be >= 1".into())
+        }
+        None => Ok(default),
+    }
+}
+
 /// Runs a benchmark's `main`, turning an error into a message and exit status 1.
 pub fn exit_on_error(result: Result<(), String>) {
     if let Err(e) = result {

@@ -127,6 +127,14 @@ module DdprofRecorder
       end
     end
 
+    # --by-thread and --filenames, shared by `flamegraph` and `folded`.
+    def stack_options(parser, options)
+      parser.on("--by-thread", "the \"thread name\" label as the root frame (one tower per thread)") do
+        options[:group_by] = Profiler::THREAD_NAME_LABEL
+      end
+      parser.on("--filenames", "name frames \"function (file)\"") { options[:filenames] = true }
+    end
+
     # The one FILE argument of `top`, `flamegraph` and `folded`, read.
     def read_profile(rest, command)
       raise Failure.new("#{command}: give one pprof FILE (see `ddprof-recorder #{command} --help`)", USAGE) unless rest.size == 1
@@ -366,8 +374,7 @@ module DdprofRecorder
         o.on("-o", "--output FILE", "where to write the SVG (default: FILE with .svg; - for stdout)") { |v| options[:out] = v }
         value_option(o, options)
         o.on("--title TEXT", "the title (default: \"<value> flamegraph\")") { |v| options[:title] = v }
-        o.on("--by-thread", "one tower per thread (the \"thread name\" label as the root frame)") { options[:group_by] = Profiler::THREAD_NAME_LABEL }
-        o.on("--filenames", "name frames \"function (file)\"") { options[:filenames] = true }
+        stack_options(o, options)
       end
       rest = parse(parser, argv)
       return 0 if rest.nil?
@@ -398,8 +405,7 @@ module DdprofRecorder
         o.separator "the input of flamegraph.pl, inferno-flamegraph and speedscope."
         o.separator ""
         value_option(o, options)
-        o.on("--by-thread", "the \"thread name\" label as the root frame") { options[:group_by] = Profiler::THREAD_NAME_LABEL }
-        o.on("--filenames", "name frames \"function (file)\"") { options[:filenames] = true }
+        stack_options(o, options)
       end
       rest = parse(parser, argv)
       return 0 if rest.nil?

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use ddprof_recorder_bench::alloc::CountingAlloc;
 use ddprof_recorder_bench::workload::Workload;
-use ddprof_recorder_bench::{core_bench, exit_on_error, take_option};
+use ddprof_recorder_bench::{core_bench, exit_on_error, take_option, take_reps};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
@@ -15,10 +15,7 @@ fn main() {
 
 fn run() -> Result<(), String> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let reps = match take_option(&mut args, "--reps")? {
-        Some(n) => n.parse::<usize>().ok().filter(|&n| n > 0).ok_or("--reps must be >= 1")?,
-        None => 5,
-    };
+    let reps = take_reps(&mut args, 5)?;
     let only = take_option(&mut args, "--only")?;
     let [path] = &args[..] else {
         return Err("usage: core WORKLOAD.json [--reps N] [--only load|core-add|floor-add|serialize-raw|serialize-gzip]".into());

@@ -7,7 +7,7 @@ use ddprof_recorder_bench::alloc::CountingAlloc;
 use ddprof_recorder_bench::core_bench::{self, CoreResult};
 use ddprof_recorder_bench::stats::{median, min};
 use ddprof_recorder_bench::workload::Workload;
-use ddprof_recorder_bench::{exit_on_error, take_option};
+use ddprof_recorder_bench::{exit_on_error, take_option, take_reps};
 use plotters::prelude::*;
 use serde_json::json;
 
@@ -20,10 +20,7 @@ fn main() {
 
 fn run() -> Result<(), String> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let reps = match take_option(&mut args, "--reps")? {
-        Some(n) => n.parse::<usize>().ok().filter(|&n| n > 0).ok_or("--reps must be >= 1")?,
-        None => 3,
-    };
+    let reps = take_reps(&mut args, 3)?;
     let svg = take_option(&mut args, "--svg")?.map(PathBuf::from);
     if let Some(json) = take_option(&mut args, "--replot")? {
         // Redraws the plot from the JSON line of an earlier run, without measuring again.
