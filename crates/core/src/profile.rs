@@ -667,12 +667,9 @@ impl Profile {
         if !surely_fits && !self.endpoint_fits(span, endpoint) {
             return false;
         }
-        let key = match span {
+        let key = match span.canonical() {
             SpanId::Num(n) => SpanKey::Num(n),
-            SpanId::Str(s) => match SpanId::from_str(s) {
-                SpanId::Num(n) => SpanKey::Num(n),
-                SpanId::Str(s) => SpanKey::Str(self.strings.intern(s)),
-            },
+            SpanId::Str(s) => SpanKey::Str(self.strings.intern(s)),
         };
         let endpoint = self.strings.intern(endpoint);
         self.endpoints.insert(key, endpoint);
@@ -682,12 +679,9 @@ impl Profile {
     #[cold]
     fn endpoint_fits(&self, span: SpanId<'_>, endpoint: &str) -> bool {
         // A span string not interned yet cannot be a key yet.
-        let (key, span_str) = match span {
+        let (key, span_str) = match span.canonical() {
             SpanId::Num(n) => (Some(SpanKey::Num(n)), None),
-            SpanId::Str(s) => match SpanId::from_str(s) {
-                SpanId::Num(n) => (Some(SpanKey::Num(n)), None),
-                SpanId::Str(s) => (self.strings.lookup(s).map(SpanKey::Str), Some(s)),
-            },
+            SpanId::Str(s) => (self.strings.lookup(s).map(SpanKey::Str), Some(s)),
         };
         let new_key = key.is_none_or(|key| !self.endpoints.contains_key(&key));
         let mut new_strings = usize::from(self.strings.lookup(endpoint).is_none());

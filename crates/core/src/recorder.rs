@@ -104,6 +104,11 @@ impl Config {
         self.limits
     }
 
+    /// An empty profile for this config, starting at `start`.
+    fn new_profile(&self, start: Timestamp) -> Profile {
+        Profile::with_limits(self.value_types.len(), start, self.limits)
+    }
+
     pub fn value_types(&self) -> &[ValueType] {
         &self.value_types
     }
@@ -192,11 +197,9 @@ impl std::fmt::Debug for Recorder {
 impl Recorder {
     /// A recorder whose first profile starts at `start`, with slot one active.
     pub fn new(config: Config, start: Timestamp) -> Self {
-        let n = config.value_types.len();
-        let limits = config.limits;
         let slots = [
-            Arc::new(Mutex::new(Profile::with_limits(n, start, limits))),
-            Arc::new(Mutex::new(Profile::with_limits(n, start, limits))),
+            Arc::new(Mutex::new(config.new_profile(start))),
+            Arc::new(Mutex::new(config.new_profile(start))),
         ];
         let inactive = slots[1].lock_arc();
         Self {
@@ -358,7 +361,6 @@ impl Recorder {
         };
         self.serializer_pid.store(std::process::id(), Relaxed);
         side.inactive = None; // unlocks the slot it held, if any
-        let n = self.config.value_types.len();
         for slot in &self.slots {
             if !slot.is_locked() {
                 continue;
@@ -370,15 +372,12 @@ impl Recorder {
         }
         // Fresh profiles rather than `reset`: they free the parent's data in the child, and
         // do not trust structures a parent thread may have been changing at the fork.
-        let limits = self.config.limits;
-        let mut active = self.slots[0].lock();
-        *active = Profile::with_limits(n, now, limits);
-        self.slot_heap[0].store(active.heap_bytes(), Relaxed);
-        drop(active);
-        let mut inactive = self.slots[1].lock_arc();
-        *inactive = Profile::with_limits(n, now, limits);
-        self.slot_heap[1].store(inactive.heap_bytes(), Relaxed);
-        side.inactive = Some(inactive);
+        for (slot, heap) in self.slots.iter().zip(&self.slot_heap) {
+            let mut profile = slot.lock();
+            *profile = self.config.new_profile(now);
+            heap.store(profile.heap_bytes(), Relaxed);
+        }
+        side.inactive = Some(self.slots[1].lock_arc());
         self.active_slot.store(1, Relaxed);
     }
 

@@ -69,6 +69,14 @@ impl<'a> SpanId<'a> {
             _ => Self::Str(s),
         }
     }
+
+    /// The same id in canonical form: a [`SpanId::Str`] goes through [`SpanId::from_str`].
+    pub fn canonical(self) -> Self {
+        match self {
+            Self::Str(s) => Self::from_str(s),
+            num => num,
+        }
+    }
 }
 
 #[cfg(test)]
