@@ -101,28 +101,21 @@ impl StackRecorder {
     fn check_fork(&self) {
         let current = FORK_GENERATION.load(Relaxed);
         if self.fork_generation.load(Relaxed) != current {
-            self.reset_in_child(current);
+            self.reset();
         }
     }
 
+    /// Back to the initial state, as used in this process (the current fork generation), with
+    /// a fresh serializer `Mutex` at the next serialization. Called by entry points only, so
+    /// with the GVL held.
     #[cold]
-    fn reset_in_child(&self, generation: u64) {
-        // SAFETY: called with the GVL held (from an entry point), and samplers hold the GVL
-        // for the whole time they hold a slot (`record_sample` never releases it), so no
-        // sampler is inside the recorder.
-        unsafe { self.reset() };
-        self.fork_generation.store(generation, Relaxed);
-    }
-
-    /// Back to the initial state, with a fresh serializer `Mutex` at the next serialization.
-    ///
-    /// # Safety
-    ///
-    /// The GVL is held (so no sampler is inside the recorder: see `Recorder::reset_after_fork`).
-    unsafe fn reset(&self) {
-        // SAFETY: the caller holds the GVL, see above.
+    fn reset(&self) {
+        // SAFETY: every entry point holds the GVL, and samplers hold the GVL for the whole time
+        // they hold a slot (`record_sample` never releases it), so no sampler is inside the
+        // recorder (see `Recorder::reset_after_fork`).
         unsafe { self.recorder.reset_after_fork(Timestamp::now()) };
         self.mutex_generation.store(NO_MUTEX, Relaxed);
+        self.fork_generation.store(FORK_GENERATION.load(Relaxed), Relaxed);
     }
 }
 
@@ -432,9 +425,7 @@ fn native_clear(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RArray, Error> {
 
 fn reset_after_fork(ruby: &Ruby, rb_self: &StackRecorder) -> Result<bool, Error> {
     guard(ruby, || {
-        // SAFETY: we hold the GVL (a Ruby method), see `StackRecorder::reset`.
-        unsafe { rb_self.reset() };
-        rb_self.fork_generation.store(FORK_GENERATION.load(Relaxed), Relaxed);
+        rb_self.reset();
         Ok(true)
     })
 }
