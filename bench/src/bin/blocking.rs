@@ -157,8 +157,9 @@ fn run_once(w: &Workload, target: &dyn Target, rounds: usize) -> Result<RunResul
 
         let capacity = per_round * (rounds + 1);
         let (mut idle, mut during) = (Vec::with_capacity(capacity), Vec::with_capacity(capacity));
-        let mut preempted_idle = Vec::new();
-        let mut preempted_during = Vec::new();
+        // Sized up front like the others: no reallocation inside a measured loop.
+        let (mut idle_running, mut during_running) =
+            (Vec::with_capacity(capacity), Vec::with_capacity(capacity));
         let mut failed = 0usize;
         let mut next = 0usize;
         while !stop.load(Relaxed) {
@@ -173,15 +174,15 @@ fn run_once(w: &Workload, target: &dyn Target, rounds: usize) -> Result<RunResul
                 let preempted = voluntary == switches.0 && involuntary != switches.1;
                 failed += usize::from(!ok);
                 if measuring.load(Relaxed) {
-                    let (all, preempted_ones) = if before || after {
-                        (&mut during, &mut preempted_during)
+                    let (all, running) = if before || after {
+                        (&mut during, &mut during_running)
                     } else {
-                        (&mut idle, &mut preempted_idle)
+                        (&mut idle, &mut idle_running)
                     };
-                    if preempted {
-                        preempted_ones.push(all.len());
-                    }
                     all.push(ns);
+                    if !preempted {
+                        running.push(ns);
+                    }
                 }
                 since_last.fetch_add(1, Relaxed);
             });
@@ -191,16 +192,9 @@ fn run_once(w: &Workload, target: &dyn Target, rounds: usize) -> Result<RunResul
         if failed > 0 {
             return Err(format!("{}: {failed} samples were not recorded", target.name()));
         }
-        let running = |all: &[u32], preempted: &[usize]| {
-            let mut keep = vec![true; all.len()];
-            for &i in preempted {
-                keep[i] = false;
-            }
-            all.iter().zip(keep).filter(|&(_, k)| k).map(|(&ns, _)| ns).collect::<Vec<_>>()
-        };
         Ok(RunResult {
-            idle_running: Latencies::of(running(&idle, &preempted_idle)),
-            during_running: Latencies::of(running(&during, &preempted_during)),
+            idle_running: Latencies::of(idle_running),
+            during_running: Latencies::of(during_running),
             idle: Latencies::of(idle),
             during: Latencies::of(during),
             serialize_ms,
@@ -221,15 +215,12 @@ fn summarize(runs: &[RunResult]) -> Summary {
     let med = |f: &dyn Fn(&RunResult) -> u32| {
         median(&runs.iter().map(|r| f64::from(f(r))).collect::<Vec<_>>()) as u32
     };
-    let pick = |which: fn(&RunResult) -> Latencies| {
-        let l = which;
-        Latencies {
-            count: runs.iter().map(|r| l(r).count).sum(),
-            p50: med(&|r| l(r).p50),
-            p99: med(&|r| l(r).p99),
-            p999: med(&|r| l(r).p999),
-            max: med(&|r| l(r).max),
-        }
+    let pick = |l: fn(&RunResult) -> Latencies| Latencies {
+        count: runs.iter().map(|r| l(r).count).sum(),
+        p50: med(&|r| l(r).p50),
+        p99: med(&|r| l(r).p99),
+        p999: med(&|r| l(r).p999),
+        max: med(&|r| l(r).max),
     };
     let ser: Vec<f64> = runs.iter().flat_map(|r| r.serialize_ms.iter().copied()).collect();
     Summary {
