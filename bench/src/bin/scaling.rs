@@ -113,7 +113,6 @@ fn plot(path: &std::path::Path, results: &[CoreResult]) -> Result<(), Box<dyn st
     let (left, right) = root.split_horizontally(550);
     let x_max = results.iter().map(|r| r.distinct_stacks).max().unwrap_or(1) as f64 * 2.0;
     let x_min = results.iter().map(|r| r.distinct_stacks).min().unwrap_or(1) as f64 / 2.0;
-    let xs = |r: &CoreResult| r.distinct_stacks as f64;
 
     let y_max =
         results.iter().flat_map(|r| [median(&r.add_ns), median(&r.floor_ns)]).fold(0.0, f64::max)
@@ -131,23 +130,14 @@ fn plot(path: &std::path::Path, results: &[CoreResult]) -> Result<(), Box<dyn st
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()?;
-    for (name, color, pick) in [
-        ("core recorder", BLUE, (|r: &CoreResult| median(&r.add_ns)) as fn(&CoreResult) -> f64),
-        ("floor (FxHash maps)", RED, |r: &CoreResult| median(&r.floor_ns)),
-    ] {
-        let points: Vec<(f64, f64)> = results.iter().map(|r| (xs(r), pick(r))).collect();
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        chart.draw_series(points.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE)
-        .border_style(BLACK)
-        .draw()?;
+    draw_lines(
+        &mut chart,
+        results,
+        [
+            ("core recorder", BLUE, |r| median(&r.add_ns)),
+            ("floor (FxHash maps)", RED, |r| median(&r.floor_ns)),
+        ],
+    )?;
 
     let y_lo = results.iter().map(|r| median(&r.raw_ms)).fold(f64::INFINITY, f64::min) / 2.0;
     let y_hi = results.iter().map(|r| median(&r.gzip_ms)).fold(0.0, f64::max) * 2.0;
@@ -164,11 +154,27 @@ fn plot(path: &std::path::Path, results: &[CoreResult]) -> Result<(), Box<dyn st
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()?;
-    for (name, color, pick) in [
-        ("raw pprof", BLUE, (|r: &CoreResult| median(&r.raw_ms)) as fn(&CoreResult) -> f64),
-        ("gzip pprof", GREEN, |r: &CoreResult| median(&r.gzip_ms)),
-    ] {
-        let points: Vec<(f64, f64)> = results.iter().map(|r| (xs(r), pick(r))).collect();
+    draw_lines(
+        &mut chart,
+        results,
+        [("raw pprof", BLUE, |r| median(&r.raw_ms)), ("gzip pprof", GREEN, |r| median(&r.gzip_ms))],
+    )?;
+    root.present()?;
+    Ok(())
+}
+
+/// A plotted series: its name, its color and the y of a result.
+type Series<'n> = (&'n str, RGBColor, fn(&CoreResult) -> f64);
+
+/// One line with points per series against distinct stacks, and the legend in the upper left.
+fn draw_lines<'a, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<LogCoord<f64>, Y>>,
+    results: &[CoreResult],
+    series: [Series<'_>; 2],
+) -> Result<(), Box<dyn std::error::Error>> {
+    for (name, color, pick) in series {
+        let points: Vec<(f64, f64)> =
+            results.iter().map(|r| (r.distinct_stacks as f64, pick(r))).collect();
         chart
             .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
             .label(name)
@@ -181,6 +187,5 @@ fn plot(path: &std::path::Path, results: &[CoreResult]) -> Result<(), Box<dyn st
         .background_style(WHITE)
         .border_style(BLACK)
         .draw()?;
-    root.present()?;
     Ok(())
 }
