@@ -152,7 +152,8 @@ RSpec.describe "exe/ddprof-recorder" do
     it "ranks by wall-time and by total on request" do
       out, = cli("top", "hot.pb.gz", "--value", "wall-time", "--sort", "total", "-n", "1")
       expect(out.lines[2].split[4]).to eq("run")
-      expect(out.lines[2].split[3]).to eq("100.0%")
+      # Not 100%: the main thread is also sampled while it loads the program, before `run`.
+      expect(out.lines[2].split[3].to_f).to be >= 99.0
     end
   end
 

@@ -166,7 +166,8 @@ RSpec.describe DdprofRecorder::Profiler do
       samples.each do |s|
         expect(s[:labels].keys).to contain_exactly("thread id", "thread name")
         expect(s[:labels]["thread id"]).to match(/\A\d+ \(\d+\)\z/)
-        expect(s[:values]["cpu-samples"]).to be >= 1
+        # 0: CPU carried to the window's end and recorded on the thread's last on-CPU stack.
+        expect(s[:values]["cpu-samples"]).to be >= 1 unless s[:values]["wall-time"].zero?
       end
       expect(by_thread.keys).to include("cruncher", "sleeper", "main")
     end
@@ -382,16 +383,32 @@ RSpec.describe DdprofRecorder::Profiler do
       expect(profiler.stats[:passes]).to be > 0
     end
 
+    # Fails the next `failures` passes (or all of them with :always), whether a job or the
+    # sampler thread runs them. A prepended module rather than a mock: a job runs where
+    # rspec-mocks' Mutex cannot be locked (trap context).
+    failing_passes = Module.new do
+      class << self
+        attr_accessor :failures
+      end
+    end
+    failing_passes.define_method(:pass_locked) do |now_ns, except|
+      failures = failing_passes.failures
+      if failures == :always || failures.to_i.positive?
+        failing_passes.failures -= 1 unless failures == :always
+        raise "injected"
+      end
+      super(now_ns, except)
+    end
+    failing_passes.send(:private, :pass_locked)
+    DdprofRecorder::Profiler::ThreadSampler.prepend(failing_passes)
+    let(:failing_passes) { failing_passes }
+
+    after { failing_passes.failures = nil }
+
     it "logs a failing pass and carries on" do
       log = StringIO.new
       DdprofRecorder.logger = Logger.new(log)
-      calls = 0
-      allow(Thread).to receive(:list).and_wrap_original do |original|
-        calls += 1
-        raise "injected" if calls == 2 && Thread.current.name == "ddprof_recorder sampler"
-
-        original.call
-      end
+      failing_passes.failures = 1
       profiler = described_class.new(hz: 200)
       profiler.start
       sleep 0.1
@@ -404,11 +421,7 @@ RSpec.describe DdprofRecorder::Profiler do
     it "stops sampling, without raising anywhere, after #{described_class::MAX_CONSECUTIVE_ERRORS} failed passes in a row" do
       log = StringIO.new
       DdprofRecorder.logger = Logger.new(log)
-      allow(Thread).to receive(:list).and_wrap_original do |original|
-        raise "always" if Thread.current.name == "ddprof_recorder sampler"
-
-        original.call
-      end
+      failing_passes.failures = :always
       profiler = described_class.new(hz: 500)
       profiler.start
       sleep 0.01 while profiler.running? && profiler.stats[:errors] < described_class::MAX_CONSECUTIVE_ERRORS

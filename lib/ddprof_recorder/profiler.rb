@@ -1,28 +1,33 @@
 # frozen_string_literal: true
 
+require_relative "profiler/thread_sampler"
+require_relative "profiler/exporter"
+
 module DdprofRecorder
-  # A small sampling profiler built on {StackRecorder}: a background thread wakes up `hz`
-  # times a second and records, for every other live Ruby thread, its stack with
+  # A sampling profiler built on {StackRecorder}. It records, for every live Ruby thread,
+  # its stack with
   #
-  # - `cpu-time`: nanoseconds of CPU the thread itself used since its previous sample, read
-  #   from the thread's own kernel CPU clock (natively, by its `native_thread_id`), so a thread
-  #   that sleeps or waits for I/O or the GVL gets none;
-  # - `cpu-samples`: 1 per sample;
-  # - `wall-time`: nanoseconds since the thread's previous sample;
+  # - `cpu-time`: nanoseconds of CPU the thread itself used, read from its own kernel CPU
+  #   clock, charged at *on-CPU samples*: the thread that holds the GVL is sampled `hz` times
+  #   a second by a postponed job that a native trigger thread asks Ruby to run (no signal);
+  # - `cpu-samples`: how many samples;
+  # - `wall-time`: nanoseconds since the thread's previous sample (every live thread is
+  #   sampled at the asked rate, running or not);
   #
   # and the labels `"thread id"` (`"<native id> (<object_id>)"`) and `"thread name"`
   # (`Thread#name`, `"main"` for the main thread, else where the thread was created).
   #
   # Values are differences of clocks, so totals are exact whatever the sampling rate: the
-  # rate decides only how finely time is split between stacks. A thread that has not run
-  # since it was last looked at (its CPU clock has not moved) still has the same stack: its
-  # samples are added up and recorded as one (`cpu-samples` = their number) when it runs
-  # again, ends, or the window closes, which saves reading and recording the same stack of
-  # every idle thread on every pass. The sampler is a Ruby thread
-  # and needs the GVL to look at stacks; while another thread runs Ruby code without
-  # pause, Ruby hands the GVL over every 100 ms only (its thread time slice), so a CPU-bound
-  # program is sampled about 10 times a second whatever `hz` says. {#stats} reports the rate
-  # really reached.
+  # rate decides only how finely time is split between stacks. How CPU is charged, how a
+  # late job is handled and why, and how idle threads are added up: {ThreadSampler}. The
+  # native half: ext/ddprof_recorder/src/trigger.rs (the trigger thread),
+  # sampling_job.rs (the job) and thread_cpu.rs (per-thread CPU clocks).
+  #
+  # Known bias: the job runs at the GVL holder's next interrupt check, so CPU spent inside a
+  # C method that does not call back into Ruby or check interrupts (a big `Array#sort`,
+  # `JSON.generate`) is seen when that method returns, at its caller's next check: such time
+  # can be charged to the caller's code right after the call. bench/RESULTS.md measures it
+  # against stackprof (`bench/run accuracy`).
   #
   # @example
   #   pprof = DdprofRecorder::Profiler.profile(hz: 99) { work }
@@ -31,28 +36,21 @@ module DdprofRecorder
   #   DdprofRecorder::Profiler.start(interval: 60) { |start, finish, pprof| upload(pprof) }
   #   ...
   #   DdprofRecorder::Profiler.stop
-  #
-  # The native half (`_native_thread_cpu_time_ns`) is ext/ddprof_recorder/src/thread_cpu.rs.
   class Profiler
     DEFAULT_HZ = 99
     HZ_RANGE = (1..1000).freeze
     # Value types of the profiles made, in value order (StackRecorder's defaults).
     VALUE_TYPES = StackRecorder::DEFAULT_VALUE_TYPES
-    THREAD_ID_LABEL = "thread id"
-    THREAD_NAME_LABEL = "thread name"
-    # A sampling pass that raises is logged and skipped; this many in a row stop the sampler
-    # rather than flood the log of a program that would keep failing the same way.
-    MAX_CONSECUTIVE_ERRORS = 10
-    # How long {#stop} waits for the sampler to notice (it wakes up at once).
+    THREAD_ID_LABEL = ThreadSampler::THREAD_ID_LABEL
+    THREAD_NAME_LABEL = ThreadSampler::THREAD_NAME_LABEL
+    MAX_CONSECUTIVE_ERRORS = ThreadSampler::MAX_CONSECUTIVE_ERRORS
+    # How long {#stop} waits for the sampler thread to notice (it wakes up at once).
     STOP_TIMEOUT = 5
     # How long {#stop} lets the exporter finish handing over the windows before the last one.
     EXPORT_TIMEOUT = 30
-
-    # Per Ruby thread, between samples: the wall clock when it was last looked at, its labels,
-    # the stack last recorded, and the idle samples not recorded yet (see #sample_thread).
-    # CPU clocks are kept per native thread instead (see #baseline_threads).
-    ThreadState = Struct.new(:wall_ns, :native_id, :name, :labels, :locations, :idle_wall_ns, :idle_samples)
-    private_constant :ThreadState
+    # The Ruby sampler thread makes a pass itself when no job came for this many periods
+    # (no thread runs Ruby, so no job runs).
+    JOBLESS_PERIODS = 2
 
     @current = nil
     @current_lock = Mutex.new
@@ -152,22 +150,16 @@ module DdprofRecorder
 
         @recorder = new_recorder
         @pid = Process.pid
-        @threads = {}.compare_by_identity
-        @cpu_by_tid = {}
-        @stats = { passes: 0, samples: 0, errors: 0, consecutive_errors: 0 }
-        @started_ns = @last_pass_ns = now_ns
+        @started_ns = now_ns
         @next_window_ns = @interval && (@started_ns + (@interval * 1e9).to_i)
-        baseline_threads(@started_ns)
+        @sampler = ThreadSampler.new(@recorder, internal: method(:internal_thread?))
+        @exporting = @exporter && Exporter.new(@exporter).start
         @started = @running = true
-        @sampler = Thread.new { run_sampler }
-        @sampler.name = "ddprof_recorder sampler"
-        @sampler.report_on_exception = false
-        if @exporter
-          @windows = Queue.new
-          @exporter_thread = Thread.new { run_exporter(@windows) }
-          @exporter_thread.name = "ddprof_recorder exporter"
-          @exporter_thread.report_on_exception = false
-        end
+        @sampler_thread = Thread.new { run_sampler_thread }
+        @sampler_thread.name = "ddprof_recorder sampler"
+        @sampler_thread.report_on_exception = false
+        @sampler.baseline(native_thread_ids, Thread.list)
+        Profiler._native_sampling_start(@hz, @sampler)
       end
       self
     end
@@ -185,19 +177,18 @@ module DdprofRecorder
         @stopped_ns = now_ns
         return nil unless Process.pid == @pid
 
-        stop_thread(@sampler, STOP_TIMEOUT)
-        if @exporter_thread
-          @windows.close # the exporter hands over what is queued, then ends
-          stop_thread(@exporter_thread, EXPORT_TIMEOUT)
-          @exporter_thread = nil
-        end
+        Profiler._native_sampling_stop
+        stop_sampler_thread
+        @sampler_cpu_ns = sampler_thread_cpu_ns
+        @sampler.write_log
+        @exporting&.close(EXPORT_TIMEOUT)
         begin
-          flush_idle_samples
+          @sampler.flush
         rescue StandardError => e # never expected; the window is still worth having
           DdprofRecorder.logger.error("profiler: could not record the idle samples: #{e.class}: #{e.message}")
         end
         result = @recorder.serialize
-        deliver(result) if result && @exporter
+        @exporting.deliver(result) if result && @exporting
         result
       end
     end
@@ -224,22 +215,30 @@ module DdprofRecorder
 
     # Counters of the current or last run.
     #
-    # @return [Hash{Symbol => Numeric}] `:passes` (sampling passes), `:samples` (thread
-    #   samples recorded), `:errors` (passes that raised), `:seconds`, `:effective_hz`
-    #   (passes per second really reached), `:sampler_cpu_ns` (CPU the sampler thread used,
-    #   nil once it has exited), `:recorder` ({StackRecorder#stats}).
+    # @return [Hash{Symbol => Numeric}] `:passes` (wall passes over the threads), `:samples`
+    #   (thread samples recorded), `:on_cpu_samples` (samples of the thread holding the GVL,
+    #   which carry its CPU), `:late_jobs` (jobs that ran after their thread had been blocked,
+    #   whose CPU was carried), `:errors` (passes that raised), `:seconds`, `:effective_hz`
+    #   (passes per second really reached), `:on_cpu_hz` (on-CPU samples per second),
+    #   `:sampler_cpu_ns` (CPU the profiler used: its Ruby thread and the jobs' own work),
+    #   `:recorder` ({StackRecorder#stats}).
     def stats
-      return {} unless @stats
+      return {} unless @sampler
 
       seconds = ((@started ? now_ns : (@stopped_ns || now_ns)) - @started_ns) / 1e9
-      sampler_id = @sampler && native_id(@sampler)
+      counts = @sampler.counts
+      thread_cpu = @started ? sampler_thread_cpu_ns : @sampler_cpu_ns
+      per_second = ->(n) { seconds.positive? ? n / seconds : 0.0 }
       {
-        passes: @stats[:passes],
-        samples: @stats[:samples],
-        errors: @stats[:errors],
+        passes: counts[:passes],
+        samples: counts[:samples],
+        on_cpu_samples: counts[:on_cpu_samples],
+        late_jobs: counts[:carried_cpu_samples],
+        errors: counts[:errors],
         seconds: seconds,
-        effective_hz: seconds.positive? ? @stats[:passes] / seconds : 0.0,
-        sampler_cpu_ns: sampler_id && Profiler._native_thread_cpu_time_ns(sampler_id),
+        effective_hz: per_second.call(counts[:passes]),
+        on_cpu_hz: per_second.call(counts[:on_cpu_samples]),
+        sampler_cpu_ns: (thread_cpu || 0) + counts[:job_cpu_ns],
         recorder: @recorder.stats,
       }
     end
@@ -255,74 +254,25 @@ module DdprofRecorder
     end
 
     def internal_thread?(thread)
-      thread.equal?(@sampler) || thread.equal?(@exporter_thread)
-    end
-
-    # The threads alive at start count from start: their time before it is not ours.
-    #
-    # CPU clocks are per native thread, and Ruby keeps the native thread of a finished Ruby
-    # thread for the next one (its thread cache), clock and all. So the CPU baseline is taken
-    # for every native thread of the process (/proc/self/task), idle cached ones included: a
-    # Ruby thread started later on a reused native thread then starts from that thread's
-    # reading, not from 0, and is not charged the CPU of the threads that ran there before.
-    def baseline_threads(now)
-      native_thread_ids.each do |tid|
-        cpu = Profiler._native_thread_cpu_time_ns(tid)
-        @cpu_by_tid[tid] = cpu if cpu
-      end
-      Thread.list.each do |thread|
-        @threads[thread] = new_state(thread, now) unless internal_thread?(thread)
-      end
+      thread.equal?(@sampler_thread) || (@exporting && thread.equal?(@exporting.thread))
     end
 
     def native_thread_ids
       ids = Dir.children("/proc/self/task").map(&:to_i)
-      ids.empty? ? Thread.list.filter_map { |t| native_id(t) } : ids
-    rescue SystemCallError
-      Thread.list.filter_map { |t| native_id(t) }
+      ids.empty? ? Thread.list.filter_map(&:native_thread_id) : ids
+    rescue SystemCallError, NoMethodError
+      []
     end
 
-    # `Thread#native_thread_id` came with Ruby 3.1; before it, no thread's CPU clock can be
-    # read and cpu-time stays 0.
-    if Thread.method_defined?(:native_thread_id)
-      def native_id(thread)
-        thread.native_thread_id
-      end
-    else
-      def native_id(_thread)
-        nil
-      end
+    def sampler_thread_cpu_ns
+      id = @sampler_thread&.alive? && @sampler_thread.native_thread_id
+      id ? Profiler._native_thread_cpu_time_ns(id) : nil
+    rescue NoMethodError # no Thread#native_thread_id before Ruby 3.1
+      nil
     end
 
-    def new_state(thread, wall_ns)
-      ThreadState.new(wall_ns, nil, nil, nil, nil, 0, 0).tap { |s| refresh_labels(s, thread) }
-    end
-
-    # Forgets the finished threads (after recording their idle samples) and native threads
-    # (their tids may come back for new threads, which then count from 0 as they should).
-    def prune_finished_threads
-      @threads.delete_if do |thread, state|
-        next false if thread.alive?
-
-        flush_idle(state)
-        true
-      end
-      @cpu_by_tid.delete_if { |tid, _| Profiler._native_thread_cpu_time_ns(tid).nil? }
-    end
-
-    # Records the idle samples of every thread: before a window closes.
-    def flush_idle_samples
-      @threads.each_value { |state| flush_idle(state) }
-    end
-
-    def flush_idle(state)
-      return if state.idle_samples.zero?
-
-      @recorder.record_sample(state.locations, [0, state.idle_samples, state.idle_wall_ns], state.labels)
-      state.idle_samples = state.idle_wall_ns = 0
-    end
-
-    def run_sampler
+    # The Ruby sampler thread: passes when no job runs (every thread blocked), and windows.
+    def run_sampler_thread
       period_ns = 1_000_000_000 / @hz
       next_tick = now_ns + period_ns
       while @running
@@ -330,8 +280,12 @@ module DdprofRecorder
         sleep(delay / 1e9) if delay.positive?
         break unless @running
 
-        sample_pass
-        cut_window if @next_window_ns && now_ns >= @next_window_ns
+        now = now_ns
+        last_job = @sampler.last_job_ns
+        @sampler.pass(now) if last_job.nil? || now - last_job > JOBLESS_PERIODS * period_ns
+        cut_window if @next_window_ns && now >= @next_window_ns
+        @sampler.write_log
+        give_up if @sampler.gave_up?
         next_tick += period_ns
         now = now_ns
         # Behind (the GVL came late): start again from now rather than catch up in a burst.
@@ -339,112 +293,28 @@ module DdprofRecorder
       end
     end
 
-    def sample_pass
-      now = now_ns
-      Thread.list.each do |thread|
-        sample_thread(thread, now) unless internal_thread?(thread)
-      end
-      prune_finished_threads if (@stats[:passes] % 64).zero?
-      @last_pass_ns = now
-      @stats[:passes] += 1
-      @stats[:consecutive_errors] = 0
-    rescue StandardError => e
-      @stats[:errors] += 1
-      @stats[:consecutive_errors] += 1
-      DdprofRecorder.logger.warn("profiler: sampling failed: #{e.class}: #{e.message}")
-      return if @stats[:consecutive_errors] < MAX_CONSECUTIVE_ERRORS
-
-      DdprofRecorder.logger.error("profiler: #{MAX_CONSECUTIVE_ERRORS} sampling passes failed in a row; sampling stops")
+    def give_up
+      Profiler._native_sampling_stop
       @running = false
     end
 
-    def sample_thread(thread, now)
-      tid = native_id(thread)
-      cpu = tid && Profiler._native_thread_cpu_time_ns(tid)
-      # New since the previous pass: its wall time counts from that pass.
-      state = (@threads[thread] ||= new_state(thread, @last_pass_ns))
-      same_labels = thread.name.equal?(state.name) && tid == state.native_id
-      wall = now - state.wall_ns
-      wall = 0 if wall.negative?
-
-      if cpu && cpu == @cpu_by_tid[tid] && state.locations && same_labels
-        # It has not run since it was last looked at: same stack. Add up, record later.
-        state.wall_ns = now
-        state.idle_wall_ns += wall
-        state.idle_samples += 1
-        @stats[:samples] += 1
-        return
-      end
-
-      locations = thread.backtrace_locations
-      # nil: the thread is dead; empty: not started yet or ending. Nothing to attribute the
-      # time to: its next sample gets it (its clocks are left as they are).
-      return if locations.nil? || locations.empty?
-
-      flush_idle(state)
-      refresh_labels(state, thread) unless same_labels
-      cpu_used = 0
-      if cpu
-        previous = @cpu_by_tid[tid] || 0
-        cpu_used = cpu - previous if cpu > previous
-        @cpu_by_tid[tid] = cpu
-      end
-      state.wall_ns = now
-      state.locations = locations
-      @recorder.record_sample(locations, [cpu_used, 1, wall], state.labels)
-      @stats[:samples] += 1
-    end
-
-    def refresh_labels(state, thread)
-      state.name = thread.name
-      state.native_id = native_id(thread)
-      id = state.native_id ? "#{state.native_id} (#{thread.object_id})" : thread.object_id.to_s
-      state.labels = [[THREAD_ID_LABEL, id].freeze, [THREAD_NAME_LABEL, display_name(thread)].freeze].freeze
-    end
-
-    # `Thread#name`, or "main", or where the thread was created (from `Thread#inspect`,
-    # `#<Thread:0x... file.rb:12 run>`).
-    def display_name(thread)
-      return thread.name if thread.name
-      return "main" if thread.equal?(Thread.main)
-
-      thread.inspect[/\A#<Thread:0x\h+ (.+) \w+>\z/, 1] || "thread #{thread.object_id}"
-    end
-
-    # In the sampler thread, every `interval`: closes the window (with the idle samples it
-    # holds) and queues it for the exporter thread.
+    # In the sampler thread, every `interval`: closes the window (with what the threads hold)
+    # and queues it for the exporter thread.
     def cut_window
       @next_window_ns += (@interval * 1e9).to_i
-      flush_idle_samples
+      @sampler.flush
       result = @recorder.serialize
-      @windows << result if result
-    rescue ClosedQueueError
-      nil # stopping: the window is in the last one
+      @exporting << result if result
     end
 
-    def run_exporter(windows)
-      while (result = windows.pop)
-        deliver(result)
-      end
-    end
+    def stop_sampler_thread
+      thread = @sampler_thread
+      return if thread.nil? || thread.equal?(Thread.current)
 
-    def deliver(result)
-      if @exporter.respond_to?(:export)
-        @exporter.export(*result)
-      else
-        @exporter.call(*result)
-      end
-    rescue StandardError => e
-      DdprofRecorder.logger.error("profiler: the exporter raised #{e.class}: #{e.message}")
-    end
+      thread.wakeup if thread.alive?
+      return if thread.join(STOP_TIMEOUT)
 
-    def stop_thread(thread, timeout)
-      return if thread.equal?(Thread.current)
-
-      thread.wakeup if thread.alive? && thread.equal?(@sampler)
-      return if thread.join(timeout)
-
-      DdprofRecorder.logger.warn("profiler: #{thread.name} did not stop in #{timeout} s; killing it")
+      DdprofRecorder.logger.warn("profiler: #{thread.name} did not stop in #{STOP_TIMEOUT} s; killing it")
       thread.kill
     rescue ThreadError
       nil # it ended between alive? and wakeup

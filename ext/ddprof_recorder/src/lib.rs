@@ -6,8 +6,10 @@ mod convert;
 mod errors;
 mod nogvl;
 mod pprof_views;
+mod sampling_job;
 mod stack_recorder;
 mod thread_cpu;
+mod trigger;
 
 use magnus::{Error, Ruby};
 
@@ -16,5 +18,6 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     let module = ruby.define_module("DdprofRecorder")?;
     stack_recorder::init(ruby, module)?;
     pprof_views::init(ruby, module)?;
-    thread_cpu::init(ruby, module)
+    thread_cpu::init(ruby, module)?;
+    sampling_job::init(ruby, module)
 }

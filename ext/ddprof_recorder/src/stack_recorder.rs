@@ -461,7 +461,7 @@ fn slot_is_locked(recorder: &StackRecorder, slot: u8) -> bool {
 }
 
 /// How many forks separate this process from the one that loaded the extension.
-fn fork_generation() -> u64 {
+pub fn fork_generation() -> u64 {
     FORK_GENERATION.load(Relaxed)
 }
 

@@ -1,0 +1,224 @@
+//! The sampling job: what the trigger ([`crate::trigger`]) asks Ruby to run, `hz` times a
+//! second, on the thread that holds the GVL. It runs at that thread's next interrupt check,
+//! inside `rb_postponed_job_flush` (Ruby 3.1 `vm_trace.c`), with the GVL held and the
+//! `POSTPONED_JOB` interrupt masked for that thread, so it is never nested in itself on one
+//! thread; [`IN_JOB`] also keeps it from running again on another thread while the Ruby code
+//! it calls is switched out.
+//!
+//! It judges whether it runs on time (see [`on_time`]), reads the thread's own CPU clock, and
+//! hands `(on_time, cpu_ns, now_ns)` to the Ruby handler the profiler registered
+//! (`ThreadSampler#on_job` in `lib/ddprof_recorder/profiler/thread_sampler.rb`), which reads
+//! the stack and records the sample. The handler is called through `rb_protect`, so no
+//! exception escapes into the flush (which would drop the other queued jobs), and no panic
+//! crosses into C (`catch_unwind`).
+//!
+//! The handler is kept in [`HANDLER`], a GC root (`rb_gc_register_address`, which also pins
+//! it against compaction). It is only read and written with the GVL held.
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Once;
+
+use magnus::{
+    function, prelude::*, rb_sys::AsRawValue, rb_sys::FromRawValue, value::LazyId, Error, RHash,
+    RModule, Ruby, Value,
+};
+
+use crate::trigger::{self, Tick};
+
+/// A job that runs more than this after its tick may have waited for a blocked thread.
+/// Interrupt checks come every few microseconds in Ruby code; a C method that checks none
+/// (a big `Array#sort`) can hold the job back for milliseconds, but its thread is on the CPU
+/// meanwhile, which [`on_time`] sees. Well under the shortest sleeps programs take (1 ms):
+/// measured with 1 ms threshold, a `5 ms work + sleep 0.001` loop charged 2.7% of its CPU to
+/// `sleep`, the jobs flagged during the sleep running within the millisecond.
+const LATE_AFTER_NS: i64 = 200_000;
+
+/// Whether sampling is on: jobs still queued when it is turned off do nothing.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+/// A job is running (possibly switched out inside the handler's Ruby code).
+static IN_JOB: AtomicBool = AtomicBool::new(false);
+/// The handler (a Ruby object with `call`), or Qnil. A GC root.
+static HANDLER: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
+static JOBS: AtomicU64 = AtomicU64::new(0);
+static LATE_JOBS: AtomicU64 = AtomicU64::new(0);
+
+static CALL: LazyId = LazyId::new("call");
+
+thread_local! {
+    /// This thread's Linux id, read once (`gettid` is a system call).
+    static TID: Cell<i32> = const { Cell::new(0) };
+}
+
+pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `HANDLER` is a static, so the address stays valid for the process's life;
+        // an AtomicUsize has the layout of a VALUE. Called once, with the GVL (at load).
+        unsafe { rb_sys::rb_gc_register_address(HANDLER.as_ptr().cast()) };
+        // SAFETY: registers a plain function with no data; Ruby calls it with the GVL after
+        // every `at_exit` block, before the VM is torn down (Ruby 3.1 `eval_jump.c`,
+        // `rb_ec_exec_end_proc`), which is when the trigger thread must be gone.
+        unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
+    });
+    let class = module.define_class("Profiler", ruby.class_object())?;
+    class.define_singleton_method("_native_sampling_start", function!(native_start, 2))?;
+    class.define_singleton_method("_native_sampling_stop", function!(native_stop, 0))?;
+    class.define_singleton_method("_native_sampling_stats", function!(native_stats, 0))?;
+    class.define_singleton_method(
+        "_native_current_thread_cpu_time_ns",
+        function!(current_thread_cpu_time_ns, 0),
+    )?;
+    Ok(())
+}
+
+unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
+    let _ = catch_unwind(stop);
+}
+
+fn stop() {
+    ENABLED.store(false, Ordering::Release);
+    trigger::stop();
+    HANDLER.store(rb_sys::Qnil as usize, Ordering::Release);
+}
+
+/// `Profiler._native_sampling_start(hz, handler)`: calls `handler.call(on_time, cpu_ns,
+/// now_ns)` from the sampling job, about `hz` times a second while any thread runs Ruby.
+fn native_start(ruby: &Ruby, hz: u32, handler: Value) -> Result<(), Error> {
+    crate::errors::guard(ruby, || {
+        if !(1..=10_000).contains(&hz) {
+            return Err(crate::errors::arg_error(
+                ruby,
+                format!("hz must be in 1..10000, got {hz}"),
+            ));
+        }
+        stop();
+        HANDLER.store(handler.as_raw() as usize, Ordering::Release);
+        // A fork taken while a job was switched out leaves the flag set in the child.
+        IN_JOB.store(false, Ordering::Release);
+        ENABLED.store(true, Ordering::Release);
+        trigger::start(hz, job).map_err(|e| {
+            stop();
+            Error::new(
+                crate::errors::gem_error_class(ruby),
+                format!("could not start the sampling trigger thread: {e}"),
+            )
+        })
+    })
+}
+
+fn native_stop(ruby: &Ruby) -> Result<(), Error> {
+    crate::errors::guard(ruby, || {
+        stop();
+        Ok(())
+    })
+}
+
+fn native_stats(ruby: &Ruby) -> Result<RHash, Error> {
+    crate::errors::guard(ruby, || {
+        let hash = ruby.hash_new();
+        hash.aset(ruby.to_symbol("ticks"), trigger::TICKS.load(Ordering::Relaxed))?;
+        hash.aset(ruby.to_symbol("jobs"), JOBS.load(Ordering::Relaxed))?;
+        hash.aset(ruby.to_symbol("late_jobs"), LATE_JOBS.load(Ordering::Relaxed))?;
+        hash.aset(ruby.to_symbol("trigger_running"), trigger::is_running())?;
+        Ok(hash)
+    })
+}
+
+/// `Profiler._native_current_thread_cpu_time_ns`: the calling thread's CPU clock.
+fn current_thread_cpu_time_ns() -> i64 {
+    own_cpu_ns()
+}
+
+fn own_cpu_ns() -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; the calling thread's clock always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    #[allow(clippy::useless_conversion)]
+    let (sec, nsec) = (i64::from(ts.tv_sec), i64::from(ts.tv_nsec));
+    sec * 1_000_000_000 + nsec
+}
+
+fn own_tid() -> i32 {
+    TID.with(|tid| {
+        if tid.get() == 0 {
+            // SAFETY: gettid has no preconditions and cannot fail.
+            tid.set(unsafe { libc::gettid() });
+        }
+        tid.get()
+    })
+}
+
+/// Whether a job that runs at `now_ns` on thread `tid`, whose CPU clock reads `cpu_ns`, runs
+/// on time for `tick`: soon after it, or late but with its thread on the CPU since (a long C
+/// call). A job that ran late because its thread was blocked (it was flagged while the thread
+/// slept and runs when it wakes) is not on time: the CPU the thread used before it blocked was
+/// not spent where its stack is now (in `Kernel#sleep`, `IO#read`...), so the handler leaves
+/// that CPU to the thread's next on-time sample. When the tick read the CPU clock of another
+/// thread, a late job counts as late.
+pub fn on_time(tick: Option<Tick>, tid: i32, now_ns: i64, cpu_ns: i64) -> bool {
+    let Some(tick) = tick else { return true };
+    let waited = now_ns - tick.at_ns;
+    if waited <= LATE_AFTER_NS {
+        return true;
+    }
+    tick.tid == tid && tick.cpu_ns >= 0 && (cpu_ns - tick.cpu_ns).saturating_mul(2) >= waited
+}
+
+/// The postponed job. Never unwinds.
+unsafe extern "C" fn job(_data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(run_job));
+}
+
+fn run_job() {
+    if !ENABLED.load(Ordering::Acquire) || IN_JOB.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let cpu_ns = own_cpu_ns();
+    let now_ns = trigger::monotonic_ns();
+    let tid = own_tid();
+    let timely = on_time(trigger::TICK.read(), tid, now_ns, cpu_ns);
+    trigger::LAST_JOB_TID.store(tid, Ordering::Relaxed);
+    JOBS.fetch_add(1, Ordering::Relaxed);
+    if !timely {
+        LATE_JOBS.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Ok(ruby) = Ruby::get() {
+        let raw = HANDLER.load(Ordering::Acquire);
+        // SAFETY: HANDLER holds Qnil or a live object kept by the GC root; we hold the GVL.
+        let handler = unsafe { Value::from_raw(raw as rb_sys::VALUE) };
+        if !handler.is_nil() {
+            // magnus calls through `rb_protect` and clears `$!`: an exception comes back as an
+            // `Err`, which the handler (it rescues everything) should never produce anyway.
+            let _: Result<Value, Error> =
+                handler.funcall(LazyId::get_inner_with(&CALL, &ruby), (timely, cpu_ns, now_ns));
+        }
+    }
+    IN_JOB.store(false, Ordering::Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tick(at_ns: i64, tid: i32, cpu_ns: i64) -> Option<Tick> {
+        Some(Tick { at_ns, tid, cpu_ns })
+    }
+
+    #[test]
+    fn a_job_soon_after_its_tick_is_on_time() {
+        assert!(on_time(tick(1_000_000, 5, 0), 9, 1_500_000, 0));
+        assert!(on_time(None, 9, 1_500_000, 0));
+    }
+
+    #[test]
+    fn a_late_job_is_on_time_only_if_its_thread_was_on_the_cpu() {
+        // 10 ms late, 9 ms of CPU since the tick: a long C call.
+        assert!(on_time(tick(0, 5, 1_000), 5, 10_000_000, 9_001_000));
+        // 10 ms late, 0.1 ms of CPU: it slept and just woke up.
+        assert!(!on_time(tick(0, 5, 1_000), 5, 10_000_000, 101_000));
+        // Late, and the tick read another thread's clock: cannot tell, so late.
+        assert!(!on_time(tick(0, 6, 1_000), 5, 10_000_000, 9_001_000));
+    }
+}

@@ -1,0 +1,236 @@
+//! The sampling trigger: a plain native thread that ticks `hz` times a second and, on each
+//! tick, asks Ruby to run the sampling job ([`crate::sampling_job`]) on whichever thread holds
+//! the GVL. No signal is involved, and the thread holds no Ruby object and never the GVL.
+//!
+//! # Why calling Ruby from this thread is sound (Ruby 3.1)
+//!
+//! The thread calls exactly one Ruby function, `rb_postponed_job_register_one`. Since Ruby 3.1
+//! (ruby/ruby PR #5094, `vm_trace.c`) it may be called from a thread Ruby does not know: it
+//! reads the VM from the global `ruby_current_vm_ptr`, and when the thread has no execution
+//! context (`rb_current_execution_context(false)` is NULL) it falls back to the main ractor's
+//! running one (`rb_vm_main_ractor_ec`). It then claims a slot of the VM's job buffer with a
+//! compare-and-swap, or finds the job already queued, and sets the `POSTPONED_JOB` bit of that
+//! context's interrupt flag with an atomic `or`. Nothing else: no lock, no allocation. This was
+//! checked against Debian's `libruby-3.1.so.3.1.2` (its disassembly reads the VM pointer, the
+//! TLS execution context, calls the main-ractor fallback when that is NULL, and ends in `lock
+//! orl $0x4` on the context's interrupt flag). The job then runs at that thread's next
+//! interrupt check, with the GVL held; a thread that sleeps or waits for I/O checks no
+//! interrupts, so when no thread runs Ruby no job runs (the Ruby sampler thread covers that
+//! case, see `lib/ddprof_recorder/profiler.rb`).
+//!
+//! # Ruby bug #19991: another job may get our data
+//!
+//! In Ruby < 3.3 a register racing `rb_postponed_job_flush` can overwrite the slot that the
+//! flush is reading, so the flush may call the *previous* job's function with *our* data
+//! pointer. The previous job is in practice the GC's `gc_finalize_deferred`, whose data is the
+//! VM's objspace: it atomically sets and clears `objspace->atomic_flags.finalizing` and takes
+//! `objspace->heap_pages.deferred_final` (exchanging it with 0). dd-trace-rb passes the real
+//! objspace; its address is not reachable through the public headers, so we pass a zeroed,
+//! writable 64 KiB block instead ([`DECOY_OBJSPACE`], far larger than Ruby 3.1's
+//! `rb_objspace_t`): that job then finds no deferred finalizer and does nothing. Our job
+//! ignores its data, so the opposite mix-up is harmless too.
+//!
+//! # Late jobs
+//!
+//! On each tick the trigger also reads the CPU clock of the thread that ran the previous job
+//! (most often still the GVL holder) and publishes it with the tick's time ([`TickInfo`]). A
+//! job can then tell whether its thread used the CPU since the tick or was blocked, and so ran
+//! late (see `sampling_job`).
+//!
+//! # Lifecycle
+//!
+//! [`start`] and [`stop`] are called by Ruby threads with the GVL held, so the handle is never
+//! contended; [`stop`] wakes the thread and joins it. The thread does not survive `fork`: in a
+//! child the handle of the parent's thread is forgotten, never joined. Before the VM is torn
+//! down the thread must be gone: an end proc registered at load time (it runs after every
+//! `at_exit` block) stops it, and `exit!` ends the process without tearing the VM down.
+use std::cell::UnsafeCell;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::thread_cpu::cpu_time_ns;
+
+/// Ruby bug #19991's decoy (see the module doc). Zeroed, writable (`.bss`), never read by us.
+#[repr(C, align(64))]
+struct DecoyObjspace(UnsafeCell<[u64; 8192]>);
+// SAFETY: we never touch its contents; the only writer is Ruby's `gc_finalize_deferred`
+// (atomic operations, see the module doc), from a thread holding the GVL.
+unsafe impl Sync for DecoyObjspace {}
+static DECOY_OBJSPACE: DecoyObjspace = DecoyObjspace(UnsafeCell::new([0; 8192]));
+
+/// What the trigger saw at its latest tick, for the job to judge how late it runs. A seqlock:
+/// `seq` is odd while the trigger writes.
+pub struct TickInfo {
+    seq: AtomicU64,
+    at_ns: AtomicI64,
+    tid: AtomicI32,
+    cpu_ns: AtomicI64,
+}
+
+pub static TICK: TickInfo = TickInfo {
+    seq: AtomicU64::new(0),
+    at_ns: AtomicI64::new(0),
+    tid: AtomicI32::new(0),
+    cpu_ns: AtomicI64::new(-1),
+};
+
+/// The native thread id that ran the latest job: the thread whose CPU clock the next tick
+/// reads. Written by the job, read by the trigger.
+pub static LAST_JOB_TID: AtomicI32 = AtomicI32::new(0);
+
+/// Ticks that registered the job (whether or not it ran since), for stats.
+pub static TICKS: AtomicU64 = AtomicU64::new(0);
+
+/// A tick as read by the job: when, and the CPU clock then of the thread `tid` (-1: unread).
+#[derive(Clone, Copy, Debug)]
+pub struct Tick {
+    pub at_ns: i64,
+    pub tid: i32,
+    pub cpu_ns: i64,
+}
+
+impl TickInfo {
+    fn publish(&self, tick: Tick) {
+        self.seq.fetch_add(1, Ordering::AcqRel);
+        self.at_ns.store(tick.at_ns, Ordering::Relaxed);
+        self.tid.store(tick.tid, Ordering::Relaxed);
+        self.cpu_ns.store(tick.cpu_ns, Ordering::Relaxed);
+        self.seq.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The latest tick, or None if none yet (or the trigger kept writing while we read).
+    pub fn read(&self) -> Option<Tick> {
+        for _ in 0..4 {
+            let before = self.seq.load(Ordering::Acquire);
+            if before % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let tick = Tick {
+                at_ns: self.at_ns.load(Ordering::Relaxed),
+                tid: self.tid.load(Ordering::Relaxed),
+                cpu_ns: self.cpu_ns.load(Ordering::Relaxed),
+            };
+            if self.seq.load(Ordering::Acquire) == before {
+                return (before > 0).then_some(tick);
+            }
+        }
+        None
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of Ruby's `Process.clock_gettime(
+/// Process::CLOCK_MONOTONIC, :nanosecond)`, which the Ruby side compares with.
+pub fn monotonic_ns() -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC cannot fail on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    #[allow(clippy::useless_conversion)]
+    let (sec, nsec) = (i64::from(ts.tv_sec), i64::from(ts.tv_nsec));
+    sec * 1_000_000_000 + nsec
+}
+
+struct Running {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<()>,
+    /// The fork generation it was started in: in a forked child the thread does not exist.
+    fork_generation: u64,
+}
+
+/// Touched only by Ruby threads holding the GVL (start, stop, the end proc).
+static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
+
+/// Starts ticking at `hz` (stopping a trigger already running first).
+pub fn start(hz: u32, job: unsafe extern "C" fn(*mut c_void)) -> std::io::Result<()> {
+    stop();
+    let period = Duration::from_nanos(1_000_000_000 / u64::from(hz.max(1)));
+    let stop_flag = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop_flag);
+    let handle = std::thread::Builder::new()
+        .name("ddprof-trigger".into())
+        .spawn(move || run(period, &flag, job))?;
+    let mut running = RUNNING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    *running = Some(Running {
+        stop: stop_flag,
+        handle,
+        fork_generation: crate::stack_recorder::fork_generation(),
+    });
+    Ok(())
+}
+
+/// Stops the trigger and waits for its thread to end (it wakes at once). A no-op if none runs.
+pub fn stop() {
+    let running = RUNNING.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+    let Some(running) = running else { return };
+    if running.fork_generation != crate::stack_recorder::fork_generation() {
+        // The parent's thread: it does not exist here. Joining would wait for ever.
+        std::mem::forget(running.handle);
+        return;
+    }
+    running.stop.store(true, Ordering::Release);
+    running.handle.thread().unpark();
+    let _ = running.handle.join();
+}
+
+/// Whether a trigger started in this process runs.
+pub fn is_running() -> bool {
+    RUNNING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .as_ref()
+        .is_some_and(|r| r.fork_generation == crate::stack_recorder::fork_generation())
+}
+
+fn run(period: Duration, stop: &AtomicBool, job: unsafe extern "C" fn(*mut c_void)) {
+    let mut deadline = Instant::now() + period;
+    while !stop.load(Ordering::Acquire) {
+        let now = Instant::now();
+        if now < deadline {
+            // Absolute deadlines: a late wake-up shortens the next sleep instead of drifting.
+            // `park_timeout` may return early (spuriously or from `stop`): loop and re-check.
+            std::thread::park_timeout(deadline - now);
+            continue;
+        }
+        tick(job);
+        deadline += period;
+        let now = Instant::now();
+        if deadline < now {
+            // Far behind (the machine was busy): start again from now rather than burst.
+            deadline = now + period;
+        }
+    }
+}
+
+fn tick(job: unsafe extern "C" fn(*mut c_void)) {
+    let tid = LAST_JOB_TID.load(Ordering::Relaxed);
+    let cpu_ns = if tid > 0 { cpu_time_ns(tid).unwrap_or(-1) } else { -1 };
+    TICK.publish(Tick { at_ns: monotonic_ns(), tid, cpu_ns });
+    // SAFETY: callable from a thread Ruby does not know since Ruby 3.1 (module doc); `job` is
+    // an `extern "C"` function that never unwinds; the data pointer is the bug #19991 decoy.
+    unsafe {
+        rb_sys::rb_postponed_job_register_one(0, Some(job), DECOY_OBJSPACE.0.get().cast());
+    }
+    TICKS.fetch_add(1, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tick_info_reads_what_was_published() {
+        let info = TickInfo {
+            seq: AtomicU64::new(0),
+            at_ns: AtomicI64::new(0),
+            tid: AtomicI32::new(0),
+            cpu_ns: AtomicI64::new(-1),
+        };
+        assert!(info.read().is_none(), "nothing published yet");
+        info.publish(Tick { at_ns: 5, tid: 7, cpu_ns: 9 });
+        let tick = info.read().unwrap();
+        assert_eq!((tick.at_ns, tick.tid, tick.cpu_ns), (5, 7, 9));
+    }
+}

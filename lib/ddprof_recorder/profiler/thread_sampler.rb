@@ -1,0 +1,374 @@
+# frozen_string_literal: true
+
+module DdprofRecorder
+  class Profiler
+    # What the profiler records, thread by thread: the per-thread accounts of CPU and wall
+    # time, and the samples made from them. It is driven from two places:
+    #
+    # - {#call}: the sampling job (ext/ddprof_recorder/src/sampling_job.rs), about `hz` times a
+    #   second on the thread that holds the GVL, with that thread's CPU clock. The thread is
+    #   on the CPU, so this is an *on-CPU sample*: its stack gets the CPU the thread used since
+    #   its previous on-CPU sample. Then it makes a {#pass} over the other threads.
+    # - {#pass}: every other live thread gets a *wall sample* at the rate asked for. The
+    #   profiler's Ruby thread also makes passes when no job came for a while (no thread
+    #   runs Ruby, so the trigger's jobs do not run).
+    #
+    # Where CPU goes. A thread's CPU is charged only at an on-CPU moment: an on-time job on
+    # that thread, or a pass that finds it runnable (it was preempted while running Ruby, so
+    # its stack is where it ran). A pass that finds a thread blocked (`sleep`, I/O, a lock)
+    # does not charge it the CPU it used since its last on-CPU sample: that CPU was spent
+    # before it blocked, not in the blocking call its stack shows now. Nor does a job that ran
+    # late because its thread was blocked when the tick came (the job then runs when the
+    # thread wakes, inside `Kernel#sleep`). That CPU is *carried* to the thread's next on-CPU
+    # sample, which is a random on-CPU moment of the same thread; what is still carried when
+    # the window closes or the thread ends goes to the thread's last on-CPU stack (or, for a
+    # thread never seen on the CPU, e.g. one running C code without the GVL, its stack then).
+    # So no CPU is lost or counted twice; the rate only decides how finely it is split.
+    #
+    # The job's own CPU is not charged to the program: the thread's account skips it.
+    #
+    # Idle threads: a thread whose CPU clock has not moved since it was last looked at has not
+    # run, so its stack has not changed; its wall samples are added up and recorded as one
+    # (`cpu-samples` = how many) when it runs again, ends, or the window closes.
+    #
+    # Clocks come from a clock object (`now_ns`, `thread_cpu_ns(tid)`, `current_cpu_ns`) so
+    # that the accounting can be tested with fake clocks.
+    class ThreadSampler
+      THREAD_ID_LABEL = "thread id"
+      THREAD_NAME_LABEL = "thread name"
+      # A sampling pass or job that raises is logged and skipped; this many in a row stop
+      # sampling rather than flood the log of a program that would keep failing the same way.
+      MAX_CONSECUTIVE_ERRORS = 10
+
+      # The real clocks.
+      module Clock
+        module_function
+
+        def now_ns
+          Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
+        end
+
+        def thread_cpu_ns(tid)
+          Profiler._native_thread_cpu_time_ns(tid)
+        end
+
+        def current_cpu_ns
+          Profiler._native_current_thread_cpu_time_ns
+        end
+      end
+
+      # Per Ruby thread: `wall_ns`, when its wall time was last accounted; `seen_cpu_ns`, its
+      # CPU clock when it was last looked at (idle detection); `labels` and what they were
+      # made from; `locations`, the stack last recorded; `on_cpu_locations`, the stack of its
+      # last on-CPU sample; the idle samples not recorded yet.
+      ThreadState = Struct.new(:wall_ns, :seen_cpu_ns, :native_id, :name, :labels, :locations,
+                               :on_cpu_locations, :idle_wall_ns, :idle_samples)
+      private_constant :ThreadState
+
+      # @return [Hash{Symbol => Integer}] counters: `:passes`, `:samples` (thread samples
+      #   recorded or added up), `:on_cpu_samples`, `:carried_cpu_samples` (samples whose CPU
+      #   was carried), `:job_cpu_ns` (CPU the jobs' own work used), `:errors`.
+      attr_reader :counts
+      # @return [Integer, nil] monotonic ns of the latest job, nil before the first.
+      attr_reader :last_job_ns
+
+      # @param recorder [StackRecorder]
+      # @param internal [#call] `internal.call(thread)` is true for the profiler's own threads.
+      # @param extra_labels [Array<Array>] labels added to every sample (e.g. the process id).
+      def initialize(recorder, internal:, clock: Clock, extra_labels: [], logger: DdprofRecorder.logger)
+        @recorder = recorder
+        @internal = internal
+        @clock = clock
+        @extra_labels = extra_labels.map(&:freeze).freeze
+        @logger = logger
+        @threads = {}.compare_by_identity
+        # CPU clock reading up to which each native thread's CPU has been charged. Per native
+        # thread, since Ruby reuses the native thread of a finished Ruby thread (clock and all).
+        @charged_cpu = {}
+        @lock = Mutex.new
+        @counts = { passes: 0, samples: 0, on_cpu_samples: 0, carried_cpu_samples: 0, job_cpu_ns: 0, errors: 0 }
+        @last_job_ns = nil
+        @last_pass_ns = @clock.now_ns
+        @consecutive_errors = 0
+        @messages = []
+      end
+
+      # The threads alive now count from now: their time before it is not ours. Baselines
+      # every native thread of the process (/proc/self/task), idle cached ones included, so
+      # that a Ruby thread started later on a reused native thread is not charged the CPU of
+      # the threads that ran there before.
+      def baseline(native_ids, threads)
+        now = @clock.now_ns
+        native_ids.each do |tid|
+          cpu = @clock.thread_cpu_ns(tid)
+          @charged_cpu[tid] = cpu if cpu
+        end
+        threads.each { |thread| @threads[thread] = new_state(thread, now) unless @internal.call(thread) }
+        @last_pass_ns = now
+      end
+
+      # The sampling job's handler, on the thread that holds the GVL.
+      #
+      # @param on_time [Boolean] false when the job ran late because its thread was blocked.
+      # @param cpu_ns [Integer] the thread's CPU clock when the job started.
+      # @param now_ns [Integer] the monotonic clock then.
+      def call(on_time, cpu_ns, now_ns)
+        # First, before any other call: the frames below this one are the interrupted stack.
+        locations = caller_locations(1)
+        return if gave_up? || !@lock.try_lock # a pass or a flush is under way (switched out)
+
+        begin
+          @last_job_ns = now_ns
+          thread = Thread.current
+          sample_running(thread, locations, on_time, cpu_ns, now_ns) unless @internal.call(thread)
+          pass_locked(now_ns, thread)
+          succeeded
+        rescue StandardError => e
+          failed(e)
+        ensure
+          skip_own_cpu(Thread.current, cpu_ns, on_time)
+          @lock.unlock
+        end
+      end
+
+      # A wall pass over every live thread but `except` (and the profiler's own).
+      #
+      # @return [Boolean] false if another pass was under way.
+      def pass(now_ns = @clock.now_ns, except: nil)
+        return false if gave_up? || !@lock.try_lock
+
+        begin
+          pass_locked(now_ns, except)
+          succeeded
+        rescue StandardError => e
+          failed(e)
+        ensure
+          @lock.unlock
+        end
+        true
+      end
+
+      # @return [Boolean] whether it stopped sampling after {MAX_CONSECUTIVE_ERRORS} failures
+      #   in a row (it logs each, then gives up rather than flood the log).
+      def gave_up?
+        @consecutive_errors >= MAX_CONSECUTIVE_ERRORS
+      end
+
+      # Records what is added up or carried: before a window closes (all threads) or when a
+      # thread has ended.
+      def flush
+        @lock.synchronize do
+          @threads.each { |thread, state| flush_thread(thread, state) }
+        end
+      end
+
+      # Writes the messages of failed jobs and passes to the logger. Not from a job.
+      def write_log
+        @logger.public_send(*@messages.shift) until @messages.empty?
+      end
+
+      # Forgets the finished threads (after recording what they held) and native threads
+      # (their tids may come back for new threads, which then count from 0 as they should).
+      def prune
+        @lock.synchronize { prune_locked }
+      end
+
+      private
+
+      def new_state(thread, wall_ns)
+        ThreadState.new(wall_ns, nil, nil, nil, nil, nil, nil, 0, 0).tap { |s| refresh_labels(s, thread) }
+      end
+
+      def state_for(thread, now_ns)
+        # New since the previous pass: its wall time counts from that pass.
+        @threads[thread] ||= new_state(thread, [@last_pass_ns, now_ns].min)
+      end
+
+      def sample_running(thread, locations, on_time, cpu_ns, now_ns)
+        return if locations.empty?
+
+        state = state_for(thread, now_ns)
+        flush_idle(state)
+        refresh_labels(state, thread) unless same_labels?(state, thread)
+        tid = state.native_id
+        cpu_used = 0
+        if on_time
+          cpu_used = uncharged_cpu(tid, cpu_ns)
+          @charged_cpu[tid] = cpu_ns if tid
+          state.on_cpu_locations = locations
+          @counts[:on_cpu_samples] += 1
+        else
+          @counts[:carried_cpu_samples] += 1
+        end
+        record(state, locations, cpu_used, 1, now_ns)
+        state.seen_cpu_ns = cpu_ns
+      end
+
+      # The job's own CPU (reading stacks, recording) is left out of the thread's account.
+      def skip_own_cpu(thread, cpu_at_start, on_time)
+        return if @internal.call(thread)
+
+        state = @threads[thread]
+        tid = state&.native_id
+        return unless tid
+
+        cpu_now = @clock.current_cpu_ns
+        cost = cpu_now - cpu_at_start
+        return unless cost.positive?
+
+        @counts[:job_cpu_ns] += cost
+        charged = @charged_cpu[tid]
+        @charged_cpu[tid] = on_time || charged.nil? ? cpu_now : charged + cost
+        state.seen_cpu_ns = cpu_now
+      end
+
+      def pass_locked(now_ns, except)
+        Thread.list.each do |thread|
+          next if thread.equal?(except) || @internal.call(thread)
+
+          sample_other(thread, now_ns)
+        end
+        @counts[:passes] += 1
+        prune_locked if (@counts[:passes] % 64).zero?
+        @last_pass_ns = now_ns
+      end
+
+      def sample_other(thread, now_ns)
+        state = state_for(thread, now_ns)
+        tid = native_id(thread)
+        cpu = tid && @clock.thread_cpu_ns(tid)
+        same = same_labels?(state, thread)
+        if cpu && cpu == state.seen_cpu_ns && state.locations && same
+          # It has not run since it was last looked at: same stack. Add up, record later.
+          wall = now_ns - state.wall_ns
+          state.idle_wall_ns += wall if wall.positive?
+          state.idle_samples += 1
+          state.wall_ns = now_ns
+          @counts[:samples] += 1
+          return
+        end
+
+        status = thread.status
+        locations = status && thread.backtrace_locations
+        # nil: the thread is dead; empty: not started yet or ending. Nothing to attribute the
+        # time to: its next sample gets it (its clocks are left as they are).
+        return if locations.nil? || locations.empty?
+
+        flush_idle(state)
+        refresh_labels(state, thread) unless same
+        cpu_used = 0
+        # "run": runnable but not the GVL holder, i.e. preempted while running Ruby: its stack
+        # is where it ran. "sleep": blocked; its CPU is carried (see the class doc).
+        if cpu && status == "run"
+          cpu_used = uncharged_cpu(state.native_id, cpu)
+          @charged_cpu[state.native_id] = cpu
+          state.on_cpu_locations = locations
+        end
+        record(state, locations, cpu_used, 1, now_ns)
+        state.seen_cpu_ns = cpu
+      end
+
+      # CPU the native thread `tid` used since it was last charged, given its clock `cpu`.
+      def uncharged_cpu(tid, cpu)
+        return 0 unless tid && cpu
+
+        previous = @charged_cpu[tid] || 0
+        cpu > previous ? cpu - previous : 0
+      end
+
+      def record(state, locations, cpu_ns, count, now_ns)
+        wall = now_ns - state.wall_ns
+        wall = 0 if wall.negative?
+        @recorder.record_sample(locations, [cpu_ns, count, wall], state.labels)
+        state.wall_ns = now_ns
+        state.locations = locations
+        @counts[:samples] += 1
+      end
+
+      def flush_idle(state)
+        return if state.idle_samples.zero?
+
+        @recorder.record_sample(state.locations, [0, state.idle_samples, state.idle_wall_ns], state.labels)
+        state.idle_samples = state.idle_wall_ns = 0
+      end
+
+      # The idle samples, then the carried CPU: on the last on-CPU stack, else the stack now.
+      def flush_thread(thread, state)
+        flush_idle(state)
+        tid = state.native_id
+        return unless tid
+
+        cpu = @clock.thread_cpu_ns(tid) || state.seen_cpu_ns
+        carried = uncharged_cpu(tid, cpu)
+        return unless carried.positive?
+
+        locations = state.on_cpu_locations
+        locations ||= thread.alive? ? thread.backtrace_locations : nil
+        locations = state.locations if locations.nil? || locations.empty?
+        return if locations.nil? || locations.empty?
+
+        @recorder.record_sample(locations, [carried, 0, 0], state.labels)
+        @charged_cpu[tid] = cpu
+      end
+
+      def prune_locked
+        @threads.delete_if do |thread, state|
+          next false if thread.alive?
+
+          flush_thread(thread, state)
+          true
+        end
+        @charged_cpu.delete_if { |tid, _| @clock.thread_cpu_ns(tid).nil? }
+      end
+
+      def same_labels?(state, thread)
+        thread.name.equal?(state.name) && native_id(thread) == state.native_id
+      end
+
+      # `Thread#native_thread_id` came with Ruby 3.1; before it, no thread's CPU clock can be
+      # read and cpu-time stays 0.
+      if Thread.method_defined?(:native_thread_id)
+        def native_id(thread)
+          thread.native_thread_id
+        end
+      else
+        def native_id(_thread)
+          nil
+        end
+      end
+
+      def refresh_labels(state, thread)
+        state.name = thread.name
+        state.native_id = native_id(thread)
+        id = state.native_id ? "#{state.native_id} (#{thread.object_id})" : thread.object_id.to_s
+        state.labels = [[THREAD_ID_LABEL, id].freeze, [THREAD_NAME_LABEL, display_name(thread)].freeze,
+                        *@extra_labels].freeze
+      end
+
+      # `Thread#name`, or "main", or where the thread was created (from `Thread#inspect`,
+      # `#<Thread:0x... file.rb:12 run>`).
+      def display_name(thread)
+        return thread.name if thread.name
+        return "main" if thread.equal?(Thread.main)
+
+        thread.inspect[/\A#<Thread:0x\h+ (.+) \w+>\z/, 1] || "thread #{thread.object_id}"
+      end
+
+      def succeeded
+        @consecutive_errors = 0
+      end
+
+      # Logged later by {#write_log}: a job runs with Ruby's trap interrupt masked, where
+      # `Mutex#lock` raises ThreadError ("can't be called from trap context", Ruby 3.1
+      # `thread_sync.c`), and a Logger locks one.
+      def failed(error)
+        @counts[:errors] += 1
+        @consecutive_errors += 1
+        @messages << [:warn, "profiler: sampling failed: #{error.class}: #{error.message}"]
+        return unless gave_up?
+
+        @messages << [:error, "profiler: #{MAX_CONSECUTIVE_ERRORS} sampling passes failed in a row; sampling stops"]
+      end
+    end
+  end
+end
