@@ -63,7 +63,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
     });
     let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_sampling_start", function!(native_start, 2))?;
+    class.define_singleton_method("_native_sampling_start", function!(native_start, 3))?;
     class.define_singleton_method("_native_sampling_stop", function!(native_stop, 0))?;
     class.define_singleton_method("_native_sampling_stats", function!(native_stats, 0))?;
     class.define_singleton_method(
@@ -83,9 +83,10 @@ fn stop() {
     HANDLER.store(rb_sys::Qnil as usize, Ordering::Release);
 }
 
-/// `Profiler._native_sampling_start(hz, handler)`: calls `handler.call(on_time, cpu_ns,
-/// now_ns)` from the sampling job, about `hz` times a second while any thread runs Ruby.
-fn native_start(ruby: &Ruby, hz: u32, handler: Value) -> Result<(), Error> {
+/// `Profiler._native_sampling_start(hz, handler, wake_fd)`: calls `handler.call(on_time,
+/// cpu_ns, now_ns)` from the sampling job, about `hz` times a second while any thread runs
+/// Ruby, and writes a byte to `wake_fd` (a non-blocking pipe) on ticks when none does.
+fn native_start(ruby: &Ruby, hz: u32, handler: Value, wake_fd: i32) -> Result<(), Error> {
     crate::errors::guard(ruby, || {
         if !(1..=10_000).contains(&hz) {
             return Err(crate::errors::arg_error(
@@ -98,7 +99,18 @@ fn native_start(ruby: &Ruby, hz: u32, handler: Value) -> Result<(), Error> {
         // A fork taken while a job was switched out leaves the flag set in the child.
         IN_JOB.store(false, Ordering::Release);
         ENABLED.store(true, Ordering::Release);
-        trigger::start(hz, job).map_err(|e| {
+        if wake_fd >= 0 {
+            // SAFETY: fcntl on a descriptor number only reads and sets its flags; a bad one
+            // fails with EBADF. Non-blocking: the trigger must never wait on a full pipe.
+            unsafe {
+                let flags = libc::fcntl(wake_fd, libc::F_GETFL);
+                if flags >= 0 {
+                    libc::fcntl(wake_fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+                }
+            }
+        }
+        let setup = trigger::Setup { hz, job, jobs_run: &JOBS, wake_fd };
+        trigger::start(setup).map_err(|e| {
             stop();
             Error::new(
                 crate::errors::gem_error_class(ruby),

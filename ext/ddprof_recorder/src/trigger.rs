@@ -26,9 +26,12 @@
 //! VM's objspace: it atomically sets and clears `objspace->atomic_flags.finalizing` and takes
 //! `objspace->heap_pages.deferred_final` (exchanging it with 0). dd-trace-rb passes the real
 //! objspace; its address is not reachable through the public headers, so we pass a zeroed,
-//! writable 64 KiB block instead ([`DECOY_OBJSPACE`], far larger than Ruby 3.1's
-//! `rb_objspace_t`): that job then finds no deferred finalizer and does nothing. Our job
-//! ignores its data, so the opposite mix-up is harmless too.
+//! writable 64 KiB block instead ([`DECOY_OBJSPACE`]): that job then finds no deferred
+//! finalizer and does nothing. Checked in Debian's `libruby-3.1.so.3.1.2`: the function that
+//! `gc.c` registers (the only `rb_postponed_job_register_one` call in libruby) does `xchg` of
+//! 1 at data+0xc8 (`finalizing`), then `xchg` of 0 at data+0x140 (`deferred_final`), loops
+//! only while that was non-zero, and `xchg`es the flag back: both offsets are far inside the
+//! block. Our job ignores its data, so the opposite mix-up is harmless too.
 //!
 //! # Late jobs
 //!
@@ -36,6 +39,14 @@
 //! (most often still the GVL holder) and publishes it with the tick's time ([`TickInfo`]). A
 //! job can then tell whether its thread used the CPU since the tick or was blocked, and so ran
 //! late (see `sampling_job`).
+//!
+//! # Waking the Ruby sampler thread
+//!
+//! When the jobs stop running (every thread is blocked, so none checks interrupts), the Ruby
+//! sampler thread has to make the passes itself. It waits on a pipe; the trigger writes one
+//! byte to it on each tick that finds no job ran for [`JOBLESS_TICKS`] ticks (`write(2)` on
+//! a non-blocking descriptor: async-signal-safe, no Ruby involved). While jobs run, the Ruby
+//! thread is never woken and costs nothing.
 //!
 //! # Lifecycle
 //!
@@ -83,6 +94,19 @@ pub static LAST_JOB_TID: AtomicI32 = AtomicI32::new(0);
 
 /// Ticks that registered the job (whether or not it ran since), for stats.
 pub static TICKS: AtomicU64 = AtomicU64::new(0);
+
+/// Ticks without a job after which the Ruby sampler thread is woken (see the module doc).
+const JOBLESS_TICKS: u32 = 2;
+
+/// What one trigger thread works with.
+pub struct Setup {
+    pub hz: u32,
+    pub job: unsafe extern "C" fn(*mut c_void),
+    /// How many jobs have run: the trigger wakes the Ruby thread when it stops moving.
+    pub jobs_run: &'static AtomicU64,
+    /// The write end of the Ruby sampler thread's pipe (non-blocking), or -1.
+    pub wake_fd: i32,
+}
 
 /// A tick as read by the job: when, and the CPU clock then of the thread `tid` (-1: unread).
 #[derive(Clone, Copy, Debug)]
@@ -143,15 +167,14 @@ struct Running {
 /// Touched only by Ruby threads holding the GVL (start, stop, the end proc).
 static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
 
-/// Starts ticking at `hz` (stopping a trigger already running first).
-pub fn start(hz: u32, job: unsafe extern "C" fn(*mut c_void)) -> std::io::Result<()> {
+/// Starts ticking at `setup.hz` (stopping a trigger already running first).
+pub fn start(setup: Setup) -> std::io::Result<()> {
     stop();
-    let period = Duration::from_nanos(1_000_000_000 / u64::from(hz.max(1)));
     let stop_flag = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stop_flag);
     let handle = std::thread::Builder::new()
         .name("ddprof-trigger".into())
-        .spawn(move || run(period, &flag, job))?;
+        .spawn(move || run(&setup, &flag))?;
     let mut running = RUNNING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     *running = Some(Running {
         stop: stop_flag,
@@ -184,8 +207,11 @@ pub fn is_running() -> bool {
         .is_some_and(|r| r.fork_generation == crate::stack_recorder::fork_generation())
 }
 
-fn run(period: Duration, stop: &AtomicBool, job: unsafe extern "C" fn(*mut c_void)) {
+fn run(setup: &Setup, stop: &AtomicBool) {
+    let period = Duration::from_nanos(1_000_000_000 / u64::from(setup.hz.max(1)));
     let mut deadline = Instant::now() + period;
+    let mut jobs_before = setup.jobs_run.load(Ordering::Relaxed);
+    let mut jobless_ticks = 0u32;
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         if now < deadline {
@@ -194,7 +220,15 @@ fn run(period: Duration, stop: &AtomicBool, job: unsafe extern "C" fn(*mut c_voi
             std::thread::park_timeout(deadline - now);
             continue;
         }
-        tick(job);
+        let jobs = setup.jobs_run.load(Ordering::Relaxed);
+        jobless_ticks = if jobs == jobs_before { jobless_ticks.saturating_add(1) } else { 0 };
+        jobs_before = jobs;
+        if jobless_ticks >= JOBLESS_TICKS && setup.wake_fd >= 0 {
+            // SAFETY: writes one byte from a live buffer; a closed or full pipe only makes it
+            // fail (EBADF, EAGAIN), which is fine: the Ruby thread is stopping or already woken.
+            unsafe { libc::write(setup.wake_fd, b"!".as_ptr().cast(), 1) };
+        }
+        tick(setup.job);
         deadline += period;
         let now = Instant::now();
         if deadline < now {
