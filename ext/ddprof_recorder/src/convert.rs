@@ -14,6 +14,7 @@ use magnus::{
 };
 
 use crate::errors::{arg_error, type_error};
+use crate::stack_capture::OwnedFrame;
 
 /// `Thread::Backtrace::Location`, set once at init.
 static LOCATION_CLASS: std::sync::OnceLock<Opaque<RClass>> = std::sync::OnceLock::new();
@@ -56,6 +57,12 @@ impl Scratch {
             Ok(s) => self.text.push_str(s),
             Err(_) => self.text.push_str(&String::from_utf8_lossy(bytes)),
         }
+        (start, self.text.len())
+    }
+
+    fn push_str(&mut self, s: &str) -> Span {
+        let start = self.text.len();
+        self.text.push_str(s);
         (start, self.text.len())
     }
 
@@ -114,11 +121,20 @@ fn array(ruby: &Ruby, v: Value, what: &str) -> Result<RArray, Error> {
         .ok_or_else(|| type_error(ruby, format!("{what} must be an Array, got {}", class_name(v))))
 }
 
+/// Where a sample's frames come from.
+#[derive(Clone, Copy)]
+pub enum Frames<'a> {
+    /// `record_sample`'s `locations` argument (an Array), to check and convert.
+    Ruby(Value),
+    /// A stack read natively (`stack_capture`).
+    Captured(&'a [OwnedFrame]),
+}
+
 /// Converts `record_sample`'s arguments and calls `f` with the sample, or raises naming the
 /// bad argument. `f` runs with no Ruby value borrowed.
 pub fn with_sample<R>(
     ruby: &Ruby,
-    (locations, values, labels): (Value, Value, Value),
+    (locations, values, labels): (Frames<'_>, Value, Value),
     value_types: &[ValueType],
     max_frames: usize,
     f: impl FnOnce(&Sample<'_>) -> R,
@@ -160,18 +176,32 @@ pub fn with_sample<R>(
 fn convert(
     ruby: &Ruby,
     scratch: &mut Scratch,
-    (locations, values, labels): (Value, Value, Value),
+    (locations, values, labels): (Frames<'_>, Value, Value),
     value_types: &[ValueType],
     max_frames: usize,
 ) -> Result<usize, Error> {
-    let locations = array(ruby, locations, "locations")?;
-    let len = locations.len();
     // Frames past `max_frames - 1` become the placeholder: checked, but never copied.
-    let keep = if len > max_frames { max_frames - 1 } else { len };
-    for i in 0..len {
-        let location: Value = locations.entry(i as isize)?;
-        convert_location(ruby, scratch, location, i, i < keep)?;
-    }
+    let keep = |len: usize| if len > max_frames { max_frames - 1 } else { len };
+    let len = match locations {
+        Frames::Ruby(locations) => {
+            let locations = array(ruby, locations, "locations")?;
+            let len = locations.len();
+            let keep = keep(len);
+            for i in 0..len {
+                let location: Value = locations.entry(i as isize)?;
+                convert_location(ruby, scratch, location, i, i < keep)?;
+            }
+            len
+        }
+        Frames::Captured(frames) => {
+            for frame in &frames[..keep(frames.len())] {
+                let name = scratch.push_str(&frame.name);
+                let file = scratch.push_str(&frame.file);
+                scratch.frames.push((name, file, frame.line));
+            }
+            frames.len()
+        }
+    };
     convert_values(ruby, scratch, values, value_types)?;
     convert_labels(ruby, scratch, labels)?;
     Ok(len - scratch.frames.len())

@@ -7,6 +7,7 @@ mod errors;
 mod nogvl;
 mod pprof_views;
 mod sampling_job;
+mod stack_capture;
 mod stack_recorder;
 mod thread_cpu;
 mod trigger;
@@ -19,5 +20,6 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     stack_recorder::init(ruby, module)?;
     pprof_views::init(ruby, module)?;
     thread_cpu::init(ruby, module)?;
-    sampling_job::init(ruby, module)
+    sampling_job::init(ruby, module)?;
+    stack_capture::init(ruby, module)
 }

@@ -41,6 +41,7 @@ static ENABLED: AtomicBool = AtomicBool::new(false);
 static IN_JOB: AtomicBool = AtomicBool::new(false);
 /// The handler (a Ruby object with `call`), or Qnil. A GC root.
 static HANDLER: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
+/// Jobs that sampled (the trigger watches it to know when to wake the Ruby sampler thread).
 static JOBS: AtomicU64 = AtomicU64::new(0);
 static LATE_JOBS: AtomicU64 = AtomicU64::new(0);
 
@@ -191,20 +192,27 @@ fn run_job() {
     let now_ns = trigger::monotonic_ns();
     let tid = own_tid();
     let timely = on_time(trigger::TICK.read(), tid, now_ns, cpu_ns);
-    trigger::LAST_JOB_TID.store(tid, Ordering::Relaxed);
-    JOBS.fetch_add(1, Ordering::Relaxed);
-    if !timely {
-        LATE_JOBS.fetch_add(1, Ordering::Relaxed);
-    }
     if let Ok(ruby) = Ruby::get() {
         let raw = HANDLER.load(Ordering::Acquire);
         // SAFETY: HANDLER holds Qnil or a live object kept by the GC root; we hold the GVL.
         let handler = unsafe { Value::from_raw(raw as rb_sys::VALUE) };
-        if !handler.is_nil() {
-            // magnus calls through `rb_protect` and clears `$!`: an exception comes back as an
-            // `Err`, which the handler (it rescues everything) should never produce anyway.
-            let _: Result<Value, Error> =
-                handler.funcall(LazyId::get_inner_with(&CALL, &ruby), (timely, cpu_ns, now_ns));
+        // magnus calls through `rb_protect` and clears `$!`: an exception comes back as an
+        // `Err`, which the handler (it rescues everything) should never produce anyway.
+        let sampled = !handler.is_nil()
+            && handler
+                .funcall::<_, _, bool>(
+                    LazyId::get_inner_with(&CALL, &ruby),
+                    (timely, cpu_ns, now_ns),
+                )
+                .unwrap_or(false);
+        // Only jobs that sampled count: one on the profiler's own thread (the GVL holder when
+        // the tick came) must not keep the trigger from waking that thread.
+        if sampled {
+            trigger::LAST_JOB_TID.store(tid, Ordering::Relaxed);
+            JOBS.fetch_add(1, Ordering::Relaxed);
+            if !timely {
+                LATE_JOBS.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
     IN_JOB.store(false, Ordering::Release);

@@ -137,6 +137,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.define_singleton_method("_native_reset_after_fork", function!(reset_after_fork, 1))?;
     class.define_singleton_method("_native_serializer_mutex", function!(serializer_mutex, 1))?;
     class.define_method("_native_record_sample", method!(record_sample, 3))?;
+    class.define_method("_native_record_captured", method!(record_captured, 3))?;
     class.define_method("_native_record_endpoint", method!(record_endpoint, 2))?;
     class.define_method("_native_stats", method!(stats, 0))?;
 
@@ -244,7 +245,7 @@ fn record_sample(
         let config = recorder.config();
         let recorded = convert::with_sample(
             ruby,
-            (locations, values, labels),
+            (convert::Frames::Ruby(locations), values, labels),
             config.value_types(),
             config.max_frames(),
             |sample| recorder.record_sample(sample),
@@ -253,6 +254,41 @@ fn record_sample(
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(record_error(ruby, e)),
             Err(e) => {
+                recorder.note_rejected();
+                Err(e)
+            }
+        }
+    })
+}
+
+/// `_native_record_captured(key, values, labels)`: records the stack that
+/// `Profiler._native_capture_stack(key)` kept, with `values` and `labels` as for
+/// `record_sample`. Returns false (records nothing) if none is kept under `key`.
+fn record_captured(
+    ruby: &Ruby,
+    rb_self: &StackRecorder,
+    key: i64,
+    values: Value,
+    labels: Value,
+) -> Result<bool, Error> {
+    rb_self.check_fork();
+    guard(ruby, || {
+        let recorder = &rb_self.recorder;
+        let config = recorder.config();
+        let recorded = crate::stack_capture::with_captured(key, |frames| {
+            convert::with_sample(
+                ruby,
+                (convert::Frames::Captured(frames), values, labels),
+                config.value_types(),
+                config.max_frames(),
+                |sample| recorder.record_sample(sample),
+            )
+        });
+        match recorded {
+            None => Ok(false),
+            Some(Ok(Ok(()))) => Ok(true),
+            Some(Ok(Err(e))) => Err(record_error(ruby, e)),
+            Some(Err(e)) => {
                 recorder.note_rejected();
                 Err(e)
             }

@@ -112,23 +112,33 @@ module DdprofRecorder
       # @param on_time [Boolean] false when the job ran late because its thread was blocked.
       # @param cpu_ns [Integer] the thread's CPU clock when the job started.
       # @param now_ns [Integer] the monotonic clock then.
+      # @return [Boolean] whether it sampled. Not on the profiler's own threads: a job there
+      #   does nothing, and the trigger, told so, keeps waking the sampler thread.
       def call(on_time, cpu_ns, now_ns)
-        # First, before any other call: the frames below this one are the interrupted stack.
-        locations = caller_locations(1)
+        return false if @internal.call(Thread.current)
+
+        # First, before any other Ruby call: the frames below this one are the interrupted
+        # stack, read natively (no Ruby object made) and kept under the thread's key, the
+        # native thread id (negated for a late job's stack, which is not an on-CPU one).
+        tid = native_id(Thread.current)
+        key = tid && (on_time ? tid : -tid)
+        depth = key ? Profiler._native_capture_stack(key) : 0
+        locations = caller_locations(1) unless key
         return if gave_up? || !@lock.try_lock # a pass or a flush is under way (switched out)
 
         begin
           @last_job_ns = now_ns
           thread = Thread.current
-          sample_running(thread, locations, on_time, cpu_ns, now_ns) unless @internal.call(thread)
+          sample_running(thread, key ? (key if depth.positive?) : locations, on_time, cpu_ns, now_ns)
           pass_locked(now_ns, thread)
           succeeded
         rescue StandardError => e
           failed(e)
         ensure
-          skip_own_cpu(Thread.current, cpu_ns, on_time)
+          skip_own_cpu(thread, cpu_ns, on_time)
           @lock.unlock
         end
+        true
       end
 
       # A wall pass over every live thread but `except` (and the profiler's own).
@@ -184,8 +194,9 @@ module DdprofRecorder
         @threads[thread] ||= new_state(thread, [@last_pass_ns, now_ns].min)
       end
 
-      def sample_running(thread, locations, on_time, cpu_ns, now_ns)
-        return if locations.empty?
+      # `stack`: the key of a natively captured stack (Integer), or Locations.
+      def sample_running(thread, stack, on_time, cpu_ns, now_ns)
+        return if no_stack?(stack)
 
         state = state_for(thread, now_ns)
         flush_idle(state)
@@ -195,19 +206,17 @@ module DdprofRecorder
         if on_time
           cpu_used = uncharged_cpu(tid, cpu_ns)
           @charged_cpu[tid] = cpu_ns if tid
-          state.on_cpu_locations = locations
+          state.on_cpu_locations = stack
           @counts[:on_cpu_samples] += 1
         else
           @counts[:carried_cpu_samples] += 1
         end
-        record(state, locations, cpu_used, 1, now_ns)
+        record(state, stack, cpu_used, 1, now_ns)
         state.seen_cpu_ns = cpu_ns
       end
 
       # The job's own CPU (reading stacks, recording) is left out of the thread's account.
       def skip_own_cpu(thread, cpu_at_start, on_time)
-        return if @internal.call(thread)
-
         state = @threads[thread]
         tid = state&.native_id
         return unless tid
@@ -248,8 +257,11 @@ module DdprofRecorder
           return
         end
 
+        # false or nil: the thread has ended.
         status = thread.status
-        locations = status && thread.backtrace_locations
+        return unless status
+
+        locations = thread.backtrace_locations
         # nil: the thread is dead; empty: not started yet or ending. Nothing to attribute the
         # time to: its next sample gets it (its clocks are left as they are).
         return if locations.nil? || locations.empty?
@@ -276,13 +288,23 @@ module DdprofRecorder
         cpu > previous ? cpu - previous : 0
       end
 
-      def record(state, locations, cpu_ns, count, now_ns)
+      # `stack`: Locations, or the key of a natively captured stack. A captured stack is not
+      # kept as the thread's `locations` (the idle path needs Locations to record again).
+      def record(state, stack, cpu_ns, count, now_ns)
         wall = now_ns - state.wall_ns
         wall = 0 if wall.negative?
-        @recorder.record_sample(locations, [cpu_ns, count, wall], state.labels)
+        record_stack(stack, [cpu_ns, count, wall], state.labels)
         state.wall_ns = now_ns
-        state.locations = locations
+        state.locations = stack.is_a?(Integer) ? nil : stack
         @counts[:samples] += 1
+      end
+
+      def record_stack(stack, values, labels)
+        if stack.is_a?(Integer)
+          @recorder._native_record_captured(stack, values, labels)
+        else
+          @recorder.record_sample(stack, values, labels)
+        end
       end
 
       def flush_idle(state)
@@ -302,12 +324,12 @@ module DdprofRecorder
         carried = uncharged_cpu(tid, cpu)
         return unless carried.positive?
 
-        locations = state.on_cpu_locations
-        locations ||= thread.alive? ? thread.backtrace_locations : nil
-        locations = state.locations if locations.nil? || locations.empty?
-        return if locations.nil? || locations.empty?
+        stack = state.on_cpu_locations
+        stack ||= thread.alive? ? thread.backtrace_locations : nil
+        stack = state.locations if no_stack?(stack)
+        return if no_stack?(stack)
 
-        @recorder.record_sample(locations, [carried, 0, 0], state.labels)
+        record_stack(stack, [carried, 0, 0], state.labels)
         @charged_cpu[tid] = cpu
       end
 
@@ -316,9 +338,21 @@ module DdprofRecorder
           next false if thread.alive?
 
           flush_thread(thread, state)
+          forget_stacks(state.native_id)
           true
         end
         @charged_cpu.delete_if { |tid, _| @clock.thread_cpu_ns(tid).nil? }
+      end
+
+      def no_stack?(stack)
+        stack.nil? || (stack.is_a?(Array) && stack.empty?)
+      end
+
+      def forget_stacks(tid)
+        return unless tid
+
+        Profiler._native_forget_stack(tid)
+        Profiler._native_forget_stack(-tid)
       end
 
       def same_labels?(state, thread)
