@@ -1,0 +1,315 @@
+# frozen_string_literal: true
+
+# How well our profiler's CPU profile agrees with stackprof's on programs whose truth is known.
+#
+#   bench/run accuracy [--seconds 3] [--hz 99] [--runs 1] [--programs sleepy,c_heavy,threads]
+#                      [--stackprof-interval 1000] [--draws 200] [--seed 1] [--timeout S]
+#
+# Three workloads (bench/accuracy/*.rb, each about --seconds of work, each header says what
+# it does): `sleepy` (pure Ruby alternating with short sleeps and reads), `c_heavy` (C
+# methods that do not call back into Ruby, each under a wrapper of its own), `threads` (a
+# Ruby thread, a C thread and a sleeping one, the main thread joining). Each runs, in a fresh
+# process, under `exe/ddprof-recorder record --hz N` (the public CLI) and then under stackprof
+# (`ruby -r bench/accuracy/stackprof_start.rb`: `StackProf.start(mode: :cpu, interval: 1000)`
+# for the whole program, results written with Marshal); `--runs N` repeats the pair, the runs
+# of a program are pooled. One process at a time, never two profilers at once. Files go to
+# bench/out/accuracy/ (gitignored), every process has a timeout.
+#
+# Self CPU share per function (self = the leaf frame of a sample):
+# - ours: the pprof's `cpu-time` at each sample's leaf over all cpu-time (the pprof is decoded
+#   by bench/accuracy/analysis.rb, not by the profiler under test);
+# - stackprof: each frame's `:samples` (times it was the leaf) over all samples. Its GC
+#   frames, `(garbage collection)`, `(marking)` and `(sweeping)`, are left out and the rest
+#   renormalized: they have no Ruby frame under them, and a profiler that reads CPU clocks
+#   charges GC to the Ruby frame that was running, so no function of ours can match them.
+#   Their share is printed (`GC left out`). No other frame is left out: both profilers start
+#   at the first require of the program and stop at its exit, so start-up is in both.
+#   stackprof's SIGPROF comes from the kernel's CPU timer, so its rate is capped by the
+#   kernel tick (about 250 a second on the dev VM, whatever the interval), and it records at
+#   most one sample per long C call (bench/RESULTS.md); the workloads keep their
+#   C calls short so that the reference holds, which the truth columns check.
+# - truth: each workload measures the CPU time of every leaf call with its thread's CPU clock
+#   (bench/accuracy/truth.rb). It is printed beside each profiler (`truth` columns: the truth
+#   of that profiler's own runs), as a check of the reference too.
+#
+# Function identity: frames are keyed by the method name alone, so that stackprof's labels
+# (`HotSpot.crunch`, `Kernel#sleep`, `Array#sort`, `block (2 levels) in Foo#bar`) and ours
+# (`Thread::Backtrace::Location#base_label`: `crunch`, `sleep`, `sort`) meet:
+# `block in `, `block (N levels) in `, `rescue in `, `ensure in ` are stripped, then any
+# qualifier up to the last `#` or `.` (`Foo::Bar#baz` -> `baz`); `<main>`, `<top (required)>`
+# and the like are kept whole (AccuracyAnalysis.normalize_name). The workloads give their
+# functions distinct names, so this merges nothing that matters.
+#
+# Figures per program:
+# - overlap = Σ_f min(ours_f, stackprof_f) (1 = the same distribution, 0 = disjoint);
+# - n = our on-CPU samples: the `cpu-samples` of the pprof samples whose cpu-time is > 0.
+#   A pprof sample adds up every sample of one stack and thread, so passes in which a thread
+#   did not run count too when they share the stack of one in which it did (today's profiler
+#   records a waiting thread's passes that way: the main thread's `join` in `threads`);
+#   n is then an upper bound, which only raises the unbiased overlap below;
+# - unbiased = the overlap with stackprof's distribution of n samples drawn from it (mean of
+#   --draws multinomial draws, seeded): what a sampler without bias reaches with n samples;
+# - ratio = overlap / unbiased; the target is >= 0.85;
+# - the same against the truth (`vs truth`), for ours and for stackprof (whose n is its
+#   sample count).
+# The top 5 functions of each profiler (and of the truth) are printed with their shares.
+# The last line is one JSON object with every figure.
+require "fileutils"
+require "json"
+require "optparse"
+require "rbconfig"
+require_relative "accuracy/analysis"
+
+module AccuracyBench
+  ROOT = File.expand_path("..", __dir__)
+  DIR = File.join(ROOT, "bench", "accuracy")
+  OUT = File.join(ROOT, "bench", "out", "accuracy")
+  PROGRAMS = %w[sleepy c_heavy threads].freeze
+  TARGET = 0.85
+  TOP = 5
+
+  Options = Struct.new(:seconds, :hz, :runs, :programs, :stackprof_interval, :draws, :seed, :timeout,
+                       keyword_init: true)
+
+  # One profiled process: what it left behind.
+  Run = Struct.new(:weights, :on_cpu_samples, :truth, :process_cpu_ns, :wall_s, :extra, keyword_init: true)
+
+  module_function
+
+  def parse(argv)
+    o = Options.new(seconds: 3.0, hz: 99, runs: 1, programs: PROGRAMS, stackprof_interval: 1000, draws: 200, seed: 1)
+    OptionParser.new do |p|
+      p.banner = "Usage: bench/run accuracy [options]   (ruby bench/accuracy.rb [options])"
+      p.on("--seconds S", Float, "work per program run (default 3)") { |v| o.seconds = v }
+      p.on("--hz N", Integer, "our profiler's rate, `record --hz` (default 99)") { |v| o.hz = v }
+      p.on("--runs N", Integer, "runs of each profiler per program, pooled (default 1)") { |v| o.runs = v }
+      p.on("--programs LIST", Array, "some of #{PROGRAMS.join(',')}") { |v| o.programs = v }
+      p.on("--stackprof-interval US", Integer, "stackprof's interval in µs (default 1000)") { |v| o.stackprof_interval = v }
+      p.on("--draws N", Integer, "multinomial draws for the unbiased overlap (default 200)") { |v| o.draws = v }
+      p.on("--seed N", Integer, "of those draws (default 1)") { |v| o.seed = v }
+      p.on("--timeout S", Float, "per process (default 5 x seconds + 30)") { |v| o.timeout = v }
+    end.parse!(argv)
+    unknown = o.programs - PROGRAMS
+    raise OptionParser::InvalidArgument, "--programs: unknown #{unknown.join(', ')}" unless unknown.empty?
+    raise OptionParser::InvalidArgument, "--seconds, --runs, --draws must be positive" unless
+      o.seconds.positive? && o.runs.positive? && o.draws.positive?
+
+    o.timeout ||= (o.seconds * 5) + 30
+    o
+  end
+
+  # Fails early, with the fix, if a tool is missing.
+  def check_tools
+    begin
+      require "stackprof"
+    rescue LoadError
+      abort "bench/accuracy: stackprof is missing: apt-get install ruby-stackprof"
+    end
+    return unless Dir.glob(File.join(ROOT, "lib", "ddprof_recorder", "ddprof_recorder.{so,bundle}")).empty?
+
+    abort "bench/accuracy: the native extension is not built: run `rake compile` first"
+  end
+
+  # Runs argv with a timeout; its output goes to `log`. Kills its process group on timeout.
+  def spawn(argv, env, log, timeout)
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    pid = Process.spawn(env, *argv, out: log, err: %i[child out], pgroup: true, chdir: ROOT)
+    waiter = Process.detach(pid)
+    unless waiter.join(timeout)
+      %w[TERM KILL].each do |signal|
+        begin
+          Process.kill(signal, -pid)
+        rescue Errno::ESRCH
+          break
+        end
+        break if waiter.join(2)
+      end
+      raise "#{argv.join(' ')} took more than #{timeout} s (killed; see #{log})"
+    end
+    status = waiter.value
+    raise "#{argv.join(' ')} failed (#{status}); see #{log}:\n#{File.read(log).lines.last(10).join}" unless status.success?
+
+    Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+  end
+
+  def program_argv(program, seconds)
+    [RbConfig.ruby, File.join(DIR, "#{program}.rb"), seconds.to_s]
+  end
+
+  def read_truth(path)
+    truth = JSON.parse(File.read(path))
+    [truth.fetch("measured_ns"), truth.fetch("process_cpu_ns")]
+  end
+
+  def run_ours(program, index, options)
+    base = File.join(OUT, "#{program}.#{index}.ours")
+    pprof = "#{base}.pb"
+    argv = [RbConfig.ruby, File.join(ROOT, "exe", "ddprof-recorder"), "record", "-o", pprof, "--hz", options.hz.to_s,
+            "--", *program_argv(program, options.seconds)]
+    wall = spawn(argv, { "ACCURACY_TRUTH_OUT" => "#{base}.truth.json" }, "#{base}.log", options.timeout)
+    self_cpu = AccuracyAnalysis.pprof_self(File.binread(pprof))
+    truth, process_cpu = read_truth("#{base}.truth.json")
+    Run.new(weights: self_cpu[:weights], on_cpu_samples: self_cpu[:on_cpu_samples], truth: truth,
+            process_cpu_ns: process_cpu, wall_s: wall, extra: { cpu_ns: self_cpu[:total] })
+  end
+
+  def run_stackprof(program, index, options)
+    base = File.join(OUT, "#{program}.#{index}.stackprof")
+    env = { "ACCURACY_TRUTH_OUT" => "#{base}.truth.json", "ACCURACY_STACKPROF_OUT" => "#{base}.dump",
+            "ACCURACY_STACKPROF_INTERVAL" => options.stackprof_interval.to_s }
+    argv = program_argv(program, options.seconds).insert(1, "-r", File.join(DIR, "stackprof_start.rb"))
+    wall = spawn(argv, env, "#{base}.log", options.timeout)
+    dump = Marshal.load(File.binread("#{base}.dump")) # our own file
+    self_samples = AccuracyAnalysis.stackprof_self(dump)
+    truth, process_cpu = read_truth("#{base}.truth.json")
+    Run.new(weights: self_samples[:weights], on_cpu_samples: self_samples[:weights].values.sum, truth: truth,
+            process_cpu_ns: process_cpu, wall_s: wall,
+            extra: { gc_samples: self_samples[:gc_samples], missed_samples: dump[:missed_samples] || 0 })
+  end
+
+  def add_up(hashes)
+    hashes.each_with_object(Hash.new(0)) { |h, sum| h.each { |k, v| sum[k] += v } }
+  end
+
+  # The runs of one profiler on one program, added up.
+  def pool(runs)
+    { weights: add_up(runs.map(&:weights)), n: runs.sum(&:on_cpu_samples), truth: add_up(runs.map(&:truth)),
+      process_cpu_ns: runs.sum(&:process_cpu_ns), extra: add_up(runs.map(&:extra)) }
+  end
+
+  # Every figure of one program, from its pooled runs.
+  def figures(ours_runs, stackprof_runs, options)
+    ours = pool(ours_runs)
+    sp = pool(stackprof_runs)
+    ours_dist = AccuracyAnalysis.shares(ours[:weights])
+    sp_dist = AccuracyAnalysis.shares(sp[:weights])
+    ours_truth = AccuracyAnalysis.shares(ours[:truth])
+    sp_truth = AccuracyAnalysis.shares(sp[:truth])
+    unbiased = ->(dist, n) { AccuracyAnalysis.unbiased_overlap(dist, n, draws: options.draws, seed: options.seed) }
+    ratio = ->(a, b) { b&.positive? ? a / b : nil }
+
+    overlap = AccuracyAnalysis.overlap(ours_dist, sp_dist)
+    reference = unbiased.call(sp_dist, ours[:n])
+    ours_vs_truth = AccuracyAnalysis.overlap(ours_dist, ours_truth)
+    ours_truth_reference = unbiased.call(ours_truth, ours[:n])
+    sp_vs_truth = AccuracyAnalysis.overlap(sp_dist, sp_truth)
+    sp_truth_reference = unbiased.call(sp_truth, sp[:n])
+    sp_all = sp[:n] + sp[:extra][:gc_samples]
+    {
+      overlap: overlap,
+      n: ours[:n],
+      unbiased_overlap: reference,
+      ratio: ratio.call(overlap, reference),
+      ours_vs_truth: ours_vs_truth,
+      ours_vs_truth_unbiased: ours_truth_reference,
+      ours_vs_truth_ratio: ratio.call(ours_vs_truth, ours_truth_reference),
+      stackprof_vs_truth: sp_vs_truth,
+      stackprof_vs_truth_unbiased: sp_truth_reference,
+      stackprof_vs_truth_ratio: ratio.call(sp_vs_truth, sp_truth_reference),
+      ours_cpu_s: ours[:extra][:cpu_ns] / 1e9,
+      stackprof_samples: sp[:n],
+      stackprof_gc_share: sp_all.positive? ? sp[:extra][:gc_samples].fdiv(sp_all) : 0.0,
+      stackprof_missed_samples: sp[:extra][:missed_samples],
+      truth_coverage: { ours: ours[:truth].values.sum.fdiv(ours[:process_cpu_ns]),
+                        stackprof: sp[:truth].values.sum.fdiv(sp[:process_cpu_ns]) },
+      ours_top: AccuracyAnalysis.top(ours_dist, TOP),
+      stackprof_top: AccuracyAnalysis.top(sp_dist, TOP),
+      truth_top: AccuracyAnalysis.top(sp_truth, TOP),
+      overlap_by_run: ours_runs.zip(stackprof_runs).map do |o, s|
+        AccuracyAnalysis.overlap(AccuracyAnalysis.shares(o.weights), AccuracyAnalysis.shares(s.weights))
+      end,
+      dists: { ours: ours_dist, ours_truth: ours_truth, stackprof: sp_dist, stackprof_truth: sp_truth },
+    }
+  end
+
+  def pct(share)
+    share ? format("%5.1f%%", share * 100) : "    -"
+  end
+
+  def num(value, digits = 3)
+    value ? format("%.#{digits}f", value) : "-"
+  end
+
+  def print_program(io, program, f)
+    io.puts
+    io.puts format("%s: overlap %s with stackprof, n = %d on-CPU samples, an unbiased sampler with n: %s " \
+                   "-> ratio %s (target >= %.2f)",
+                   program, num(f[:overlap]), f[:n], num(f[:unbiased_overlap]), num(f[:ratio], 2), TARGET)
+    io.puts format("  vs truth: ours %s (unbiased with n: %s, ratio %s), stackprof %s (with its %d samples: %s, ratio %s)",
+                   num(f[:ours_vs_truth]), num(f[:ours_vs_truth_unbiased]), num(f[:ours_vs_truth_ratio], 2),
+                   num(f[:stackprof_vs_truth]), f[:stackprof_samples], num(f[:stackprof_vs_truth_unbiased]),
+                   num(f[:stackprof_vs_truth_ratio], 2))
+    io.puts format("  ours: %.2f s cpu-time; stackprof: %d samples (%s GC left out, %d signals missed); " \
+                   "truth measured %s / %s of the process CPU",
+                   f[:ours_cpu_s], f[:stackprof_samples], pct(f[:stackprof_gc_share]).strip, f[:stackprof_missed_samples],
+                   pct(f[:truth_coverage][:ours]).strip, pct(f[:truth_coverage][:stackprof]).strip)
+    d = f[:dists]
+    names = (f[:ours_top] + f[:stackprof_top] + f[:truth_top]).map(&:first).uniq
+    names.sort_by! { |name| [-d[:stackprof].fetch(name, 0), -d[:ours].fetch(name, 0), name] }
+    width = [names.map(&:size).max || 0, 8].max
+    io.puts format("  %-#{width}s  %6s  %6s   %9s  %6s", "function", "ours", "truth", "stackprof", "truth")
+    names.each do |name|
+      io.puts format("  %-#{width}s  %6s  %6s   %9s  %6s", name, pct(d[:ours][name]), pct(d[:ours_truth][name]),
+                     pct(d[:stackprof][name]), pct(d[:stackprof_truth][name]))
+    end
+  end
+
+  def print_summary(io, results)
+    io.puts
+    io.puts format("%-8s  %7s  %5s  %8s  %5s   %-16s  %-16s", "program", "overlap", "n", "unbiased", "ratio",
+                   "ours~truth ratio", "stackprof~truth")
+    results.each do |program, f|
+      io.puts format("%-8s  %7s  %5d  %8s  %5s   %-16s  %-16s", program, num(f[:overlap]), f[:n], num(f[:unbiased_overlap]),
+                     num(f[:ratio], 2), "#{num(f[:ours_vs_truth])} #{num(f[:ours_vs_truth_ratio], 2)}",
+                     "#{num(f[:stackprof_vs_truth])} #{num(f[:stackprof_vs_truth_ratio], 2)}")
+    end
+  end
+
+  def rounded(value)
+    case value
+    when Float then value.round(4)
+    when Array then value.map { |v| rounded(v) }
+    when Hash then value.transform_values { |v| rounded(v) }
+    else value
+    end
+  end
+
+  def main(argv)
+    options = parse(argv)
+    check_tools
+    FileUtils.mkdir_p(OUT)
+    load = File.read("/proc/loadavg").split.first if File.readable?("/proc/loadavg")
+    puts format("accuracy: %s, %.1f s each, ours at %d Hz vs stackprof cpu %d µs, %d run(s) each%s",
+                options.programs.join(", "), options.seconds, options.hz, options.stackprof_interval, options.runs,
+                load ? ", load average #{load}" : "")
+    runs = Hash.new { |h, k| h[k] = { ours: [], stackprof: [] } }
+    options.runs.times do |i|
+      options.programs.each do |program|
+        ours = run_ours(program, i + 1, options)
+        runs[program][:ours] << ours
+        sp = run_stackprof(program, i + 1, options)
+        runs[program][:stackprof] << sp
+        puts format("run %d %-8s ours %.1f s (%d on-CPU samples, %.2f s cpu-time), stackprof %.1f s (%d samples)",
+                    i + 1, program, ours.wall_s, ours.on_cpu_samples, ours.extra[:cpu_ns] / 1e9, sp.wall_s,
+                    sp.on_cpu_samples + sp.extra[:gc_samples])
+      end
+    end
+
+    results = options.programs.to_h { |program| [program, figures(runs[program][:ours], runs[program][:stackprof], options)] }
+    results.each { |program, f| print_program($stdout, program, f) }
+    print_summary($stdout, results)
+    ratios = results.values.map { |f| f[:ratio] }
+    summary = {
+      bench: "accuracy", seconds: options.seconds, hz: options.hz, runs: options.runs,
+      stackprof_interval_us: options.stackprof_interval, draws: options.draws, seed: options.seed, target: TARGET,
+      load_average: load&.to_f, min_ratio: ratios.compact.min,
+      programs: results.transform_values { |f| f.except(:dists) }
+    }
+    puts JSON.generate(rounded(summary))
+  rescue OptionParser::ParseError => e
+    warn "bench/accuracy: #{e.message}"
+    exit 2
+  end
+end
+
+AccuracyBench.main(ARGV) if $PROGRAM_NAME == __FILE__

@@ -1,0 +1,293 @@
+# frozen_string_literal: true
+
+require "zlib"
+
+# The arithmetic of `bench/run accuracy` (bench/accuracy.rb), kept apart from the runs so that
+# spec/bench_accuracy_spec.rb can check it with hand-made distributions. Pure functions over
+# plain Hashes; no Ruby extension of this project is needed (pprofs are decoded here).
+#
+# A distribution is a Hash `{function name => share}` whose shares add up to 1; weights
+# (samples, nanoseconds) become one with {shares}.
+module AccuracyAnalysis
+  # Frames stackprof makes up for samples taken during GC. They have no Ruby frame under
+  # them, and a profiler that reads CPU clocks charges that time to the frame that allocated
+  # instead, so they are left out of stackprof's distribution (see bench/accuracy.rb).
+  GC_FRAMES = ["(garbage collection)", "(marking)", "(sweeping)"].freeze
+
+  # What a profiler's frame label and ours have in common: the bare method name.
+  # Removes `block in `, `block (N levels) in `, `rescue in `, `ensure in ` (repeatedly:
+  # `rescue in block in foo`), then any receiver qualifier before the last `#` or `.`
+  # (`Foo#bar`, `Foo.bar`, `Foo::Bar#baz`, `#<Class:0x...>#baz`). Labels starting with `<`
+  # (`<main>`, `<top (required)>`, `<class:Foo>`) are kept whole.
+  #
+  # @param label [String] e.g. "block (2 levels) in HotSpot.crunch", "Array#sort", "sort".
+  # @return [String] e.g. "crunch", "sort", "sort".
+  def self.normalize_name(label)
+    name = label.sub(/\A(?:(?:block(?: \(\d+ levels\))?|rescue|ensure) in )+/, "")
+    return name if name.start_with?("<")
+
+    name.sub(/\A.*[#.](?=[^#.]+\z)/, "")
+  end
+
+  # @param weights [Hash{String => Numeric}] non-negative weights.
+  # @return [Hash{String => Float}] each weight over their sum; zero weights left out;
+  #   empty when the sum is 0.
+  def self.shares(weights)
+    total = weights.values.sum
+    return {} unless total.positive?
+
+    weights.each_with_object({}) { |(name, w), out| out[name] = w.fdiv(total) if w.positive? }
+  end
+
+  # @return [Float] Σ_f min(p_f, q_f): 1 for the same distribution, 0 for disjoint ones.
+  def self.overlap(p, q)
+    p.sum { |name, share| [share, q.fetch(name, 0.0)].min }
+  end
+
+  # The overlap with `p` that a sampler without bias reaches with `n` samples of `p`: the
+  # mean, over `draws` multinomial draws of `n` samples, of overlap(p, the draw's shares).
+  # It is below 1 only because n is finite; it is the ceiling a profiler with n samples can
+  # be expected to reach against p.
+  #
+  # @param p [Hash{String => Float}] a distribution.
+  # @param n [Integer] samples per draw.
+  # @param draws [Integer]
+  # @param seed [Integer] of the Random used (the result is a function of its arguments).
+  # @return [Float, nil] nil when n is 0 or p empty.
+  def self.unbiased_overlap(p, n, draws: 200, seed: 1)
+    return nil if n <= 0 || p.empty?
+
+    names = p.keys.sort # the draws do not depend on the Hash's order
+    cumulative = []
+    sum = 0.0
+    names.each { |name| cumulative << (sum += p[name]) }
+    rng = Random.new(seed)
+    total = 0.0
+    draws.times do
+      counts = Hash.new(0)
+      n.times do
+        u = rng.rand * sum
+        counts[names[cumulative.bsearch_index { |c| c > u } || (names.size - 1)]] += 1
+      end
+      total += overlap(p, shares(counts))
+    end
+    total / draws
+  end
+
+  # @return [Array<Array(String, Float)>] the `k` largest shares, largest first (ties by name).
+  def self.top(dist, k = 5)
+    dist.sort_by { |name, share| [-share, name] }.first(k)
+  end
+
+  # Self samples per function of a stackprof result (`StackProf.results`, aggregate mode):
+  # each frame's `:samples` is how often it was the leaf.
+  #
+  # @param dump [Hash] with `:frames => {id => {name:, samples:, ...}}`.
+  # @return [Hash] `weights:` {normalized name => samples}, GC frames left out;
+  #   `gc_samples:` the samples of the GC frames; `samples:` all leaf samples.
+  def self.stackprof_self(dump)
+    weights = Hash.new(0)
+    gc = 0
+    dump.fetch(:frames).each_value do |frame|
+      count = frame.fetch(:samples)
+      next if count.zero?
+
+      if GC_FRAMES.include?(frame.fetch(:name))
+        gc += count
+      else
+        weights[normalize_name(frame.fetch(:name))] += count
+      end
+    end
+    { weights: weights, gc_samples: gc, samples: weights.values.sum + gc }
+  end
+
+  # Self value per function of a pprof (the leaf frame of each sample) and the number of
+  # on-CPU samples: the `count` value summed over the samples whose `value` is positive.
+  #
+  # @param pprof [String] raw or gzip.
+  # @return [Hash] `weights:` {normalized name => value}, `on_cpu_samples:`, `total:`.
+  # @raise [ArgumentError] if it is not a pprof or lacks one of the two sample types.
+  def self.pprof_self(pprof, value: "cpu-time", count: "cpu-samples")
+    profile = Pprof.decode(pprof)
+    vi = profile.value_index(value)
+    ci = profile.value_index(count)
+    weights = Hash.new(0)
+    n = 0
+    profile.samples.each do |location_ids, values|
+      v = values[vi] || 0
+      next unless v.positive?
+
+      n += values[ci] || 0
+      weights[normalize_name(profile.leaf_name(location_ids))] += v
+    end
+    { weights: weights, on_cpu_samples: n, total: weights.values.sum }
+  end
+
+  # A minimal pprof (profile.proto) reader: the sample types, each sample's location ids and
+  # values, and the name of each location's leaf function. Written here rather than taken
+  # from the profiler under test so that a bug in the profiler's views cannot hide in this
+  # benchmark.
+  class Pprof
+    # Field numbers of profile.proto used here.
+    PROFILE_SAMPLE_TYPE = 1
+    PROFILE_SAMPLE = 2
+    PROFILE_LOCATION = 4
+    PROFILE_FUNCTION = 5
+    PROFILE_STRING_TABLE = 6
+    VALUE_TYPE_TYPE = 1
+    SAMPLE_LOCATION_ID = 1
+    SAMPLE_VALUE = 2
+    LOCATION_ID = 1
+    LOCATION_LINE = 4
+    LINE_FUNCTION_ID = 1
+    FUNCTION_ID = 1
+    FUNCTION_NAME = 2
+
+    GZIP_MAGIC = "\x1f\x8b".b.freeze
+
+    # @return [Array<Array(Array<Integer>, Array<Integer>)>] `[location_ids, values]` per sample.
+    attr_reader :samples
+
+    # @param pprof [String] raw or gzip.
+    # @return [Pprof]
+    def self.decode(pprof)
+      data = pprof.b
+      data = Zlib.gunzip(data) if data.start_with?(GZIP_MAGIC)
+      new(data)
+    rescue Zlib::Error => e
+      raise ArgumentError, "not a gzip pprof: #{e.message}"
+    end
+
+    def initialize(data)
+      @type_indexes = []
+      @samples = []
+      @leaf_function = {} # location id => function id of its first (innermost) line
+      @function_name = {} # function id => string index
+      @strings = []
+      each_field(data) do |field, value|
+        case field
+        when PROFILE_SAMPLE_TYPE then @type_indexes << message_varint(value, VALUE_TYPE_TYPE)
+        when PROFILE_SAMPLE then @samples << read_sample(value)
+        when PROFILE_LOCATION then read_location(value)
+        when PROFILE_FUNCTION then read_function(value)
+        when PROFILE_STRING_TABLE then @strings << value.dup.force_encoding(Encoding::UTF_8)
+        end
+      end
+    end
+
+    # @return [Array<String>] the sample types, in the order of each sample's values.
+    def value_types
+      @type_indexes.map { |i| @strings.fetch(i, "") }
+    end
+
+    # @raise [ArgumentError] naming the types the profile has.
+    def value_index(type)
+      value_types.index(type) ||
+        raise(ArgumentError, "the pprof has no #{type.inspect} sample type (it has #{value_types.join(', ')})")
+    end
+
+    # @return [String] the function name of a sample's leaf ("" if unknown).
+    def leaf_name(location_ids)
+      function = @leaf_function[location_ids.first]
+      @strings.fetch(@function_name.fetch(function, 0), "")
+    end
+
+    private
+
+    # Yields (field number, value) for each field of a message: an Integer for varints, a
+    # binary String for length-delimited fields (fixed-width fields are skipped).
+    def each_field(data)
+      pos = 0
+      while pos < data.bytesize
+        key, pos = varint(data, pos)
+        case key & 7
+        when 0 then value, pos = varint(data, pos)
+        when 1 then pos += 8
+        when 2
+          length, pos = varint(data, pos)
+          raise ArgumentError, "not a pprof: a field runs past the end" if pos + length > data.bytesize
+
+          value = data.byteslice(pos, length)
+          pos += length
+        when 5 then pos += 4
+        else raise ArgumentError, "not a pprof: wire type #{key & 7}"
+        end
+        yield key >> 3, value if value
+        value = nil
+      end
+    end
+
+    def varint(data, pos)
+      result = 0
+      shift = 0
+      loop do
+        byte = data.getbyte(pos) or raise ArgumentError, "not a pprof: truncated varint"
+        pos += 1
+        result |= (byte & 0x7f) << shift
+        return [result, pos] if byte < 0x80
+
+        shift += 7
+        raise ArgumentError, "not a pprof: varint too long" if shift > 63
+      end
+    end
+
+    # A repeated integer field: packed (a String of varints) or one varint.
+    def integers(value)
+      return [value] if value.is_a?(Integer)
+
+      out = []
+      pos = 0
+      while pos < value.bytesize
+        v, pos = varint(value, pos)
+        out << v
+      end
+      out
+    end
+
+    def int64(v)
+      v >= (1 << 63) ? v - (1 << 64) : v
+    end
+
+    def message_varint(data, wanted)
+      found = 0
+      each_field(data) { |field, value| found = value if field == wanted && value.is_a?(Integer) }
+      found
+    end
+
+    def read_sample(data)
+      location_ids = []
+      values = []
+      each_field(data) do |field, value|
+        case field
+        when SAMPLE_LOCATION_ID then location_ids.concat(integers(value))
+        when SAMPLE_VALUE then values.concat(integers(value).map { |v| int64(v) })
+        end
+      end
+      [location_ids, values]
+    end
+
+    def read_location(data)
+      id = 0
+      function = nil
+      each_field(data) do |field, value|
+        case field
+        when LOCATION_ID then id = value
+        when LOCATION_LINE then function ||= message_varint(value, LINE_FUNCTION_ID)
+        end
+      end
+      @leaf_function[id] = function
+    end
+
+    def read_function(data)
+      id = 0
+      name = 0
+      each_field(data) do |field, value|
+        case field
+        when FUNCTION_ID then id = value
+        when FUNCTION_NAME then name = value
+        end
+      end
+      @function_name[id] = name
+    end
+  end
+end

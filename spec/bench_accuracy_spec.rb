@@ -1,0 +1,163 @@
+# frozen_string_literal: true
+
+require "zlib"
+require_relative "../bench/accuracy/analysis"
+
+# The arithmetic of `bench/run accuracy` (bench/accuracy/analysis.rb) on hand-made inputs; the
+# benchmark itself is not run here (slow and timing-dependent).
+RSpec.describe AccuracyAnalysis do
+  describe ".normalize_name" do
+    {
+      "HotSpot.crunch" => "crunch",
+      "Kernel#sleep" => "sleep",
+      "Array#sort" => "sort",
+      "Foo::Bar#baz" => "baz",
+      "Foo::Bar.baz" => "baz",
+      "#<Class:0x000055d5c0a1b2c8>#qux" => "qux",
+      "JSON::Ext::Generator::State#generate" => "generate",
+      "Regexp#match?" => "match?",
+      "Array#[]" => "[]",
+      "Integer#<=>" => "<=>",
+      "block in HotSpot.crunch" => "crunch",
+      "block (3 levels) in Foo#bar" => "bar",
+      "rescue in block in Foo#bar" => "bar",
+      "ensure in work" => "work",
+      "block in <main>" => "<main>",
+      "<top (required)>" => "<top (required)>",
+      "<class:Foo>" => "<class:Foo>",
+      "crunch" => "crunch",
+      "sort" => "sort",
+    }.each do |label, name|
+      it "turns #{label.inspect} into #{name.inspect}" do
+        expect(described_class.normalize_name(label)).to eq(name)
+      end
+    end
+  end
+
+  describe ".shares" do
+    it "divides by the sum and leaves zero weights out" do
+      expect(described_class.shares({ "a" => 3, "b" => 1, "c" => 0 })).to eq({ "a" => 0.75, "b" => 0.25 })
+    end
+
+    it "is empty when there is no weight" do
+      expect(described_class.shares({ "a" => 0 })).to eq({})
+    end
+  end
+
+  describe ".overlap" do
+    it "is 1 for the same distribution and 0 for disjoint ones" do
+      p = { "a" => 0.6, "b" => 0.4 }
+      expect(described_class.overlap(p, p)).to be_within(1e-12).of(1.0)
+      expect(described_class.overlap(p, { "c" => 1.0 })).to eq(0.0)
+    end
+
+    it "adds the smaller share of each function, whichever side has it" do
+      p = { "a" => 0.5, "b" => 0.3, "c" => 0.2 }
+      q = { "a" => 0.2, "b" => 0.7, "d" => 0.1 }
+      expect(described_class.overlap(p, q)).to be_within(1e-12).of(0.2 + 0.3)
+      expect(described_class.overlap(q, p)).to be_within(1e-12).of(0.5)
+    end
+  end
+
+  describe ".unbiased_overlap" do
+    it "is 1 for a single function whatever n" do
+      expect(described_class.unbiased_overlap({ "a" => 1.0 }, 3)).to be_within(1e-12).of(1.0)
+    end
+
+    it "is 0.5 for two equal functions and one sample (a draw is all one function)" do
+      expect(described_class.unbiased_overlap({ "a" => 0.5, "b" => 0.5 }, 1, draws: 50)).to be_within(1e-12).of(0.5)
+    end
+
+    it "is the expected overlap for two equal functions and two samples: 0.75" do
+      # Half the draws split 1:1 (overlap 1), half are one function twice (overlap 0.5).
+      expect(described_class.unbiased_overlap({ "a" => 0.5, "b" => 0.5 }, 2, draws: 4000)).to be_within(0.03).of(0.75)
+    end
+
+    it "grows towards 1 with n" do
+      p = { "a" => 0.4, "b" => 0.3, "c" => 0.2, "d" => 0.1 }
+      small = described_class.unbiased_overlap(p, 10)
+      large = described_class.unbiased_overlap(p, 2000)
+      expect(small).to be < 0.9
+      expect(large).to be > 0.97
+      expect(large).to be < 1.0
+    end
+
+    it "gives the same result for the same seed and no result without samples" do
+      p = { "a" => 0.7, "b" => 0.3 }
+      expect(described_class.unbiased_overlap(p, 7, seed: 3)).to eq(described_class.unbiased_overlap(p, 7, seed: 3))
+      expect(described_class.unbiased_overlap(p, 0)).to be_nil
+      expect(described_class.unbiased_overlap({}, 5)).to be_nil
+    end
+  end
+
+  describe ".top" do
+    it "keeps the largest shares, largest first, ties by name" do
+      dist = { "c" => 0.2, "a" => 0.2, "b" => 0.5, "d" => 0.1 }
+      expect(described_class.top(dist, 3)).to eq([["b", 0.5], ["a", 0.2], ["c", 0.2]])
+    end
+  end
+
+  describe ".stackprof_self" do
+    it "counts leaf samples per normalized name and leaves the GC frames out" do
+      dump = {
+        samples: 16,
+        frames: {
+          1 => { name: "HotSpot.crunch", samples: 6, total_samples: 6 },
+          2 => { name: "block in HotSpot.crunch", samples: 2, total_samples: 8 },
+          3 => { name: "Array#sort", samples: 5, total_samples: 5 },
+          4 => { name: "<main>", samples: 0, total_samples: 13 },
+          5 => { name: "(marking)", samples: 2, total_samples: 2 },
+          6 => { name: "(sweeping)", samples: 1, total_samples: 1 },
+          7 => { name: "(garbage collection)", samples: 0, total_samples: 3 },
+        },
+      }
+      expect(described_class.stackprof_self(dump)).to eq(weights: { "crunch" => 8, "sort" => 5 }, gc_samples: 3, samples: 16)
+    end
+  end
+
+  describe ".pprof_self" do
+    it "sums cpu-time at the leaf per function and counts the cpu-samples that had cpu-time" do
+      recorder = DdprofRecorder::StackRecorder.new(compression: :gzip)
+      recorder.record_sample([["crunch", "a.rb", 3], ["run", "a.rb", 9]], [100, 1, 1000])
+      recorder.record_sample([["HotSpot.crunch", "a.rb", 3], ["main", "a.rb", 1]], [40, 2, 1000])
+      recorder.record_sample([["sort", "a.rb", 5], ["run", "a.rb", 9]], [50, 3, 1000])
+      recorder.record_sample([["sleep", "a.rb", 7], ["run", "a.rb", 9]], [0, 7, 5000]) # off CPU
+      pprof = recorder.serialize!
+
+      expect(described_class.pprof_self(pprof)).to eq(weights: { "crunch" => 140, "sort" => 50 }, on_cpu_samples: 6, total: 190)
+    end
+
+    it "takes the innermost line of a location with inlined lines, and reads raw pprofs" do
+      pp = Perftools::Profiles
+      profile = pp::Profile.new(
+        string_table: ["", "cpu-time", "nanoseconds", "cpu-samples", "count", "leaf", "inliner", "caller"],
+        sample_type: [pp::ValueType.new(type: 3, unit: 4), pp::ValueType.new(type: 1, unit: 2)],
+        function: [pp::Function.new(id: 1, name: 5), pp::Function.new(id: 2, name: 6), pp::Function.new(id: 3, name: 7)],
+        location: [
+          pp::Location.new(id: 10, line: [pp::Line.new(function_id: 1, line: 1), pp::Line.new(function_id: 2, line: 2)]),
+          pp::Location.new(id: 11, line: [pp::Line.new(function_id: 3, line: 3)]),
+        ],
+        sample: [
+          pp::Sample.new(location_id: [10, 11], value: [4, 300]),
+          pp::Sample.new(location_id: [11], value: [1, 100]),
+          pp::Sample.new(location_id: [10, 11], value: [9, -5]), # not positive: not on CPU
+        ],
+      )
+      raw = pp::Profile.encode(profile)
+
+      expected = { weights: { "leaf" => 300, "caller" => 100 }, on_cpu_samples: 5, total: 400 }
+      expect(described_class.pprof_self(raw)).to eq(expected)
+      expect(described_class.pprof_self(Zlib.gzip(raw))).to eq(expected)
+    end
+
+    it "names the sample types it has when one is missing" do
+      pprof = DdprofRecorder::StackRecorder.new(value_types: [["wall-time", "nanoseconds"]]).serialize!
+      expect { described_class.pprof_self(pprof) }.to raise_error(ArgumentError, /no "cpu-time" sample type \(it has wall-time\)/)
+    end
+
+    it "rejects bytes that are not a pprof" do
+      expect { described_class.pprof_self("\x1f\x8bnot gzip".b) }.to raise_error(ArgumentError, /gzip/)
+      expect { described_class.pprof_self("\xff".b) }.to raise_error(ArgumentError, /not a pprof/)
+    end
+  end
+end
