@@ -40,6 +40,15 @@
 //! job can then tell whether its thread used the CPU since the tick or was blocked, and so ran
 //! late (see `sampling_job`).
 //!
+//! # Randomized ticks
+//!
+//! Tick intervals are drawn uniformly from 0.5 to 1.5 periods (the mean rate stays `hz`). With
+//! fixed ticks, a program that loops with a steady cycle (5 ms of work, then a 1 ms sleep)
+//! meets the ticks at a few fixed phases of its cycle, and the CPU carried past a blocked
+//! thread (see `lib/ddprof_recorder/profiler/thread_sampler.rb`) then lands on whatever
+//! code runs at the phase after the sleep: measured with `bench/run accuracy` (`sleepy`), the
+//! split between its two methods came out 41/52% against a truth of 59/40%.
+//!
 //! # Waking the Ruby sampler thread
 //!
 //! When the jobs stop running (every thread is blocked, so none checks interrupts), the Ruby
@@ -207,9 +216,28 @@ pub fn is_running() -> bool {
         .is_some_and(|r| r.fork_generation == crate::stack_recorder::fork_generation())
 }
 
+/// xorshift64*: enough to spread the ticks, seeded from the clock.
+struct Jitter(u64);
+
+impl Jitter {
+    fn new() -> Self {
+        Self((monotonic_ns() as u64) | 1)
+    }
+
+    /// A duration uniformly drawn from 0.5 to 1.5 times `period`.
+    fn around(&mut self, period: Duration) -> Duration {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let unit = (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
+        period.mul_f64(0.5 + unit)
+    }
+}
+
 fn run(setup: &Setup, stop: &AtomicBool) {
     let period = Duration::from_nanos(1_000_000_000 / u64::from(setup.hz.max(1)));
-    let mut deadline = Instant::now() + period;
+    let mut jitter = Jitter::new();
+    let mut deadline = Instant::now() + jitter.around(period);
     let mut jobs_before = setup.jobs_run.load(Ordering::Relaxed);
     let mut jobless_ticks = 0u32;
     while !stop.load(Ordering::Acquire) {
@@ -229,7 +257,7 @@ fn run(setup: &Setup, stop: &AtomicBool) {
             unsafe { libc::write(setup.wake_fd, b"!".as_ptr().cast(), 1) };
         }
         tick(setup.job);
-        deadline += period;
+        deadline += jitter.around(period);
         let now = Instant::now();
         if deadline < now {
             // Far behind (the machine was busy): start again from now rather than burst.
@@ -253,6 +281,16 @@ fn tick(job: unsafe extern "C" fn(*mut c_void)) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jitter_stays_within_half_a_period_and_averages_one() {
+        let mut jitter = Jitter(12345);
+        let period = Duration::from_millis(10);
+        let draws: Vec<Duration> = (0..10_000).map(|_| jitter.around(period)).collect();
+        assert!(draws.iter().all(|d| *d >= period / 2 && *d <= period * 3 / 2));
+        let mean = draws.iter().sum::<Duration>() / draws.len() as u32;
+        assert!(mean > Duration::from_micros(9_800) && mean < Duration::from_micros(10_200));
+    }
 
     #[test]
     fn tick_info_reads_what_was_published() {
