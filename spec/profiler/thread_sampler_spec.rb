@@ -1,0 +1,163 @@
+# frozen_string_literal: true
+
+# DdprofRecorder::Profiler::ThreadSampler's accounting, driven by hand with fake clocks: where
+# CPU and wall time are charged, carried and added up. Profiles are decoded with
+# google-protobuf (spec_helper), never with the gem's decoder.
+RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
+  # Clocks the test sets: the monotonic clock, and a CPU clock per native thread id.
+  let(:clock) do
+    Class.new do
+      attr_accessor :now_ns
+
+      def initialize
+        @now_ns = 1_000_000_000
+        @cpu = {}
+      end
+
+      def set_cpu(tid, ns)
+        @cpu[tid] = ns
+      end
+
+      def thread_cpu_ns(tid)
+        @cpu[tid]
+      end
+
+      def current_cpu_ns
+        @cpu.fetch(Thread.current.native_thread_id)
+      end
+    end.new
+  end
+  let(:recorder) { DdprofRecorder::StackRecorder.new(compression: :none) }
+  let(:me) { Thread.current.native_thread_id }
+  let(:sampler) do
+    clock.set_cpu(me, 0)
+    described_class.new(recorder, internal: ->(_) { false }, clock: clock).tap do |s|
+      s.baseline([me], [Thread.current])
+    end
+  end
+
+  def profile_samples
+    samples_from(decode_pprof(recorder.serialize!))
+  end
+
+  def mine(samples, thread = Thread.current)
+    name = thread.equal?(Thread.main) ? "main" : thread.name
+    samples.select { |s| s[:labels]["thread name"] == name }
+  end
+
+  # A sampling job's call, from a method of its own so that its stack is known.
+  def job_in_busy_method(on_time, cpu_ns, now_ns)
+    sampler.call(on_time, cpu_ns, now_ns)
+  end
+
+  it "charges an on-time job the CPU its thread used since its previous on-CPU sample" do
+    sampler
+    [7_000_000, 12_000_000].each do |cpu|
+      clock.set_cpu(me, cpu) # the job's own work costs nothing here
+      job_in_busy_method(true, cpu, clock.now_ns += 10_000_000)
+    end
+    samples = mine(profile_samples)
+    expect(samples.size).to eq(1)
+    expect(samples.first[:frames].first.first).to eq("job_in_busy_method")
+    expect(samples.first[:values]).to eq("cpu-time" => 12_000_000, "cpu-samples" => 2, "wall-time" => 20_000_000)
+    expect(sampler.counts).to include(on_cpu_samples: 2, carried_cpu_samples: 0)
+  end
+
+  it "leaves out the CPU of the job's own work" do
+    sampler
+    clock.set_cpu(me, 7_500_000) # the clock when the job ends: 0.5 ms of its own
+    job_in_busy_method(true, 7_000_000, clock.now_ns += 10_000_000)
+    clock.set_cpu(me, 10_500_000)
+    job_in_busy_method(true, 10_500_000, clock.now_ns += 10_000_000)
+    cpu = mine(profile_samples).sum { |s| s[:values]["cpu-time"] }
+    expect(cpu).to eq(7_000_000 + 3_000_000)
+    expect(sampler.counts[:job_cpu_ns]).to eq(500_000)
+  end
+
+  it "carries the CPU of a late job (its thread was blocked) to the next on-time sample" do
+    sampler
+    clock.set_cpu(me, 5_000_000)
+    job_in_busy_method(false, 5_000_000, clock.now_ns += 10_000_000) # woke up from a sleep
+    late = mine(profile_samples)
+    expect(late.map { |s| s[:values] }).to eq([{ "cpu-time" => 0, "cpu-samples" => 1, "wall-time" => 10_000_000 }])
+
+    clock.set_cpu(me, 8_000_000)
+    job_in_busy_method(true, 8_000_000, clock.now_ns += 10_000_000)
+    on_time = mine(profile_samples)
+    expect(on_time.sum { |s| s[:values]["cpu-time"] }).to eq(8_000_000)
+    expect(sampler.counts).to include(on_cpu_samples: 1, carried_cpu_samples: 1)
+  end
+
+  describe "a pass over the other threads" do
+    let(:queue) { Queue.new }
+    let!(:other) do
+      q = queue # not from the thread: rspec's `let` memoizes under a Mutex
+      Thread.new { q.pop }.tap do |t|
+        t.name = "other"
+        Thread.pass until t.status == "sleep"
+      end
+    end
+
+    after do
+      queue << :done
+      other.join
+    end
+
+    def start_with_other
+      clock.set_cpu(other.native_thread_id, 1_000)
+      sampler.baseline([me, other.native_thread_id], [Thread.current, other])
+    end
+
+    it "gives a blocked thread wall-time, and carries the CPU it used before blocking" do
+      start_with_other
+      clock.set_cpu(other.native_thread_id, 4_001_000) # it ran 4 ms, then blocked again
+      sampler.pass(clock.now_ns += 10_000_000, except: Thread.current)
+      wall = mine(profile_samples, other)
+      expect(wall.map { |s| s[:values] }).to eq([{ "cpu-time" => 0, "cpu-samples" => 1, "wall-time" => 10_000_000 }])
+      expect(wall.first[:frames].first.first).to eq("pop")
+
+      # The window closes: the carried 4 ms go to its stack then (no on-CPU stack was seen),
+      # as CPU without a sample.
+      sampler.flush
+      carried = mine(profile_samples, other)
+      expect(carried.map { |s| s[:values] }).to eq([{ "cpu-time" => 4_000_000, "cpu-samples" => 0, "wall-time" => 0 }])
+    end
+
+    it "adds up the passes over an idle thread and records them as one sample" do
+      start_with_other
+      sampler.pass(clock.now_ns += 10_000_000, except: Thread.current) # it started: one sample
+      3.times { sampler.pass(clock.now_ns += 10_000_000, except: Thread.current) } # idle
+      first = mine(profile_samples, other)
+      expect(first.sum { |s| s[:values]["cpu-samples"] }).to eq(1)
+      sampler.flush
+      idle = mine(profile_samples, other)
+      expect(idle.map { |s| s[:values] }).to eq([{ "cpu-time" => 0, "cpu-samples" => 3, "wall-time" => 30_000_000 }])
+      expect(sampler.counts[:samples]).to eq(4)
+    end
+  end
+
+  it "counts a failing pass, logs it later (not from the job), and gives up after #{described_class::MAX_CONSECUTIVE_ERRORS}" do
+    log = StringIO.new
+    broken = DdprofRecorder::StackRecorder.new(compression: :none)
+    def broken.record_sample(*)
+      raise IOError, "broken recorder"
+    end
+    queue = Queue.new
+    other = Thread.new { queue.pop }
+    Thread.pass until other.status == "sleep"
+    sampler = described_class.new(broken, internal: ->(_) { false }, clock: clock, logger: Logger.new(log))
+    clock.set_cpu(other.native_thread_id, 1)
+    described_class::MAX_CONSECUTIVE_ERRORS.times do |i|
+      clock.set_cpu(other.native_thread_id, i + 2) # it ran: a sample is recorded, and fails
+      sampler.pass(clock.now_ns += 10_000_000)
+    end
+    expect(log.string).to be_empty
+    expect(sampler).to be_gave_up
+    sampler.write_log
+    expect(log.string).to include("sampling failed: IOError: broken recorder", "sampling stops")
+    expect(sampler.pass(clock.now_ns += 10_000_000)).to be(false)
+  ensure
+    queue << :done
+    other.join
+  end
+end
