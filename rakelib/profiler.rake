@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 # The profiler's tasks: profile the example, regenerate the README's flamegraph, measure the
-# profiler's overhead. See docs/profiler.md.
+# profiler's overhead. How the profiler works: docs/profiler.md.
 require "rbconfig"
 
 PROFILER_CLI = ["exe/ddprof-recorder"].freeze

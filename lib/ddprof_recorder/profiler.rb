@@ -173,6 +173,10 @@ module DdprofRecorder
     #   exporter, if any), or nil if not started (or in a forked child, where the profiler's
     #   threads do not exist: start a new profiler there).
     def stop
+      # Where this thread runs now, and its CPU: if the profiler samples it, what it carries
+      # goes there, and the stopping work below is not charged to it.
+      caller_cpu_ns = Profiler._native_current_thread_cpu_time_ns
+      caller_stack = caller_locations(1)
       @lifecycle.synchronize do
         return nil unless @started
 
@@ -187,7 +191,7 @@ module DdprofRecorder
         @sampler.write_log
         @exporting&.close(EXPORT_TIMEOUT)
         begin
-          @sampler.flush
+          @sampler.flush(caller_cpu_ns: caller_cpu_ns, caller_stack: caller_stack)
         rescue StandardError => e # never expected; the window is still worth having
           DdprofRecorder.logger.error("profiler: could not record the idle samples: #{e.class}: #{e.message}")
         end

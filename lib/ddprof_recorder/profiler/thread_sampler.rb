@@ -166,9 +166,21 @@ module DdprofRecorder
 
       # Records what is added up or carried: before a window closes (all threads) or when a
       # thread has ended.
-      def flush
+      #
+      # @param caller_cpu_ns [Integer, nil] when the calling thread is one the profiler
+      #   samples (it is stopping the profiler): its CPU clock when it called, so that the
+      #   profiler's own stopping work is not charged to it;
+      # @param caller_stack [Array<Thread::Backtrace::Location>, nil] and where it called from,
+      #   an on-CPU moment, for the CPU it carries.
+      def flush(caller_cpu_ns: nil, caller_stack: nil)
         @lock.synchronize do
-          @threads.each { |thread, state| flush_thread(thread, state) }
+          @threads.each do |thread, state|
+            if thread.equal?(Thread.current) && caller_cpu_ns
+              flush_thread(thread, state, cpu: caller_cpu_ns, stack: caller_stack)
+            else
+              flush_thread(thread, state)
+            end
+          end
         end
       end
 
@@ -315,16 +327,16 @@ module DdprofRecorder
       end
 
       # The idle samples, then the carried CPU: on the last on-CPU stack, else the stack now.
-      def flush_thread(thread, state)
+      def flush_thread(thread, state, cpu: nil, stack: nil)
         flush_idle(state)
         tid = state.native_id
         return unless tid
 
-        cpu = @clock.thread_cpu_ns(tid) || state.seen_cpu_ns
+        cpu ||= @clock.thread_cpu_ns(tid) || state.seen_cpu_ns
         carried = uncharged_cpu(tid, cpu)
         return unless carried.positive?
 
-        stack = state.on_cpu_locations
+        stack = state.on_cpu_locations if no_stack?(stack)
         stack ||= thread.alive? ? thread.backtrace_locations : nil
         stack = state.locations if no_stack?(stack)
         return if no_stack?(stack)
