@@ -10,8 +10,10 @@ module DdprofRecorder
   # - `cpu-samples`: 1 per sample;
   # - `wall-time`: nanoseconds since the thread's previous sample;
   #
-  # and the labels `"thread id"` (`"<native id> (<object_id>)"`) and `"thread name"`
-  # (`Thread#name`, `"main"` for the main thread, else where the thread was created).
+  # and the labels `"thread id"` (`"<native id> (<object_id>)"`), `"thread name"`
+  # (`Thread#name`, `"main"` for the main thread, else where the thread was created) and
+  # `"process id"` (the pid, a number: tells apart the processes of a forking server once
+  # their profiles are merged).
   #
   # Values are differences of clocks, so totals are exact whatever the sampling rate: the
   # rate decides only how finely time is split between stacks. A thread that has not run
@@ -40,6 +42,7 @@ module DdprofRecorder
     VALUE_TYPES = StackRecorder::DEFAULT_VALUE_TYPES
     THREAD_ID_LABEL = "thread id"
     THREAD_NAME_LABEL = "thread name"
+    PROCESS_ID_LABEL = "process id"
     # A sampling pass that raises is logged and skipped; this many in a row stop the sampler
     # rather than flood the log of a program that would keep failing the same way.
     MAX_CONSECUTIVE_ERRORS = 10
@@ -202,6 +205,26 @@ module DdprofRecorder
       end
     end
 
+    # In a forked child, profiles the child from now on: the profiler was running in the
+    # parent, but its threads did not survive the fork. Forgets the parent's threads and state
+    # and starts again, through {#start}, with the same options and exporter, in a window of
+    # its own (the parent's samples stay the parent's). {ForkHook} calls it for the
+    # process-wide profiler.
+    #
+    # @return [self, nil] self, or nil if there is nothing to restart (not started, or not in
+    #   a child of the process that started it).
+    def restart_after_fork
+      return nil unless @started && @pid != Process.pid
+
+      # A thread of the parent may have held it at fork; that thread is gone.
+      @lifecycle = Mutex.new
+      @started = @running = false
+      @sampler = @exporter_thread = @windows = nil
+      # The child's one thread (see #native_id).
+      @forked_thread = Thread.current
+      start
+    end
+
     # @return [Boolean] whether it samples: started, not stopped, and not given up after
     #   {MAX_CONSECUTIVE_ERRORS} failed passes.
     def running?
@@ -285,8 +308,11 @@ module DdprofRecorder
     # `Thread#native_thread_id` came with Ruby 3.1; before it, no thread's CPU clock can be
     # read and cpu-time stays 0.
     if Thread.method_defined?(:native_thread_id)
+      # The thread that forked keeps its id from the parent in the child (Ruby bug #19873,
+      # fixed in 3.3), where it is not a thread: a forked child's one thread is its main
+      # thread, whose id is the pid (Linux).
       def native_id(thread)
-        thread.native_thread_id
+        thread.equal?(@forked_thread) ? Process.pid : thread.native_thread_id
       end
     else
       def native_id(_thread)
@@ -399,7 +425,8 @@ module DdprofRecorder
       state.name = thread.name
       state.native_id = native_id(thread)
       id = state.native_id ? "#{state.native_id} (#{thread.object_id})" : thread.object_id.to_s
-      state.labels = [[THREAD_ID_LABEL, id].freeze, [THREAD_NAME_LABEL, display_name(thread)].freeze].freeze
+      state.labels = [[THREAD_ID_LABEL, id].freeze, [THREAD_NAME_LABEL, display_name(thread)].freeze,
+                      [PROCESS_ID_LABEL, Process.pid].freeze].freeze
     end
 
     # `Thread#name`, or "main", or where the thread was created (from `Thread#inspect`,
