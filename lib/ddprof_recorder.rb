@@ -13,3 +13,6 @@ end
 require_relative "ddprof_recorder/stack_recorder"
 require_relative "ddprof_recorder/pprof_views"
 require_relative "ddprof_recorder/profiler"
+require_relative "ddprof_recorder/fork_hook"
+
+DdprofRecorder::ForkHook.install

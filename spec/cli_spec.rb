@@ -200,8 +200,9 @@ RSpec.describe "exe/ddprof-recorder" do
     it "has --help for the tool and each command" do
       out, _, status = cli("--help")
       expect(status).to eq(0)
-      expect(out).to include("Usage: ddprof-recorder COMMAND", "record", "top", "flamegraph", "folded")
-      { "record" => "-- COMMAND", "top" => "--value TYPE", "flamegraph" => "-o out.svg", "folded" => "--by-thread" }.each do |command, text|
+      expect(out).to include("Usage: ddprof-recorder COMMAND", "record", "top", "flamegraph", "folded", "merge")
+      { "record" => "-- COMMAND", "top" => "--value TYPE", "flamegraph" => "-o out.svg", "folded" => "--by-process",
+        "merge" => "-o OUT FILE..." }.each do |command, text|
         out, err, status = cli(command, "--help")
         expect(status).to eq(0), err
         expect(out).to start_with("Usage: ddprof-recorder #{command}").and include(text, "-h, --help")
@@ -235,7 +236,7 @@ RSpec.describe "exe/ddprof-recorder" do
     end
 
     it "reports usage errors with status 2" do
-      [["frobnicate"], ["top"], ["top", "a", "b"], ["top", "hot.pb.gz", "--bogus"], ["top", "hot.pb.gz", "-n", "0"]].each do |args|
+      [["frobnicate"], ["top"], ["merge", "hot.pb.gz"], ["top", "hot.pb.gz", "--bogus"], ["top", "hot.pb.gz", "-n", "0"]].each do |args|
         _, err, status = cli(*args)
         expect(status).to eq(2), "#{args.inspect}: #{err}"
         expect_clean_error(err, /\Addprof-recorder: /)

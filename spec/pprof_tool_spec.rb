@@ -4,7 +4,7 @@ require "open3"
 require "tmpdir"
 
 # DESIGN.md, "pprof output": raw and gzip profiles must be readable by the pprof tool
-# (`go tool pprof -raw FILE`) with identical sample totals.
+# (`go tool pprof -raw FILE`) with identical sample totals; merged ones too.
 RSpec.describe "go tool pprof on the recorder's output" do
   before(:context) do
     skip "`go` is not on PATH: install golang-go to run `go tool pprof` (CI installs it)" unless go_available?
@@ -92,6 +92,23 @@ RSpec.describe "go tool pprof on the recorder's output" do
     expect(gzip_status.exitstatus).to eq(0), "go tool pprof -raw #{gzip_file} failed:\n#{gzip_err}"
     expect(raw_totals(raw_out)).to eq expected
     expect(raw_totals(gzip_out)).to eq raw_totals(raw_out)
+  end
+
+  it "reads a merged profile (DdprofRecorder.merge, raw and gzip) with the totals of its inputs" do
+    recorders = Array.new(3) { DdprofRecorder::StackRecorder.new(compression: :gzip, max_frames: 30) }
+    expected = recorders.map { |recorder| record_workload(recorder) }
+                        .reduce { |a, b| a.merge(b) { |_, x, y| x + y } }
+    pprofs = recorders.map(&:serialize!)
+    pprofs << DdprofRecorder::StackRecorder.new.serialize! # an empty one, raw
+    { "merged.pb.gz" => :gzip, "merged.pb" => :none }.each do |name, compression|
+      file = File.join(@dir, name)
+      File.binwrite(file, DdprofRecorder.merge(pprofs, compression: compression))
+
+      out, err, status = pprof_raw(file)
+
+      expect(status.exitstatus).to eq(0), "go tool pprof -raw #{name} failed:\n#{err}"
+      expect(raw_totals(out)).to eq expected
+    end
   end
 
   it "reads an empty profile (exit 0, no samples)" do

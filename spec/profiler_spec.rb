@@ -158,14 +158,15 @@ RSpec.describe DdprofRecorder::Profiler do
     let(:samples) { samples_from(decode_pprof(@pprof)) }
     let(:by_thread) { totals_by_thread(samples) }
 
-    it "records the three value types and the thread labels on every sample" do
+    it "records the three value types and the thread and process labels on every sample" do
       profile = decode_pprof(@pprof)
       types = profile.sample_type.map { |t| [profile.string_table[t.type], profile.string_table[t.unit]] }
       expect(types).to eq(described_class::VALUE_TYPES)
       expect(samples).not_to be_empty
       samples.each do |s|
-        expect(s[:labels].keys).to contain_exactly("thread id", "thread name")
+        expect(s[:labels].keys).to contain_exactly("thread id", "thread name", "process id")
         expect(s[:labels]["thread id"]).to match(/\A\d+ \(\d+\)\z/)
+        expect(s[:labels]["process id"]).to eq(Process.pid) # a number
         # 0: CPU carried to the window's end and recorded on the thread's last on-CPU stack.
         expect(s[:values]["cpu-samples"]).to be >= 1 unless s[:values]["wall-time"].zero?
       end
@@ -252,6 +253,7 @@ RSpec.describe DdprofRecorder::Profiler do
       expect(summary[:totals]).to eq(value_totals(samples))
       expect(summary[:thread_names]).to include("cruncher", "main", "sleeper")
       expect(summary[:thread_ids].size).to eq(summary[:thread_names].size)
+      expect(summary[:process_ids]).to eq([Process.pid])
       expect(summary[:duration]).to be_within(0.001).of(@finish - @start)
       expect(summary[:start]).to be_within(0.001).of(@start)
     end

@@ -31,11 +31,14 @@ module DdprofRecorder
       "top" => "the hottest functions of a pprof, self and total",
       "flamegraph" => "draw a pprof as an SVG flamegraph",
       "folded" => "print a pprof as folded stacks (root;...;leaf value)",
+      "merge" => "merge pprof files into one",
     }.freeze
 
     DEFAULT_OUT = "profile.pb.gz"
     DEFAULT_VALUE = "cpu-time"
     DEFAULT_TOP = 20
+    # The record summary lists this many processes, one per line; the rest are counted.
+    MAX_PROCESS_LINES = 8
 
     # @param argv [Array<String>]
     # @return [Integer] the exit status.
@@ -100,6 +103,9 @@ module DdprofRecorder
           ddprof-recorder record -o profile.pb.gz -- ruby examples/hot_spot.rb
           ddprof-recorder top profile.pb.gz --value cpu-time -n 10
           ddprof-recorder flamegraph profile.pb.gz -o profile.svg
+          ddprof-recorder merge -o all.pb.gz profile.pb.gz profile.pid*.pb.gz
+
+        The views (top, flamegraph, folded) take one FILE or several, which they merge.
 
         Run `ddprof-recorder COMMAND --help` for a command's options.
       TEXT
@@ -127,30 +133,64 @@ module DdprofRecorder
       end
     end
 
-    # --by-thread and --filenames, shared by `flamegraph` and `folded`.
+    # --by-thread, --by-process and --filenames, shared by `flamegraph` and `folded`.
     def stack_options(parser, options)
       parser.on("--by-thread", "the \"thread name\" label as the root frame (one tower per thread)") do
-        options[:group_by] = Profiler::THREAD_NAME_LABEL
+        group_by(options, Profiler::THREAD_NAME_LABEL, "--by-thread")
+      end
+      parser.on("--by-process", "the \"process id\" label as the root frame (one tower per process)") do
+        group_by(options, Profiler::PROCESS_ID_LABEL, "--by-process")
       end
       parser.on("--filenames", "name frames \"function (file)\"") { options[:filenames] = true }
     end
 
-    # The one FILE argument of `top`, `flamegraph` and `folded`, read.
-    def read_profile(rest, command)
-      raise Failure.new("#{command}: give one pprof FILE (see `ddprof-recorder #{command} --help`)", USAGE) unless rest.size == 1
+    def group_by(options, label, flag)
+      if options[:group_by] && options[:group_by] != label
+        raise Failure.new("give --by-thread or --by-process, not both (#{flag})", USAGE)
+      end
 
-      path = rest.first
-      raise Failure, "#{path}: no such file" unless File.exist?(path)
-      raise Failure, "#{path}: is a directory, not a pprof file" if File.directory?(path)
-
-      [path, File.binread(path)]
+      options[:group_by] = label
     end
 
-    # Runs the view, prefixing its errors (not a pprof, unknown value) with the file name.
-    def on_profile(path)
+    # The FILE arguments of `top`, `flamegraph`, `folded` and `merge`, read (once each).
+    #
+    # @return [Array(Array<String>, Array<String>)] the paths and their contents.
+    def read_profiles(rest, command)
+      raise Failure.new("#{command}: give a pprof FILE (see `ddprof-recorder #{command} --help`)", USAGE) if rest.empty?
+
+      data = rest.map do |path|
+        raise Failure, "#{path}: no such file" unless File.exist?(path)
+        raise Failure, "#{path}: is a directory, not a pprof file" if File.directory?(path)
+
+        File.binread(path)
+      end
+      [rest, data]
+    end
+
+    # The argument for the views: the one pprof, or the Array of several (which they merge).
+    def view_input(data)
+      data.size == 1 ? data.first : data
+    end
+
+    # Runs the view or merge, naming the file its errors are about: with one file, the message
+    # of a bad argument (not a pprof, unknown value) after the file's name; with several, each
+    # `pprofs[i]` of a message (not a pprof, other value types) becomes the i-th file's name.
+    def on_profiles(paths)
       yield
-    rescue ArgumentError => e
-      raise Failure, "#{path}: #{e.message}"
+    rescue ArgumentError, DdprofRecorder::Error => e
+      named = e.message.gsub(/pprofs\[(\d+)\]/) { paths.fetch(Regexp.last_match(1).to_i) }
+      raise Failure, named unless named == e.message
+      raise Failure, "#{paths.first}: #{e.message}" if paths.size == 1 && e.is_a?(ArgumentError)
+
+      raise
+    end
+
+    # How a header names the files: the one, or "3 profiles (a, b, c)".
+    def files_title(paths)
+      return paths.first if paths.size == 1
+
+      shown = paths.first(3).join(", ")
+      "#{paths.size} profiles (#{shown}#{paths.size > 3 ? ', ...' : ''})"
     end
 
     # --- record -------------------------------------------------------------------------
@@ -168,6 +208,9 @@ module DdprofRecorder
         o.on("--hz N", Integer, "samples per second and thread (1..1000, default #{Profiler::DEFAULT_HZ})") { |v| options[:hz] = v }
         o.on("--interval S", Float, "also cut the profile every S seconds: one file per window,",
              "FILE with a number (profile.0001.pb.gz, ...)") { |v| options[:interval] = v }
+        o.separator ""
+        o.separator "Forked children (a server's workers) are profiled too, each into a file of its own:"
+        o.separator "FILE with its pid (profile.pid4242.pb.gz; windows: profile.pid4242.0001.pb.gz)."
       end
       command = parse(parser, argv)
       return 0 if command.nil?
@@ -184,13 +227,12 @@ module DdprofRecorder
       out = File.expand_path(options[:out])
       raise Failure, "record: #{options[:out]}: directory does not exist" unless File.directory?(File.dirname(out))
 
-      stale = options[:interval] ? Recording.window_files(out) : [out]
-      stale.each { |f| File.delete(f) if File.file?(f) }
+      Recording.profile_files(out).each_value { |stale| stale.each { |f| File.delete(f) if File.file?(f) } }
 
       started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
       status = run_profiled(command, record_env(out, options))
       elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
-      files = options[:interval] ? Recording.window_files(out) : [out].select { |f| File.file?(f) }
+      files = Recording.profile_files(out)
       if files.empty?
         raise Failure, "record: no profile was written by `#{display_command(command)}` " \
                        "(is it a Ruby program? did it end through exit! or a signal?)"
@@ -240,15 +282,26 @@ module DdprofRecorder
       status.exitstatus || (128 + (status.termsig || 0))
     end
 
+    # One screen about the recording. `files` are the profile files by process (see
+    # Recording.profile_files), each read once here.
     def print_record_summary(command, status, elapsed, files, options)
-      summaries = files.map { |f| DdprofRecorder.summary(File.binread(f)) }
+      processes = files.map do |child_pid, paths|
+        data = paths.map { |f| File.binread(f) }
+        summaries = data.map { |d| DdprofRecorder.summary(d) }
+        totals = Hash.new(0)
+        summaries.each { |s| s[:totals].each { |k, v| totals[k] += v } }
+        pid = child_pid || summaries.flat_map { |s| s[:process_ids] }.first
+        { pid: pid, paths: paths, data: data, summaries: summaries, totals: totals,
+          bytes: data.sum(&:bytesize) }
+      end
+      summaries = processes.flat_map { |p| p[:summaries] }
       totals = Hash.new(0)
-      summaries.each { |s| s[:totals].each { |k, v| totals[k] += v } }
+      processes.each { |p| p[:totals].each { |k, v| totals[k] += v } }
       duration = summaries.map { |s| s[:finish] }.max - summaries.map { |s| s[:start] }.min
       threads = summaries.flat_map { |s| s[:thread_names] }.uniq
       thread_ids = summaries.flat_map { |s| s[:thread_ids] }.uniq
       samples = totals["cpu-samples"]
-      shown = display_path(files.first)
+      all_data = processes.flat_map { |p| p[:data] }
 
       lines = []
       lines << "ddprof-recorder: recorded `#{display_command(command)}` (#{status_text(status)}, #{format('%.2f', elapsed)} s)"
@@ -257,19 +310,72 @@ module DdprofRecorder
       lines << row("samples", "#{samples}#{rate}")
       lines << row("threads", "#{thread_ids.size}: #{threads.first(6).join(', ')}#{threads.size > 6 ? ', ...' : ''}")
       lines << row("cpu-time", format("%.2f s   wall-time %.2f s", totals["cpu-time"] / 1e9, totals["wall-time"] / 1e9))
-      hottest = files.size == 1 ? DdprofRecorder.top(File.binread(files.first), value: "cpu-time", limit: 1)[:rows].first : nil
+      hottest = DdprofRecorder.top(view_input(all_data), value: "cpu-time", limit: 1)[:rows].first
       if hottest && totals["cpu-time"].positive?
         lines << row("hottest", format("%s (%s) %.1f%% of cpu-time", hottest[:name], display_path(hottest[:filename]), 100.0 * hottest[:self] / totals["cpu-time"]))
       end
-      if files.size == 1
-        lines << row("written", "#{shown} (#{File.size(files.first)} bytes)")
-      else
-        lines << row("written", "#{files.size} windows of #{options[:interval]} s: #{shown} ... #{display_path(files.last)}")
-      end
-      lines << row("view it", "ddprof-recorder top #{shown.shellescape}")
-      lines << row("", "ddprof-recorder flamegraph #{shown.shellescape} -o #{svg_name(shown).shellescape}")
-      lines << row("", "go tool pprof -top #{shown.shellescape}")
+      lines.concat(processes.size == 1 ? written_lines(processes.first, options) : process_lines(processes))
+      lines.concat(view_lines(files.keys, processes.first[:paths].first, options))
       @out.puts(lines)
+    end
+
+    # The files of a recording without forked children.
+    def written_lines(process, options)
+      paths = process[:paths]
+      shown = display_path(paths.first)
+      if paths.size == 1
+        [row("written", "#{shown} (#{process[:bytes]} bytes)")]
+      else
+        [row("written", "#{paths.size} windows of #{options[:interval]} s: #{shown} ... #{display_path(paths.last)}")]
+      end
+    end
+
+    # One line per process: pid, samples, cpu-time and its files.
+    def process_lines(processes)
+      lines = [row("processes", "#{processes.size}: the command's and #{processes.size - 1} forked")]
+      width = processes.map { |p| p[:pid].to_s.size }.max
+      processes.first(MAX_PROCESS_LINES).each do |p|
+        paths = p[:paths]
+        written = paths.size == 1 ? display_path(paths.first) : "#{display_path(paths.first)} ... #{display_path(paths.last)}"
+        lines << row("", format("%-*s  samples %-6d cpu-time %6.2f s  %s (%d bytes)", width, p[:pid] || "-",
+                                p[:totals]["cpu-samples"], p[:totals]["cpu-time"] / 1e9, written, p[:bytes]))
+      end
+      rest = processes.drop(MAX_PROCESS_LINES)
+      lines << row("", "... and #{rest.size} more (#{rest.sum { |p| p[:paths].size }} files)") unless rest.empty?
+      lines << row("written", "#{processes.sum { |p| p[:paths].size }} files, " \
+                              "#{processes.sum { |p| p[:bytes] }} bytes in all")
+      lines
+    end
+
+    # How to look at the files: the one file, or, with forked children, shell patterns that
+    # name the files of every process (the views merge them).
+    def view_lines(pids, first, options)
+      out = display_path(first)
+      if pids == [nil]
+        shown = out.shellescape
+        svg = svg_name(out).shellescape
+        by = ""
+      else
+        base = display_path(File.expand_path(options[:out]))
+        shown = [profile_glob(base, options[:interval] ? "[0-9]*" : nil), profile_glob(base, "pid*")].join(" ")
+        svg = svg_name(base).shellescape
+        by = " --by-process"
+      end
+      [row("view it", "ddprof-recorder top #{shown}"),
+       row("", "ddprof-recorder flamegraph#{by} #{shown} -o #{svg}"),
+       row("", "go tool pprof -top #{shown}")]
+    end
+
+    # A shell word naming `out` with `middle` (a glob, unescaped) after its stem:
+    # `profile.pb.gz` → `profile.pid*.pb.gz`.
+    def profile_glob(out, middle)
+      dir = File.dirname(out)
+      stem, dot, ext = File.basename(out).partition(".")
+      prefix = dir == "." ? stem : File.join(dir, stem)
+      word = prefix.shellescape
+      word += ".#{middle}" if middle
+      word += (dot + ext).shellescape unless ext.empty? && dot.empty?
+      word
     end
 
     # The command as one would type it: words with shell characters in single quotes.
@@ -304,10 +410,10 @@ module DdprofRecorder
     def cmd_top(argv)
       options = { value: DEFAULT_VALUE, limit: DEFAULT_TOP, sort: :self }
       parser = OptionParser.new do |o|
-        o.banner = "Usage: ddprof-recorder top FILE [--value TYPE] [-n N] [--sort self|total]"
+        o.banner = "Usage: ddprof-recorder top FILE... [--value TYPE] [-n N] [--sort self|total]"
         o.separator ""
         o.separator "The hottest functions of a pprof (raw or gzip): self (as the leaf of a stack) and"
-        o.separator "total (anywhere in it), with their share of the whole."
+        o.separator "total (anywhere in it), with their share of the whole. Several FILEs are merged."
         o.separator ""
         value_option(o, options)
         o.on("-n", "--limit N", Integer, "how many functions (default #{DEFAULT_TOP})") { |v| options[:limit] = v }
@@ -317,17 +423,17 @@ module DdprofRecorder
       return 0 if rest.nil?
       raise Failure.new("top: -n must be positive", USAGE) unless options[:limit].positive?
 
-      path, data = read_profile(rest, "top")
-      top = on_profile(path) { DdprofRecorder.top(data, value: options[:value]) }
+      paths, data = read_profiles(rest, "top")
+      top = on_profiles(paths) { DdprofRecorder.top(view_input(data), value: options[:value]) }
       rows = top[:rows]
       rows = rows.sort_by { |r| [-r[:total], -r[:self], r[:name]] } if options[:sort] == :total
-      print_top(path, top, rows.first(options[:limit]), rows.size)
+      print_top(files_title(paths), top, rows.first(options[:limit]), rows.size)
       0
     end
 
-    def print_top(path, top, rows, count)
+    def print_top(title, top, rows, count)
       total = top[:total]
-      @out.puts("#{path}: #{top[:value]}, #{quantity(total, top[:unit])} in all, #{count} functions" \
+      @out.puts("#{title}: #{top[:value]}, #{quantity(total, top[:unit])} in all, #{count} functions" \
                 "#{rows.size < count ? " (top #{rows.size})" : ''}")
       return if rows.empty?
 
@@ -366,12 +472,12 @@ module DdprofRecorder
     def cmd_flamegraph(argv)
       options = { value: DEFAULT_VALUE, out: nil, title: nil, group_by: nil, filenames: false }
       parser = OptionParser.new do |o|
-        o.banner = "Usage: ddprof-recorder flamegraph FILE [-o out.svg] [--value TYPE] [--by-thread]"
+        o.banner = "Usage: ddprof-recorder flamegraph FILE... [-o out.svg] [--value TYPE] [--by-thread|--by-process]"
         o.separator ""
         o.separator "Draws a pprof (raw or gzip) as an SVG flamegraph (open it in a browser: click to zoom,"
-        o.separator "Ctrl-F to search)."
+        o.separator "Ctrl-F to search). Several FILEs are merged."
         o.separator ""
-        o.on("-o", "--output FILE", "where to write the SVG (default: FILE with .svg; - for stdout)") { |v| options[:out] = v }
+        o.on("-o", "--output FILE", "where to write the SVG (default: the first FILE with .svg; - for stdout)") { |v| options[:out] = v }
         value_option(o, options)
         o.on("--title TEXT", "the title (default: \"<value> flamegraph\")") { |v| options[:title] = v }
         stack_options(o, options)
@@ -379,12 +485,12 @@ module DdprofRecorder
       rest = parse(parser, argv)
       return 0 if rest.nil?
 
-      path, data = read_profile(rest, "flamegraph")
-      svg = on_profile(path) do
-        DdprofRecorder.flamegraph(data, value: options[:value], title: options[:title],
-                                        group_by: options[:group_by], filenames: options[:filenames])
+      paths, data = read_profiles(rest, "flamegraph")
+      svg = on_profiles(paths) do
+        DdprofRecorder.flamegraph(view_input(data), value: options[:value], title: options[:title],
+                                                    group_by: options[:group_by], filenames: options[:filenames])
       end
-      out = options[:out] || svg_name(path)
+      out = options[:out] || svg_name(paths.first)
       if out == "-"
         @out.write(svg)
       else
@@ -399,10 +505,10 @@ module DdprofRecorder
     def cmd_folded(argv)
       options = { value: DEFAULT_VALUE, group_by: nil, filenames: false }
       parser = OptionParser.new do |o|
-        o.banner = "Usage: ddprof-recorder folded FILE [--value TYPE] [--by-thread] [--filenames]"
+        o.banner = "Usage: ddprof-recorder folded FILE... [--value TYPE] [--by-thread|--by-process] [--filenames]"
         o.separator ""
         o.separator "Prints a pprof (raw or gzip) as folded stacks, one `root;...;leaf value` line per stack:"
-        o.separator "the input of flamegraph.pl, inferno-flamegraph and speedscope."
+        o.separator "the input of flamegraph.pl, inferno-flamegraph and speedscope. Several FILEs are merged."
         o.separator ""
         value_option(o, options)
         stack_options(o, options)
@@ -410,10 +516,42 @@ module DdprofRecorder
       rest = parse(parser, argv)
       return 0 if rest.nil?
 
-      path, data = read_profile(rest, "folded")
-      @out.write(on_profile(path) do
-        DdprofRecorder.folded(data, value: options[:value], group_by: options[:group_by], filenames: options[:filenames])
+      paths, data = read_profiles(rest, "folded")
+      @out.write(on_profiles(paths) do
+        DdprofRecorder.folded(view_input(data), value: options[:value], group_by: options[:group_by],
+                                                filenames: options[:filenames])
       end)
+      0
+    end
+
+    # --- merge --------------------------------------------------------------------------
+
+    def cmd_merge(argv)
+      options = { out: nil }
+      parser = OptionParser.new do |o|
+        o.banner = "Usage: ddprof-recorder merge -o OUT FILE..."
+        o.separator ""
+        o.separator "Merges pprof files (raw or gzip, with the same value types) into one, e.g. the"
+        o.separator "profiles of a server's processes that `record` wrote. Samples with the same stack and"
+        o.separator "labels are added up; the \"process id\" label keeps the processes apart."
+        o.separator ""
+        o.on("-o", "--output OUT", "where to write the pprof (gzip if OUT ends in .gz; - for stdout, raw)") { |v| options[:out] = v }
+      end
+      rest = parse(parser, argv)
+      return 0 if rest.nil?
+      raise Failure.new("merge: give the output file with -o OUT", USAGE) unless options[:out]
+
+      paths, data = read_profiles(rest, "merge")
+      out = options[:out]
+      compression = out != "-" && out.end_with?(".gz") ? :gzip : :none
+      merged = on_profiles(paths) { DdprofRecorder.merge(data, compression: compression) }
+      if out == "-"
+        @out.binmode
+        @out.write(merged)
+      else
+        Recording.write(out, merged)
+        @out.puts("ddprof-recorder: merged #{paths.size} profiles into #{out} (#{merged.bytesize} bytes)")
+      end
       0
     end
   end

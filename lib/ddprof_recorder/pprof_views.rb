@@ -2,13 +2,18 @@
 
 module DdprofRecorder
   # Views of a pprof for people: folded stacks, a flamegraph, the hottest functions and a
-  # summary. All of them read any pprof (raw or gzip, ours or another tool's) natively (see
-  # crates/core/src/folded.rs); the Ruby methods below only check keywords.
+  # summary, and the merge of several pprofs into one. All of them read any pprof (raw or gzip,
+  # ours or another tool's) natively (see crates/core/src/folded.rs and merge.rs); the Ruby
+  # methods below only check keywords.
+  #
+  # Each view takes one pprof String or an Array of them, which it sees as their merge (see
+  # {.merge}): e.g. the profiles of a server's processes, or the windows of one. Errors about
+  # one of an Array's pprofs name it `pprofs[i]`.
   class << self
     # Folded stacks: one line per distinct stack, `root;...;leaf value`, sorted, the input of
     # flamegraph.pl, inferno and speedscope. Stacks whose value is 0 are left out.
     #
-    # @param pprof [String] a pprof, raw or gzip-compressed.
+    # @param pprof [String, Array<String>] a pprof, raw or gzip-compressed, or several.
     # @param value [String, Symbol] which sample type to use, e.g. `"cpu-time"`, `"wall-time"`.
     # @param filenames [Boolean] write frames as `name (file)` instead of `name`.
     # @param group_by [String, nil] a label key (e.g. `"thread name"`) whose value becomes the
@@ -16,6 +21,7 @@ module DdprofRecorder
     # @return [String] UTF-8 text, one line per stack.
     # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type (the message
     #   lists the ones it has).
+    # @raise [DdprofRecorder::Error] if several pprofs have different value types.
     def folded(pprof, value: "cpu-time", filenames: false, group_by: nil)
       _native_folded(pprof, value_name(value), filenames ? true : false, label_key(group_by))
     end
@@ -24,14 +30,15 @@ module DdprofRecorder
     # port of flamegraph.pl): open it in a browser to zoom and search. Nanosecond values are
     # shown in milliseconds.
     #
-    # @param pprof [String] a pprof, raw or gzip-compressed.
+    # @param pprof [String, Array<String>] a pprof, raw or gzip-compressed, or several.
     # @param value [String, Symbol] which sample type to draw.
     # @param title [String, nil] defaults to `"<value> flamegraph"`.
     # @param filenames [Boolean] label frames `name (file)`.
     # @param group_by [String, nil] a label key whose value becomes the root frame.
     # @return [String] the SVG (UTF-8).
     # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type.
-    # @raise [DdprofRecorder::Error] if no sample has a non-zero `value` (nothing to draw).
+    # @raise [DdprofRecorder::Error] if no sample has a non-zero `value` (nothing to draw), or
+    #   several pprofs have different value types.
     def flamegraph(pprof, value: "cpu-time", title: nil, filenames: false, group_by: nil)
       unless title.nil? || title.is_a?(String)
         raise TypeError, "title must be a String or nil, got #{title.class}"
@@ -43,12 +50,13 @@ module DdprofRecorder
     # The functions holding the most of one value: self (as the leaf of a sample) and total
     # (anywhere in the stack, once per sample).
     #
-    # @param pprof [String] a pprof, raw or gzip-compressed.
+    # @param pprof [String, Array<String>] a pprof, raw or gzip-compressed, or several.
     # @param value [String, Symbol] which sample type to rank by.
     # @param limit [Integer, nil] keep only the first `limit` rows.
     # @return [Hash] `{value:, unit:, total:, rows: [{name:, filename:, self:, total:}, ...]}`,
     #   rows sorted by self value, highest first.
     # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type.
+    # @raise [DdprofRecorder::Error] if several pprofs have different value types.
     def top(pprof, value: "cpu-time", limit: nil)
       value = value_name(value)
       unit, total, rows = _native_top(pprof, value)
@@ -59,12 +67,14 @@ module DdprofRecorder
 
     # What a profile holds, in numbers.
     #
-    # @param pprof [String] a pprof, raw or gzip-compressed.
+    # @param pprof [String, Array<String>] a pprof, raw or gzip-compressed, or several.
     # @return [Hash] `:value_types` (`[[type, unit], ...]`), `:totals` (`{type => sum}`),
     #   `:start` and `:finish` (Time), `:duration` (seconds, Float), `:samples` (distinct
-    #   pprof samples), `:functions`, `:thread_ids` and `:thread_names` (distinct values of
-    #   the profiler's `"thread id"` / `"thread name"` labels).
+    #   pprof samples), `:functions`, `:thread_ids`, `:thread_names` and `:process_ids`
+    #   (distinct values of the profiler's `"thread id"` / `"thread name"` / `"process id"`
+    #   labels).
     # @raise [ArgumentError] if `pprof` is not a pprof.
+    # @raise [DdprofRecorder::Error] if several pprofs have different value types.
     def summary(pprof)
       s = _native_summary(pprof)
       start = Time.at(0, s[:time_nanos], :nanosecond).utc
@@ -78,7 +88,27 @@ module DdprofRecorder
         functions: s[:functions],
         thread_ids: s[:thread_ids],
         thread_names: s[:thread_names],
+        process_ids: s[:process_ids],
       }
+    end
+
+    # Merges pprofs into one: every sample of every input, samples with the same stack and
+    # labels added up (the profiler's `"process id"` label keeps the processes of a forking
+    # server apart), covering the time from the earliest start to the latest end. The result
+    # reads like any single profile (`go tool pprof`, the views above).
+    #
+    # @param pprofs [Array<String>] pprofs, raw or gzip-compressed, with the same value types
+    #   (types and units, in the same order).
+    # @param compression [Symbol] `:gzip` (default, the usual `.pb.gz`) or `:none`.
+    # @return [String] the merged pprof (binary).
+    # @raise [ArgumentError] if `pprofs` is empty or one of them is not a pprof (the message
+    #   names it `pprofs[i]`).
+    # @raise [DdprofRecorder::Error] if their value types differ.
+    def merge(pprofs, compression: :gzip)
+      raise TypeError, "pprofs must be an Array of Strings, got #{pprofs.class}" unless pprofs.is_a?(Array)
+      raise ArgumentError, "compression must be :none or :gzip, got #{compression.inspect}" unless %i[gzip none].include?(compression)
+
+      _native_merge(pprofs, compression)
     end
 
     private

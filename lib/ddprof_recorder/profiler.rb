@@ -43,6 +43,9 @@ module DdprofRecorder
     VALUE_TYPES = StackRecorder::DEFAULT_VALUE_TYPES
     THREAD_ID_LABEL = ThreadSampler::THREAD_ID_LABEL
     THREAD_NAME_LABEL = ThreadSampler::THREAD_NAME_LABEL
+    # The pid, a number: tells apart the processes of a forking server once their profiles
+    # are merged.
+    PROCESS_ID_LABEL = "process id"
     MAX_CONSECUTIVE_ERRORS = ThreadSampler::MAX_CONSECUTIVE_ERRORS
     # How long {#stop} waits for the sampler thread to notice (it wakes up at once).
     STOP_TIMEOUT = 5
@@ -154,7 +157,9 @@ module DdprofRecorder
         @pid = Process.pid
         @started_ns = now_ns
         @next_window_ns = @interval && (@started_ns + (@interval * 1e9).to_i)
-        @sampler = ThreadSampler.new(@recorder, internal: method(:internal_thread?))
+        @sampler = ThreadSampler.new(@recorder, internal: method(:internal_thread?),
+                                                extra_labels: [[PROCESS_ID_LABEL, @pid]],
+                                                forked_thread: @forked_thread)
         @exporting = @exporter && Exporter.new(@exporter).start
         @started = @running = true
         wake, @wake_writer = IO.pipe
@@ -199,6 +204,29 @@ module DdprofRecorder
         @exporting.deliver(result) if result && @exporting
         result
       end
+    end
+
+    # In a forked child, profiles the child from now on: the profiler was running in the
+    # parent, but its threads (the Ruby sampler thread, the exporter thread, the native
+    # trigger) did not survive the fork. Forgets the parent's threads and state and starts
+    # again, through {#start}, with the same options and exporter, in a window of its own
+    # (the parent's samples stay the parent's). {ForkHook} calls it for the process-wide
+    # profiler.
+    #
+    # @return [self, nil] self, or nil if there is nothing to restart (not started, or not in
+    #   a child of the process that started it).
+    def restart_after_fork
+      return nil unless @started && @pid != Process.pid
+
+      # A thread of the parent may have held it at fork; that thread is gone.
+      @lifecycle = Mutex.new
+      @started = @running = false
+      @sampler = @sampler_thread = @exporting = nil
+      # The parent's pipe: this process has its own copy of both ends, and makes a new pair.
+      @wake_writer&.close
+      # The child's one thread (see ThreadSampler#native_id).
+      @forked_thread = Thread.current
+      start
     end
 
     # @return [Boolean] whether it samples: started, not stopped, and not given up after
@@ -266,9 +294,8 @@ module DdprofRecorder
     end
 
     def native_thread_ids
-      ids = Dir.children("/proc/self/task").map(&:to_i)
-      ids.empty? ? Thread.list.filter_map(&:native_thread_id) : ids
-    rescue SystemCallError, NoMethodError
+      Dir.children("/proc/self/task").map(&:to_i)
+    rescue SystemCallError
       []
     end
 

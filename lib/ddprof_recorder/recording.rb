@@ -1,19 +1,31 @@
 # frozen_string_literal: true
 
 module DdprofRecorder
-  # Profiles the whole life of a Ruby process that did not ask for it: `ddprof-recorder
-  # record` loads lib/ddprof_recorder/autostart.rb, which calls {.start}, into the program it
-  # runs through `RUBYOPT=-r.../autostart`, and
-  # says through the environment where to write the pprof (`DDPROF_RECORDER_OUT`), at which
-  # rate (`DDPROF_RECORDER_HZ`) and, optionally, every how many seconds to write a window of
-  # its own (`DDPROF_RECORDER_INTERVAL`, into numbered files, see {.window_path}).
+  # Profiles the whole life of a Ruby process that did not ask for it, and of the processes it
+  # forks: `ddprof-recorder record` loads lib/ddprof_recorder/autostart.rb, which calls
+  # {.start}, into the program it runs through `RUBYOPT=-r.../autostart`, and says through the
+  # environment where to write the pprof (`DDPROF_RECORDER_OUT`), at which rate
+  # (`DDPROF_RECORDER_HZ`) and, optionally, every how many seconds to write a window of its own
+  # (`DDPROF_RECORDER_INTERVAL`).
   #
-  # Without `DDPROF_RECORDER_OUT` it does nothing. Only one process writes: the first Ruby
-  # process to load it claims the profile (`DDPROF_RECORDER_OWNER`, inherited by its
-  # children), so that Ruby subprocesses of the program neither profile themselves nor
-  # overwrite its file; `exec` keeps the pid, so `bundle exec ruby app.rb` profiles app.rb.
-  # A forked child does not write either. The profile is written at exit (`at_exit`; a
-  # process ending through `exit!` or a signal it does not handle writes nothing).
+  # Without `DDPROF_RECORDER_OUT` it does nothing. The first Ruby process to load it claims the
+  # profile (`DDPROF_RECORDER_OWNER`, inherited by its children), so that Ruby programs it
+  # starts (`system`, `spawn`, backticks, `exec` from a forked child) neither profile themselves
+  # nor overwrite its files; `exec` keeps the pid, so `bundle exec ruby app.rb` profiles app.rb.
+  #
+  # Forked children are profiled: the profiler is the process-wide one ({Profiler.start}),
+  # which {ForkHook} restarts in each child, and every process writes its own file when it
+  # exits ({.profile_path}): the owner writes `DDPROF_RECORDER_OUT` itself, say `profile.pb.gz`,
+  # a forked child `profile.pid<PID>.pb.gz` (a grandchild too: one flat set of files); with an
+  # interval, windows are numbered after that, `profile.0001.pb.gz` and
+  # `profile.pid<PID>.0001.pb.gz`. The `pid` prefix keeps a child's file apart from a window
+  # number. `ddprof-recorder record` lists them ({.profile_files}); their samples carry the
+  # `"process id"` label.
+  #
+  # A process writes at exit: `at_exit` (a normal exit, an uncaught exception, a SIGTERM or
+  # Ctrl-C that Ruby turns into one), and also `exit!`, which skips `at_exit` but is hooked to
+  # write first (Unicorn's workers end with it). A process killed by a signal that Ruby does
+  # not handle (SIGKILL) or crashing writes nothing.
   #
   # Nothing here may break the program: a failure is one line on $stderr.
   module Recording
@@ -21,6 +33,44 @@ module DdprofRecorder
     HZ = "DDPROF_RECORDER_HZ"
     INTERVAL = "DDPROF_RECORDER_INTERVAL"
     OWNER = "DDPROF_RECORDER_OWNER"
+
+    # `exit!` on an object (Kernel's private instance method), prepended to Kernel.
+    module KernelExitBang
+      private
+
+      def exit!(*)
+        Recording.before_exit!
+        super
+      end
+    end
+
+    # `Kernel.exit!` and `Process.exit!`, prepended to their singleton classes.
+    module ExitBang
+      def exit!(*)
+        Recording.before_exit!
+        super
+      end
+    end
+
+    # The exporter with an interval: writes each window to the next numbered file of the
+    # process it runs in, counting again from 1 in a forked child.
+    class WindowWriter
+      def initialize(out)
+        @out = out
+        @pid = nil
+      end
+
+      def call(_start, _finish, pprof)
+        unless @pid == Process.pid
+          @pid = Process.pid
+          @windows = 0
+        end
+        @windows += 1
+        Recording.write(Recording.profile_path(@out, pid: Recording.child_pid, window: @windows), pprof)
+      end
+    end
+
+    @out = @owner = @profiler = nil
 
     module_function
 
@@ -36,35 +86,49 @@ module DdprofRecorder
 
       env[OWNER] = Process.pid.to_s
       require_relative "../ddprof_recorder"
-      profiler = new_profiler(out, env)
-      pid = Process.pid
-      at_exit { finish(profiler, pid, out) }
-      profiler.start
+      options = profiler_options(out, env)
+      @out = out
+      @owner = Process.pid
+      at_exit { finish }
+      Kernel.prepend(KernelExitBang)
+      [Kernel, Process].each { |mod| mod.singleton_class.prepend(ExitBang) }
+      @profiler = Profiler.start(**options)
     rescue StandardError, LoadError, ScriptError => e
       warn "ddprof-recorder: not profiling this process: #{e.class}: #{e.message}"
       nil
     end
 
-    # The file of the `n`th window with `--interval`: `profile.pb.gz` → `profile.0001.pb.gz`.
+    # The file of one process's profile, or of one of its windows:
+    # `profile.pb.gz` → `profile.pid4242.pb.gz`, `profile.0001.pb.gz`, `profile.pid4242.0001.pb.gz`.
     #
     # @param out [String] the output path given to `record`.
-    # @param n [Integer] the window's number, from 1.
+    # @param pid [Integer, nil] a forked child's pid; nil for the process that owns `out`.
+    # @param window [Integer, nil] the window's number, from 1, with `--interval`.
     # @return [String]
-    def window_path(out, n)
+    def profile_path(out, pid: nil, window: nil)
       stem, dot, ext = File.basename(out).partition(".")
-      File.join(File.dirname(out), "#{stem}.#{format('%04d', n)}#{dot}#{ext}")
+      parts = [stem]
+      parts << "pid#{pid}" if pid
+      parts << format("%04d", window) if window
+      File.join(File.dirname(out), "#{parts.join('.')}#{dot}#{ext}")
     end
 
-    # The window files of `out` that exist, in order.
+    # The profile files of `out` that exist, by process: the owner's (key nil) and each forked
+    # child's (key: its pid), each process's files in window order.
     #
-    # @return [Array<String>]
-    def window_files(out)
+    # @return [Hash{Integer, nil => Array<String>}] the owner first, then the children by pid.
+    def profile_files(out)
       dir = File.dirname(out)
-      stem, dot, ext = File.basename(out).partition(".")
-      pattern = /\A#{Regexp.escape(stem)}\.\d{4,}#{Regexp.escape(dot + ext)}\z/
-      return [] unless File.directory?(dir)
+      return {} unless File.directory?(dir)
 
-      Dir.children(dir).select { |f| pattern.match?(f) }.sort.map { |f| File.join(dir, f) }
+      stem, dot, ext = File.basename(out).partition(".")
+      pattern = /\A#{Regexp.escape(stem)}(?:\.pid(\d+))?(?:\.(\d{4,}))?#{Regexp.escape(dot + ext)}\z/
+      found = Dir.children(dir).filter_map do |name|
+        m = pattern.match(name) or next
+        [m[1]&.to_i, m[2].to_i, File.join(dir, name)]
+      end
+      found.sort_by { |pid, window, _| [pid || -1, window] }
+           .group_by(&:first).transform_values { |files| files.map(&:last) }
     end
 
     # Writes through a temporary file and a rename, so a reader never sees half a profile.
@@ -74,28 +138,44 @@ module DdprofRecorder
       File.rename(tmp, path)
     end
 
-    def new_profiler(out, env)
-      hz = Integer(env.fetch(HZ, Profiler::DEFAULT_HZ.to_s), 10)
-      interval = env[INTERVAL] && !env[INTERVAL].empty? ? Float(env[INTERVAL]) : nil
-      compression = out.end_with?(".gz") ? :gzip : :none
-      return Profiler.new(hz: hz, compression: compression) unless interval
-
-      windows = 0
-      Profiler.new(hz: hz, interval: interval, compression: compression) do |_start, _finish, pprof|
-        windows += 1
-        write(window_path(out, windows), pprof)
-      end
+    # This process's pid if it is a forked child, nil in the owner.
+    #
+    # @return [Integer, nil]
+    def child_pid
+      Process.pid == @owner ? nil : Process.pid
     end
 
-    # at_exit: the last window (and the only one without an interval) goes to its file.
-    def finish(profiler, pid, out)
-      return unless Process.pid == pid # a forked child: its parent writes
+    # `exit!`: writes the profile first. exit! may run in a signal handler (Unicorn's workers
+    # `trap(:TERM) { exit!(0) }`), where Mutex#lock raises ThreadError; a thread of its own may
+    # lock, so the profiler stops there.
+    def before_exit!
+      return unless @profiler
 
-      result = profiler.stop
-      write(out, result[2]) if result && !profiler.interval
+      writer = Thread.new { finish }
+      writer.report_on_exception = false
+      writer.join
+    rescue StandardError => e
+      warn "ddprof-recorder: could not write the profile: #{e.class}: #{e.message}"
+    end
+
+    # Options of the process-wide profiler (with an interval, its exporter).
+    def profiler_options(out, env)
+      hz = Integer(env.fetch(HZ, Profiler::DEFAULT_HZ.to_s), 10)
+      interval = env[INTERVAL] && !env[INTERVAL].empty? ? Float(env[INTERVAL]) : nil
+      options = { hz: hz, compression: out.end_with?(".gz") ? :gzip : :none }
+      interval ? options.merge(interval: interval, exporter: WindowWriter.new(out)) : options
+    end
+
+    # At exit: the last window (and the only one without an interval) goes to the file of
+    # this process. Nothing in a process that does not profile (a forked child whose profiler
+    # did not restart, or one that already wrote).
+    def finish
+      return unless @profiler
+
+      result = @profiler.stop
+      write(profile_path(@out, pid: child_pid), result[2]) if result && !@profiler.interval
     rescue StandardError => e
       warn "ddprof-recorder: could not write the profile: #{e.class}: #{e.message}"
     end
   end
 end
-

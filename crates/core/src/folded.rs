@@ -144,31 +144,35 @@ fn sanitize(name: &str) -> String {
 /// The first bytes of a gzip stream.
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
+/// The protobuf messages of a pprof, raw or gzip-compressed (told apart by the gzip magic
+/// number), references not checked yet.
+pub(crate) fn decode(bytes: &[u8]) -> Result<PprofProfile, FoldedError> {
+    let gunzipped;
+    let raw = if bytes.starts_with(&GZIP_MAGIC) {
+        let mut raw = Vec::with_capacity(bytes.len() * 4);
+        flate2::read::MultiGzDecoder::new(bytes)
+            .read_to_end(&mut raw)
+            .map_err(FoldedError::Gzip)?;
+        gunzipped = raw;
+        &gunzipped[..]
+    } else {
+        bytes
+    };
+    if raw.is_empty() {
+        return Err(FoldedError::NotPprof("the input is empty".to_string()));
+    }
+    PprofProfile::decode(raw)
+        .map_err(|e| FoldedError::NotPprof(format!("protobuf decoding failed: {e}")))
+}
+
 impl StackProfile {
     /// Decodes a pprof, raw or gzip-compressed (told apart by the gzip magic number).
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, FoldedError> {
-        if bytes.starts_with(&GZIP_MAGIC) {
-            let mut raw = Vec::with_capacity(bytes.len() * 4);
-            flate2::read::MultiGzDecoder::new(bytes)
-                .read_to_end(&mut raw)
-                .map_err(FoldedError::Gzip)?;
-            Self::from_raw(&raw)
-        } else {
-            Self::from_raw(bytes)
-        }
-    }
-
-    fn from_raw(raw: &[u8]) -> Result<Self, FoldedError> {
-        if raw.is_empty() {
-            return Err(FoldedError::NotPprof("the input is empty".to_string()));
-        }
-        let decoded = PprofProfile::decode(raw)
-            .map_err(|e| FoldedError::NotPprof(format!("protobuf decoding failed: {e}")))?;
-        Self::resolve(decoded)
+        Self::resolve(decode(bytes)?)
     }
 
     /// Checks every reference of `p` and builds the resolved form.
-    fn resolve(p: PprofProfile) -> Result<Self, FoldedError> {
+    pub(crate) fn resolve(p: PprofProfile) -> Result<Self, FoldedError> {
         let bad = |what: String| FoldedError::NotPprof(what);
         let strings = &p.string_table;
         if strings.first().map(String::as_str) != Some("") {

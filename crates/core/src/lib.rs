@@ -10,6 +10,7 @@
 mod error;
 pub mod folded;
 mod hash;
+pub mod merge;
 pub mod pprof;
 mod profile;
 mod recorder;

@@ -1,13 +1,17 @@
-//! `DdprofRecorder._native_folded`, `_native_flamegraph`, `_native_top` and
-//! `_native_summary`: views of a pprof (raw or gzip) for people, computed by the core's
-//! [`folded`](ddprof_recorder_core::folded) module. The Ruby methods with keywords and docs
-//! are in `lib/ddprof_recorder/pprof_views.rb`.
+//! `DdprofRecorder._native_folded`, `_native_flamegraph`, `_native_top`, `_native_summary`
+//! and `_native_merge`: views of pprof profiles (raw or gzip) for people, computed by the
+//! core's [`folded`](ddprof_recorder_core::folded) module, and their merge
+//! ([`merge`](ddprof_recorder_core::merge)). The Ruby methods with keywords and docs are in
+//! `lib/ddprof_recorder/pprof_views.rb`.
 //!
-//! Each entry point copies the pprof out of its Ruby String, then decodes and renders without
-//! the GVL (a large profile takes milliseconds), and builds Ruby objects from plain Rust data
-//! once the GVL is back.
+//! Each view takes one pprof String or an Array of them, merged into one profile first.
+//! Each entry point copies the pprofs out of their Ruby Strings, then decodes, merges and
+//! renders without the GVL (a large profile takes milliseconds), and builds Ruby objects from
+//! plain Rust data once the GVL is back.
 use ddprof_recorder_core::folded::{FoldOptions, FoldedError, LabelValue, StackProfile};
-use magnus::{function, prelude::*, Error, RArray, RHash, RModule, RString, Ruby, Value};
+use ddprof_recorder_core::merge::{self, MergeError};
+use ddprof_recorder_core::Compression;
+use magnus::{function, prelude::*, Error, RArray, RHash, RModule, RString, Ruby, Symbol, Value};
 
 use crate::errors::{arg_error, gem_error_class, guard};
 use crate::nogvl::nogvl;
@@ -15,12 +19,14 @@ use crate::nogvl::nogvl;
 /// Label keys the profiler sets on every sample; the summary counts their distinct values.
 const THREAD_ID_LABEL: &str = "thread id";
 const THREAD_NAME_LABEL: &str = "thread name";
+const PROCESS_ID_LABEL: &str = "process id";
 
 pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
     module.define_singleton_method("_native_folded", function!(native_folded, 4))?;
     module.define_singleton_method("_native_flamegraph", function!(native_flamegraph, 5))?;
     module.define_singleton_method("_native_top", function!(native_top, 2))?;
     module.define_singleton_method("_native_summary", function!(native_summary, 1))?;
+    module.define_singleton_method("_native_merge", function!(native_merge, 2))?;
     Ok(())
 }
 
@@ -36,16 +42,73 @@ fn view_error(ruby: &Ruby, e: FoldedError) -> Error {
     }
 }
 
-/// The pprof bytes, copied: the String may change or move once the GVL is released.
-fn pprof_bytes(ruby: &Ruby, pprof: Value) -> Result<Vec<u8>, Error> {
-    let s = RString::from_value(pprof).ok_or_else(|| {
-        Error::new(
-            ruby.exception_type_error(),
-            format!("pprof must be a String, got {}", class_name(pprof)),
-        )
-    })?;
-    // SAFETY: the slice is copied at once, before any Ruby code or allocation can run.
-    Ok(unsafe { s.as_slice() }.to_vec())
+/// The pprofs of a call: one String, or an Array of Strings (`array`: the caller gave an
+/// Array, whose elements the messages then name `pprofs[i]`).
+struct Inputs {
+    bytes: Vec<Vec<u8>>,
+    array: bool,
+}
+
+/// Why a view of several inputs failed: reading or merging them, the view itself, or
+/// encoding the merged profile.
+enum ViewError {
+    Merge(MergeError),
+    View(FoldedError),
+    Encode(String),
+}
+
+impl From<FoldedError> for ViewError {
+    fn from(e: FoldedError) -> Self {
+        Self::View(e)
+    }
+}
+
+/// A profile that cannot be read is a bad argument; profiles that cannot be merged (their
+/// value types differ) are a `DdprofRecorder::Error`.
+fn merge_error(ruby: &Ruby, e: MergeError, array: bool) -> Error {
+    let message = e.describe(|i| if array { format!("pprofs[{i}]") } else { "pprof".to_string() });
+    match e {
+        MergeError::Input { error, .. } if !array => view_error(ruby, error),
+        MergeError::NoInput => arg_error(ruby, "pprofs is empty: give at least one pprof"),
+        MergeError::Input { .. } => arg_error(ruby, message),
+        MergeError::ValueTypes { .. } => Error::new(gem_error_class(ruby), message),
+    }
+}
+
+fn to_ruby_error(ruby: &Ruby, e: ViewError, array: bool) -> Error {
+    match e {
+        ViewError::Merge(e) => merge_error(ruby, e, array),
+        ViewError::View(e) => view_error(ruby, e),
+        ViewError::Encode(e) => Error::new(gem_error_class(ruby), e),
+    }
+}
+
+/// The pprof bytes of a String or of each String of an Array, copied: the Strings may change
+/// or move once the GVL is released.
+fn pprof_inputs(ruby: &Ruby, pprofs: Value) -> Result<Inputs, Error> {
+    let copy = |v: Value, name: &dyn Fn() -> String| -> Result<Vec<u8>, Error> {
+        let s = RString::from_value(v).ok_or_else(|| {
+            Error::new(
+                ruby.exception_type_error(),
+                format!("{} must be a String, got {}", name(), class_name(v)),
+            )
+        })?;
+        // SAFETY: the slice is copied at once, before any Ruby code or allocation can run.
+        Ok(unsafe { s.as_slice() }.to_vec())
+    };
+    match RArray::from_value(pprofs) {
+        None => Ok(Inputs { bytes: vec![copy(pprofs, &|| "pprof".to_string())?], array: false }),
+        Some(array) => {
+            let mut bytes = Vec::with_capacity(array.len());
+            // Indexing (not an iterator over the Array's memory): a conversion error raises
+            // while nothing borrows the Array.
+            for i in 0..array.len() {
+                let v: Value = array.entry(i as isize)?;
+                bytes.push(copy(v, &|| format!("pprofs[{i}]"))?);
+            }
+            Ok(Inputs { bytes, array: true })
+        }
+    }
 }
 
 fn class_name(v: Value) -> String {
@@ -57,19 +120,20 @@ fn options(filenames: bool, root_label: Option<String>) -> FoldOptions {
     FoldOptions { filenames, root_label }
 }
 
-/// Decodes `bytes` and runs `view` on value `value`, all without the GVL.
+/// Decodes (and merges) `inputs` and runs `view` on value `value`, all without the GVL.
 fn with_profile<R: Send>(
     ruby: &Ruby,
-    bytes: Vec<u8>,
+    inputs: Inputs,
     value: String,
     view: impl Send + FnOnce(&StackProfile, usize) -> Result<R, FoldedError>,
 ) -> Result<R, Error> {
-    nogvl(ruby, move || {
-        let profile = StackProfile::from_bytes(&bytes)?;
+    let Inputs { bytes, array } = inputs;
+    nogvl(ruby, move || -> Result<R, ViewError> {
+        let profile = merge::stack_profile(&bytes).map_err(ViewError::Merge)?;
         let index = profile.value_index(&value)?;
-        view(&profile, index)
+        Ok(view(&profile, index)?)
     })?
-    .map_err(|e| view_error(ruby, e))
+    .map_err(|e| to_ruby_error(ruby, e, array))
 }
 
 /// `_native_folded(pprof, value, filenames, root_label)` → String of folded stack lines.
@@ -81,9 +145,9 @@ fn native_folded(
     root_label: Option<String>,
 ) -> Result<RString, Error> {
     guard(ruby, || {
-        let bytes = pprof_bytes(ruby, pprof)?;
+        let inputs = pprof_inputs(ruby, pprof)?;
         let opts = options(filenames, root_label);
-        let folded = with_profile(ruby, bytes, value, move |p, i| Ok(p.folded(i, &opts)))?;
+        let folded = with_profile(ruby, inputs, value, move |p, i| Ok(p.folded(i, &opts)))?;
         Ok(ruby.str_new(&folded))
     })
 }
@@ -98,10 +162,11 @@ fn native_flamegraph(
     root_label: Option<String>,
 ) -> Result<RString, Error> {
     guard(ruby, || {
-        let bytes = pprof_bytes(ruby, pprof)?;
+        let inputs = pprof_inputs(ruby, pprof)?;
         let opts = options(filenames, root_label);
-        let svg =
-            with_profile(ruby, bytes, value, move |p, i| p.flamegraph(i, title.as_deref(), &opts))?;
+        let svg = with_profile(ruby, inputs, value, move |p, i| {
+            p.flamegraph(i, title.as_deref(), &opts)
+        })?;
         Ok(ruby.str_new(&svg))
     })
 }
@@ -117,8 +182,8 @@ fn native_top(
     value: String,
 ) -> Result<(String, i64, Vec<TopRow>), Error> {
     guard(ruby, || {
-        let bytes = pprof_bytes(ruby, pprof)?;
-        with_profile(ruby, bytes, value, |p, i| {
+        let inputs = pprof_inputs(ruby, pprof)?;
+        with_profile(ruby, inputs, value, |p, i| {
             let rows = p
                 .top(i)
                 .into_iter()
@@ -139,16 +204,18 @@ struct Summary {
     functions: usize,
     thread_ids: Vec<LabelValue>,
     thread_names: Vec<LabelValue>,
+    process_ids: Vec<LabelValue>,
 }
 
 /// `_native_summary(pprof)` → Hash with Symbol keys: `:value_types` (`[[type, unit], ...]`),
 /// `:totals` (one per value type), `:time_nanos`, `:duration_nanos`, `:samples` (distinct
-/// pprof samples), `:functions`, `:thread_ids` and `:thread_names` (distinct label values).
+/// pprof samples), `:functions`, `:thread_ids`, `:thread_names` and `:process_ids` (distinct
+/// label values).
 fn native_summary(ruby: &Ruby, pprof: Value) -> Result<RHash, Error> {
     guard(ruby, || {
-        let bytes = pprof_bytes(ruby, pprof)?;
+        let Inputs { bytes, array } = pprof_inputs(ruby, pprof)?;
         let summary = nogvl(ruby, move || {
-            let p = StackProfile::from_bytes(&bytes)?;
+            let p = merge::stack_profile(&bytes)?;
             Ok(Summary {
                 totals: (0..p.value_types.len()).map(|i| p.total(i)).collect(),
                 value_types: p.value_types.clone(),
@@ -158,9 +225,10 @@ fn native_summary(ruby: &Ruby, pprof: Value) -> Result<RHash, Error> {
                 functions: p.functions.len(),
                 thread_ids: p.label_values(THREAD_ID_LABEL),
                 thread_names: p.label_values(THREAD_NAME_LABEL),
+                process_ids: p.label_values(PROCESS_ID_LABEL),
             })
         })?
-        .map_err(|e| view_error(ruby, e))?;
+        .map_err(|e| merge_error(ruby, e, array))?;
 
         let labels = |values: Vec<LabelValue>| -> RArray {
             ruby.ary_from_iter(values.into_iter().map(|v| match v {
@@ -177,6 +245,31 @@ fn native_summary(ruby: &Ruby, pprof: Value) -> Result<RHash, Error> {
         hash.aset(ruby.to_symbol("functions"), summary.functions)?;
         hash.aset(ruby.to_symbol("thread_ids"), labels(summary.thread_ids))?;
         hash.aset(ruby.to_symbol("thread_names"), labels(summary.thread_names))?;
+        hash.aset(ruby.to_symbol("process_ids"), labels(summary.process_ids))?;
         Ok(hash)
+    })
+}
+
+/// `_native_merge(pprofs, compression)` → one pprof String (`:gzip` or `:none`) holding the
+/// samples of every pprof of the Array `pprofs`.
+fn native_merge(ruby: &Ruby, pprofs: RArray, compression: Symbol) -> Result<RString, Error> {
+    guard(ruby, || {
+        let compression = match compression.name()?.as_ref() {
+            "gzip" => Compression::Gzip,
+            "none" => Compression::None,
+            other => {
+                return Err(arg_error(
+                    ruby,
+                    format!("compression must be :none or :gzip, got :{other}"),
+                ))
+            }
+        };
+        let Inputs { bytes, array } = pprof_inputs(ruby, pprofs.as_value())?;
+        let merged = nogvl(ruby, move || {
+            let profile = merge::merge_bytes(&bytes).map_err(ViewError::Merge)?;
+            merge::encode(&profile, compression).map_err(|e| ViewError::Encode(e.to_string()))
+        })?
+        .map_err(|e| to_ruby_error(ruby, e, array))?;
+        Ok(ruby.str_from_slice(&merged))
     })
 }

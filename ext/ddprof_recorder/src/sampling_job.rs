@@ -48,8 +48,9 @@ static LATE_JOBS: AtomicU64 = AtomicU64::new(0);
 static CALL: LazyId = LazyId::new("call");
 
 thread_local! {
-    /// This thread's Linux id, read once (`gettid` is a system call).
-    static TID: Cell<i32> = const { Cell::new(0) };
+    /// This thread's Linux id, read once per process (`gettid` is a system call), with the
+    /// fork generation it was read in: the thread that forks has a new id in the child.
+    static TID: Cell<(u64, i32)> = const { Cell::new((u64::MAX, 0)) };
 }
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
@@ -154,12 +155,16 @@ fn own_cpu_ns() -> i64 {
 }
 
 fn own_tid() -> i32 {
-    TID.with(|tid| {
-        if tid.get() == 0 {
-            // SAFETY: gettid has no preconditions and cannot fail.
-            tid.set(unsafe { libc::gettid() });
+    let generation = crate::stack_recorder::fork_generation();
+    TID.with(|cached| {
+        let (read_in, tid) = cached.get();
+        if read_in == generation {
+            return tid;
         }
-        tid.get()
+        // SAFETY: gettid has no preconditions and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        cached.set((generation, tid));
+        tid
     })
 }
 

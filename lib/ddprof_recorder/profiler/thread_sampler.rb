@@ -75,7 +75,11 @@ module DdprofRecorder
       # @param recorder [StackRecorder]
       # @param internal [#call] `internal.call(thread)` is true for the profiler's own threads.
       # @param extra_labels [Array<Array>] labels added to every sample (e.g. the process id).
-      def initialize(recorder, internal:, clock: Clock, extra_labels: [], logger: DdprofRecorder.logger)
+      # @param forked_thread [Thread, nil] in a forked child, the thread that forked (see
+      #   #native_id).
+      def initialize(recorder, internal:, clock: Clock, extra_labels: [], forked_thread: nil,
+                     logger: DdprofRecorder.logger)
+        @forked_thread = forked_thread
         @recorder = recorder
         @internal = internal
         @clock = clock
@@ -374,8 +378,11 @@ module DdprofRecorder
       # `Thread#native_thread_id` came with Ruby 3.1; before it, no thread's CPU clock can be
       # read and cpu-time stays 0.
       if Thread.method_defined?(:native_thread_id)
+        # The thread that forked keeps its id from the parent in the child (Ruby bug #19873,
+        # fixed in 3.3), where it is not a thread: a forked child's one thread is its main
+        # thread, whose id is the pid (Linux).
         def native_id(thread)
-          thread.native_thread_id
+          thread.equal?(@forked_thread) ? Process.pid : thread.native_thread_id
         end
       else
         def native_id(_thread)
