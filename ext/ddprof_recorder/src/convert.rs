@@ -14,7 +14,6 @@ use magnus::{
 };
 
 use crate::errors::{arg_error, type_error};
-use crate::stack_capture::OwnedFrame;
 
 /// `Thread::Backtrace::Location`, set once at init.
 static LOCATION_CLASS: std::sync::OnceLock<Opaque<RClass>> = std::sync::OnceLock::new();
@@ -57,12 +56,6 @@ impl Scratch {
             Ok(s) => self.text.push_str(s),
             Err(_) => self.text.push_str(&String::from_utf8_lossy(bytes)),
         }
-        (start, self.text.len())
-    }
-
-    fn push_str(&mut self, s: &str) -> Span {
-        let start = self.text.len();
-        self.text.push_str(s);
         (start, self.text.len())
     }
 
@@ -121,20 +114,11 @@ fn array(ruby: &Ruby, v: Value, what: &str) -> Result<RArray, Error> {
         .ok_or_else(|| type_error(ruby, format!("{what} must be an Array, got {}", class_name(v))))
 }
 
-/// Where a sample's frames come from.
-#[derive(Clone, Copy)]
-pub enum Frames<'a> {
-    /// `record_sample`'s `locations` argument (an Array), to check and convert.
-    Ruby(Value),
-    /// A stack read natively (`stack_capture`).
-    Captured(&'a [OwnedFrame]),
-}
-
 /// Converts `record_sample`'s arguments and calls `f` with the sample, or raises naming the
 /// bad argument. `f` runs with no Ruby value borrowed.
 pub fn with_sample<R>(
     ruby: &Ruby,
-    (locations, values, labels): (Frames<'_>, Value, Value),
+    (locations, values, labels): (Value, Value, Value),
     value_types: &[ValueType],
     max_frames: usize,
     f: impl FnOnce(&Sample<'_>) -> R,
@@ -155,53 +139,62 @@ pub fn with_sample<R>(
                     line,
                 })
                 .collect();
-            let labels: Vec<Label<'_>> = scratch
-                .labels
-                .iter()
-                .map(|&(key, value)| Label {
-                    key: scratch.get(key),
-                    value: match value {
-                        Ok(s) => LabelValue::Str(scratch.get(s)),
-                        Err(n) => LabelValue::Num(n),
-                    },
-                })
-                .collect();
+            let labels = labels_of(&scratch);
             f(&Sample { frames: &frames, omitted_frames, values: &scratch.values, labels: &labels })
         });
     SCRATCH.set(scratch);
     result
 }
 
+/// Converts `values` and `labels` as `record_sample` does, and calls `f` with them (for a
+/// stack that does not come from Ruby arguments). `f` runs with no Ruby value borrowed.
+pub fn with_values_and_labels<R>(
+    ruby: &Ruby,
+    (values, labels): (Value, Value),
+    value_types: &[ValueType],
+    f: impl FnOnce(&[i64], &[Label<'_>]) -> R,
+) -> Result<R, Error> {
+    let mut scratch = SCRATCH.take();
+    scratch.text.clear();
+    scratch.values.clear();
+    scratch.labels.clear();
+    let converted = convert_values(ruby, &mut scratch, values, value_types)
+        .and_then(|()| convert_labels(ruby, &mut scratch, labels));
+    let result = converted.map(|()| f(&scratch.values, &labels_of(&scratch)));
+    SCRATCH.set(scratch);
+    result
+}
+
+fn labels_of(scratch: &Scratch) -> Vec<Label<'_>> {
+    scratch
+        .labels
+        .iter()
+        .map(|&(key, value)| Label {
+            key: scratch.get(key),
+            value: match value {
+                Ok(s) => LabelValue::Str(scratch.get(s)),
+                Err(n) => LabelValue::Num(n),
+            },
+        })
+        .collect()
+}
+
 /// Fills `scratch`; returns how many root-side frames were left out (not converted).
 fn convert(
     ruby: &Ruby,
     scratch: &mut Scratch,
-    (locations, values, labels): (Frames<'_>, Value, Value),
+    (locations, values, labels): (Value, Value, Value),
     value_types: &[ValueType],
     max_frames: usize,
 ) -> Result<usize, Error> {
+    let locations = array(ruby, locations, "locations")?;
+    let len = locations.len();
     // Frames past `max_frames - 1` become the placeholder: checked, but never copied.
-    let keep = |len: usize| if len > max_frames { max_frames - 1 } else { len };
-    let len = match locations {
-        Frames::Ruby(locations) => {
-            let locations = array(ruby, locations, "locations")?;
-            let len = locations.len();
-            let keep = keep(len);
-            for i in 0..len {
-                let location: Value = locations.entry(i as isize)?;
-                convert_location(ruby, scratch, location, i, i < keep)?;
-            }
-            len
-        }
-        Frames::Captured(frames) => {
-            for frame in &frames[..keep(frames.len())] {
-                let name = scratch.push_str(&frame.name);
-                let file = scratch.push_str(&frame.file);
-                scratch.frames.push((name, file, frame.line));
-            }
-            frames.len()
-        }
-    };
+    let keep = if len > max_frames { max_frames - 1 } else { len };
+    for i in 0..len {
+        let location: Value = locations.entry(i as isize)?;
+        convert_location(ruby, scratch, location, i, i < keep)?;
+    }
     convert_values(ruby, scratch, values, value_types)?;
     convert_labels(ruby, scratch, labels)?;
     Ok(len - scratch.frames.len())

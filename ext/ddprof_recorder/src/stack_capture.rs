@@ -4,7 +4,7 @@
 //! `rb_profile_frames` (Ruby 3.1 `vm_backtrace.c`) fills a buffer with the frames of the
 //! current thread, leaf first: an instruction sequence for each Ruby frame, a method entry
 //! for each C method, and the line numbers, without allocating. Each frame object is turned
-//! into names once and kept in [`FRAMES`], so that a sample costs a hash lookup per frame.
+//! into names once and kept in [`CACHE`], so that a sample costs a hash lookup per frame.
 //! The names are the ones `Thread::Backtrace::Location` gives (what `StackRecorder#
 //! record_sample` reads from Locations): `base_label`, and `path`, which for a C method is
 //! the path (and line) of the Ruby frame that called it. So a stack reads the same whether it
@@ -15,14 +15,15 @@
 //! frame object is therefore marked by [`FrameCacheRoot`], a GC root: `rb_gc_mark` keeps it
 //! alive and pins it. The cache is bounded ([`MAX_CACHED_FRAMES`]; past it, it starts over).
 //!
-//! Captured stacks are kept per key (the sampler uses the native thread id), as owned strings,
+//! Captured stacks are kept per key (the sampler uses the native thread id), as cache slots,
 //! until that key's next capture: the sampler records them at once, and again when it charges
 //! CPU carried to the thread's last on-CPU stack. Everything here runs with the GVL held.
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
+use ddprof_recorder_core::Frame;
 use magnus::{
     function, gc, prelude::*, rb_sys::FromRawValue, DataTypeFunctions, Error, RModule, RString,
     Ruby, TypedData, Value,
@@ -37,24 +38,36 @@ const MAX_DEPTH: usize = 2048;
 /// Distinct frame objects kept before the cache starts over.
 const MAX_CACHED_FRAMES: usize = 1 << 16;
 
-/// A frame's names: `path` is None for a C method (it takes its caller's).
+/// A cached frame's names: `path` is None for a C method (it takes its caller's).
 struct Names {
-    base_label: Arc<str>,
-    path: Option<Arc<str>>,
+    base_label: Box<str>,
+    path: Option<Box<str>>,
 }
 
-/// One frame of a captured stack.
-#[derive(Clone)]
-pub struct OwnedFrame {
-    pub name: Arc<str>,
-    pub file: Arc<str>,
-    pub line: i64,
+/// One frame of a captured stack: the slot of its name, the slot whose path is its file (its
+/// own, or for a C method its caller's), and its line.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct CapturedFrame {
+    name: u32,
+    file: u32,
+    line: i64,
 }
 
-/// Frame object (VALUE) to names. Only used with the GVL held; a Mutex only to be `Sync`.
-static FRAMES: Mutex<Option<FxMap<usize, Names>>> = Mutex::new(None);
-/// Captured stacks by key.
-static CAPTURED: Mutex<Option<FxMap<i64, Vec<OwnedFrame>>>> = Mutex::new(None);
+#[derive(Default)]
+struct Cache {
+    /// Frame object (VALUE) to its slot.
+    slot_of: FxMap<usize, u32>,
+    slots: Vec<Names>,
+    /// Captured stacks by key, as slots (valid until the cache starts over, which drops them).
+    captured: FxMap<i64, Vec<CapturedFrame>>,
+}
+
+/// Only used with the GVL held; a Mutex only to be `Sync`. Never held across a call into Ruby.
+static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
+
+fn cache() -> std::sync::MutexGuard<'static, Option<Cache>> {
+    CACHE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 thread_local! {
     static BUFFER: RefCell<(Vec<rb_sys::VALUE>, Vec<i32>)> =
@@ -69,9 +82,9 @@ struct FrameCacheRoot;
 impl DataTypeFunctions for FrameCacheRoot {
     fn mark(&self, marker: &gc::Marker) {
         // Never contended: the lock is only taken with the GVL, and never across a call that
-        // could start a GC (see `names`).
-        if let Ok(frames) = FRAMES.try_lock() {
-            for &frame in frames.iter().flat_map(|map| map.keys()) {
+        // could start a GC (see `capture`).
+        if let Ok(cache) = CACHE.try_lock() {
+            for &frame in cache.iter().flat_map(|c| c.slot_of.keys()) {
                 // SAFETY: every key is a frame object that was live when cached, and marked
                 // (so kept alive) by this very function at every GC since.
                 marker.mark(unsafe { Value::from_raw(frame as rb_sys::VALUE) });
@@ -96,91 +109,117 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
 /// (its caller's frame and this C method's own are left out) and keeps it under `key`.
 /// Returns its depth (0: nothing to record).
 fn capture_stack(ruby: &Ruby, key: i64) -> Result<usize, Error> {
-    crate::errors::guard(ruby, || {
-        let frames = capture();
-        let depth = frames.len();
-        let mut captured = CAPTURED.lock().unwrap_or_else(|p| p.into_inner());
-        captured.get_or_insert_with(FxMap::default).insert(key, frames);
-        Ok(depth)
-    })
+    crate::errors::guard(ruby, || Ok(capture(key)))
 }
 
 /// `Profiler._native_forget_stack(key)`: drops what is kept under `key`.
 fn forget_stack(ruby: &Ruby, key: i64) -> Result<(), Error> {
     crate::errors::guard(ruby, || {
-        let mut captured = CAPTURED.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(map) = captured.as_mut() {
-            map.remove(&key);
+        if let Some(cache) = cache().as_mut() {
+            cache.captured.remove(&key);
         }
         Ok(())
     })
 }
 
-/// Runs `f` with the stack kept under `key`, if any.
-pub fn with_captured<R>(key: i64, f: impl FnOnce(&[OwnedFrame]) -> R) -> Option<R> {
-    // Cloned out (reference counts only), so that `f` may run Ruby code freely.
-    let frames = CAPTURED.lock().unwrap_or_else(|p| p.into_inner()).as_ref()?.get(&key)?.clone();
+/// Runs `f` with the stack kept under `key` as the core's frames, if any. `f` must not call
+/// Ruby: the cache is locked meanwhile.
+pub fn with_captured<R>(key: i64, f: impl FnOnce(&[Frame<'_>]) -> R) -> Option<R> {
+    let guard = cache();
+    let cache = guard.as_ref()?;
+    let captured = cache.captured.get(&key)?;
+    let name = |slot: u32| cache.slots.get(slot as usize);
+    let frames: Vec<Frame<'_>> = captured
+        .iter()
+        .map(|frame| Frame {
+            function_name: name(frame.name).map_or("", |n| &n.base_label),
+            filename: name(frame.file).and_then(|n| n.path.as_deref()).unwrap_or(""),
+            line: frame.line,
+        })
+        .collect();
     Some(f(&frames))
 }
 
-/// The caller's caller's stack, leaf first.
-fn capture() -> Vec<OwnedFrame> {
+/// Reads the caller's caller's stack, leaf first, into `key`'s slot; returns its depth.
+fn capture(key: i64) -> usize {
     BUFFER.with(|buffer| {
-        let Ok(mut buffer) = buffer.try_borrow_mut() else { return Vec::new() };
+        let Ok(mut buffer) = buffer.try_borrow_mut() else { return 0 };
         let (frames, lines) = &mut *buffer;
         // SAFETY: both buffers hold MAX_DEPTH entries; we hold the GVL (a method of ours).
         let n = unsafe {
             rb_sys::rb_profile_frames(0, MAX_DEPTH as i32, frames.as_mut_ptr(), lines.as_mut_ptr())
         };
         let n = usize::try_from(n).unwrap_or(0).min(MAX_DEPTH);
-        let mut names: Vec<(Arc<str>, Option<Arc<str>>, i64)> = Vec::with_capacity(n);
-        for i in 0..n {
-            let (base_label, path) = frame_names(frames[i]);
-            names.push((base_label, path, i64::from(lines[i])));
+        let (frames, lines) = (&frames[..n], &lines[..n]);
+        // Frame objects not cached yet get their names outside the lock: reading them may
+        // allocate (a method name's String is made on first use), so a GC may run and mark.
+        let unknown: Vec<rb_sys::VALUE> = {
+            let guard = cache();
+            let known = guard.as_ref().map(|c| &c.slot_of);
+            frames
+                .iter()
+                .copied()
+                .filter(|&f| known.is_none_or(|k| !k.contains_key(&(f as usize))))
+                .collect()
+        };
+        let missing: Vec<(usize, Names)> =
+            unknown.into_iter().map(|f| (f as usize, names_of(f))).collect();
+        let mut guard = cache();
+        let cache = guard.get_or_insert_with(Cache::default);
+        if cache.slots.len() + missing.len() > MAX_CACHED_FRAMES {
+            *cache = Cache::default();
+            // Everything must be named again: start this capture over next time.
+            return 0;
         }
-        resolve(names)
+        for (frame, names) in missing {
+            if let std::collections::hash_map::Entry::Vacant(entry) = cache.slot_of.entry(frame) {
+                entry.insert(cache.slots.len() as u32);
+                cache.slots.push(names);
+            }
+        }
+        let mut stack = cache.captured.remove(&key).unwrap_or_default();
+        resolve(cache, frames, lines, &mut stack);
+        let depth = stack.len();
+        cache.captured.insert(key, stack);
+        depth
     })
 }
 
-/// Drops this method's own frames, then gives each C method its caller's path and line.
-fn resolve(names: Vec<(Arc<str>, Option<Arc<str>>, i64)>) -> Vec<OwnedFrame> {
+/// Fills `stack` from the frames read: leaves out this method's own frames, and gives each C
+/// method its caller's path and line.
+fn resolve(cache: &Cache, frames: &[rb_sys::VALUE], lines: &[i32], stack: &mut Vec<CapturedFrame>) {
+    stack.clear();
+    let slot = |f: rb_sys::VALUE| cache.slot_of.get(&(f as usize)).copied().unwrap_or(0);
+    let is_ruby = |slot: u32| cache.slots.get(slot as usize).is_some_and(|n| n.path.is_some());
     // Leading C frames are `_native_capture_stack` itself; the first Ruby frame is its caller.
-    let skip = names.iter().position(|(_, path, _)| path.is_some()).map_or(names.len(), |i| i + 1);
-    let mut names = &names[skip..];
+    let skip = frames.iter().position(|&f| is_ruby(slot(f))).map_or(frames.len(), |i| i + 1);
+    let mut frames_and_lines: Vec<(u32, i64)> =
+        frames[skip..].iter().zip(&lines[skip..]).map(|(&f, &l)| (slot(f), i64::from(l))).collect();
     // The main thread's root: `rb_profile_frames` sees the program's `<main>` twice (the
     // top-level frame and the one that evaluates the script), where Locations show it once.
-    if let [.., (child, Some(child_path), _), (root, Some(root_path), _)] = names {
-        if &**root == "<main>" && root == child && root_path == child_path {
-            names = &names[..names.len() - 1];
+    if let [.., (child, _), (root, _)] = frames_and_lines[..] {
+        let names = |slot: u32| cache.slots.get(slot as usize).map(|n| (&n.base_label, &n.path));
+        let root_names = names(root);
+        let is_main =
+            root_names.is_some_and(|(label, path)| &**label == "<main>" && path.is_some());
+        if is_main && root_names == names(child) {
+            frames_and_lines.pop();
         }
     }
-    let mut out = Vec::with_capacity(names.len());
-    // Walk root first, so that each C frame knows the nearest Ruby frame below it.
-    let mut caller: (Arc<str>, i64) = (Arc::from(""), 0);
-    for (base_label, path, line) in names.iter().rev() {
-        let (file, line) = match path {
-            Some(path) => {
-                caller = (Arc::clone(path), *line);
-                (Arc::clone(path), *line)
-            }
-            None => (Arc::clone(&caller.0), caller.1),
-        };
-        out.push(OwnedFrame { name: Arc::clone(base_label), file, line });
+    // Root first, so that each C frame knows the nearest Ruby frame below it.
+    let mut caller = (u32::MAX, 0i64);
+    for &(slot, line) in frames_and_lines.iter().rev() {
+        if is_ruby(slot) {
+            caller = (slot, line);
+            stack.push(CapturedFrame { name: slot, file: slot, line });
+        } else {
+            stack.push(CapturedFrame { name: slot, file: caller.0, line: caller.1 });
+        }
     }
-    out.reverse();
-    out
+    stack.reverse();
 }
 
-fn frame_names(frame: rb_sys::VALUE) -> (Arc<str>, Option<Arc<str>>) {
-    let key = frame as usize;
-    {
-        let frames = FRAMES.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(names) = frames.as_ref().and_then(|map| map.get(&key)) {
-            return (Arc::clone(&names.base_label), names.path.clone());
-        }
-    }
-    // Outside the lock: these may allocate (a method name's String is made on first use), so
-    // a GC may run, and mark the cache.
+fn names_of(frame: rb_sys::VALUE) -> Names {
     // SAFETY: `frame` comes from rb_profile_frames on the live stack; GVL held. In Ruby 3.1
     // `rb_profile_frame_base_label` is nil for a C method: its name is the method's.
     let (label, path) = unsafe {
@@ -192,22 +231,14 @@ fn frame_names(frame: rb_sys::VALUE) -> (Arc<str>, Option<Arc<str>>) {
     } else {
         label
     };
-    let base_label = text(label).unwrap_or_else(|| Arc::from(""));
-    let path = text(path);
-    let mut frames = FRAMES.lock().unwrap_or_else(|p| p.into_inner());
-    let map = frames.get_or_insert_with(FxMap::default);
-    if map.len() >= MAX_CACHED_FRAMES {
-        map.clear();
-    }
-    map.insert(key, Names { base_label: Arc::clone(&base_label), path: path.clone() });
-    (base_label, path)
+    Names { base_label: text(label).unwrap_or_default(), path: text(path) }
 }
 
 /// A Ruby String's text (non-UTF-8 bytes become U+FFFD), or None for nil and non-Strings.
-fn text(v: rb_sys::VALUE) -> Option<Arc<str>> {
+fn text(v: rb_sys::VALUE) -> Option<Box<str>> {
     // SAFETY: `v` is a live VALUE just returned by Ruby; GVL held.
     let s = RString::from_value(unsafe { Value::from_raw(v) })?;
     // SAFETY: copied at once, before any Ruby code runs.
     let bytes = unsafe { s.as_slice() };
-    Some(Arc::from(String::from_utf8_lossy(bytes).as_ref()))
+    Some(String::from_utf8_lossy(bytes).into())
 }

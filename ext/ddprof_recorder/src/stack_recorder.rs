@@ -245,7 +245,7 @@ fn record_sample(
         let config = recorder.config();
         let recorded = convert::with_sample(
             ruby,
-            (convert::Frames::Ruby(locations), values, labels),
+            (locations, values, labels),
             config.value_types(),
             config.max_frames(),
             |sample| recorder.record_sample(sample),
@@ -275,20 +275,30 @@ fn record_captured(
     guard(ruby, || {
         let recorder = &rb_self.recorder;
         let config = recorder.config();
-        let recorded = crate::stack_capture::with_captured(key, |frames| {
-            convert::with_sample(
-                ruby,
-                (convert::Frames::Captured(frames), values, labels),
-                config.value_types(),
-                config.max_frames(),
-                |sample| recorder.record_sample(sample),
-            )
-        });
+        let max_frames = config.max_frames();
+        let recorded = convert::with_values_and_labels(
+            ruby,
+            (values, labels),
+            config.value_types(),
+            |values, labels| {
+                crate::stack_capture::with_captured(key, |frames| {
+                    // Frames past `max_frames - 1` become the placeholder, as for Locations.
+                    let kept =
+                        if frames.len() > max_frames { max_frames - 1 } else { frames.len() };
+                    recorder.record_sample(&ddprof_recorder_core::Sample {
+                        frames: &frames[..kept],
+                        omitted_frames: frames.len() - kept,
+                        values,
+                        labels,
+                    })
+                })
+            },
+        );
         match recorded {
-            None => Ok(false),
-            Some(Ok(Ok(()))) => Ok(true),
-            Some(Ok(Err(e))) => Err(record_error(ruby, e)),
-            Some(Err(e)) => {
+            Ok(None) => Ok(false),
+            Ok(Some(Ok(()))) => Ok(true),
+            Ok(Some(Err(e))) => Err(record_error(ruby, e)),
+            Err(e) => {
                 recorder.note_rejected();
                 Err(e)
             }
