@@ -1,0 +1,134 @@
+# frozen_string_literal: true
+
+# A forking server's throughput with and without the profiler: Debian's `puma` in cluster mode
+# (2 workers, 4 threads) or `unicorn` (2 workers) serving spec/fixtures/server_app/config.ru,
+# loaded by `wrk` on 127.0.0.1 (the CPU-heavy route `/cpu` and the sleeping one `/sleep` at
+# once), started plainly or under `ddprof-recorder record --hz 99`. Each round starts a fresh
+# server of each kind, alternating, warms it up, then measures; the ratio of each round is
+# paired (profiled / plain requests per second).
+#
+#   ruby bench/server_throughput.rb [--server puma|unicorn] [--rounds 5] [--seconds 5]
+#
+# Prints one line per run, the median ratio, and one JSON line.
+require "json"
+require "net/http"
+require "optparse"
+require "rbconfig"
+require "socket"
+require "tmpdir"
+
+ROOT = File.expand_path("..", __dir__)
+APP = File.join(ROOT, "spec", "fixtures", "server_app")
+
+options = { server: "puma", rounds: 5, seconds: 5, hz: 99 }
+OptionParser.new do |o|
+  o.on("--server NAME", %w[puma unicorn]) { |v| options[:server] = v }
+  o.on("--rounds N", Integer) { |v| options[:rounds] = v }
+  o.on("--seconds N", Integer) { |v| options[:seconds] = v }
+  o.on("--hz N", Integer) { |v| options[:hz] = v }
+end.parse!
+
+%w[wrk].push(options[:server]).each do |program|
+  next if ENV.fetch("PATH", "").split(":").any? { |d| File.executable?(File.join(d, program)) }
+
+  abort "bench/server_throughput.rb: #{program} not found (apt-get install #{program})"
+end
+
+def free_port
+  server = TCPServer.new("127.0.0.1", 0)
+  server.addr[1]
+ensure
+  server&.close
+end
+
+def up?(port)
+  Net::HTTP.start("127.0.0.1", port, open_timeout: 1, read_timeout: 2) { |h| h.get("/pid").code == "200" }
+rescue SystemCallError, IOError, Net::OpenTimeout, Net::ReadTimeout
+  false
+end
+
+def server_command(server, port, dir)
+  case server
+  when "puma"
+    ["puma", "-w", "2", "-t", "4:4", "-b", "tcp://127.0.0.1:#{port}", "--pidfile", File.join(dir, "server.pid"),
+     File.join(APP, "config.ru")]
+  else
+    ["unicorn", "-c", File.join(APP, "unicorn.conf.rb"), "-l", "127.0.0.1:#{port}", File.join(APP, "config.ru")]
+  end
+end
+
+# requests per second of the two routes together over `seconds`.
+def load(port, seconds)
+  outs = %w[/cpu /sleep].map do |path|
+    r, w = IO.pipe
+    pid = Process.spawn("wrk", "-t1", "-c4", "-d#{seconds}s", "--timeout", "5s", "http://127.0.0.1:#{port}#{path}",
+                        out: w, err: w)
+    w.close
+    [pid, r]
+  end
+  outs.sum do |pid, r|
+    report = r.read
+    Process.wait(pid)
+    report[/Requests\/sec:\s+([\d.]+)/, 1].to_f
+  end
+end
+
+def run(kind, options)
+  Dir.mktmpdir("ddprof_recorder_throughput") do |dir|
+    port = free_port
+    command = server_command(options[:server], port, dir)
+    if kind == "profiled"
+      command = [RbConfig.ruby, File.join(ROOT, "exe", "ddprof-recorder"), "record", "--hz", options[:hz].to_s,
+                 "-o", File.join(dir, "server.pb.gz"), "--", *command]
+    end
+    env = { "UNICORN_PIDFILE" => File.join(dir, "server.pid") }
+    group = Process.spawn(env, *command, chdir: dir, out: File::NULL, err: File::NULL, pgroup: true)
+    begin
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
+      sleep 0.1 until up?(port) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      raise "the server did not answer in 20 s" unless up?(port)
+
+      load(port, 1) # warm-up: both workers booted, caches filled
+      rps = load(port, options[:seconds])
+      Process.kill("TERM", Integer(File.read(File.join(dir, "server.pid"))))
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
+      sleep 0.05 until Process.wait2(group, Process::WNOHANG) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      profiles = Dir.children(dir).grep(/\.pb\.gz\z/).size
+      group = nil
+      [rps, profiles]
+    ensure
+      if group
+        begin
+          Process.kill("KILL", -group)
+        rescue Errno::ESRCH
+          nil
+        end
+        Process.wait(group)
+      end
+    end
+  end
+end
+
+load_average = File.read("/proc/loadavg").split.first
+puts "server throughput: #{options[:server]}, #{options[:rounds]} rounds of #{options[:seconds]} s, " \
+     "profiled at #{options[:hz]} Hz, load average #{load_average}"
+ratios = []
+results = { "plain" => [], "profiled" => [] }
+options[:rounds].times do |round|
+  kinds = round.even? ? %w[plain profiled] : %w[profiled plain]
+  rps = kinds.to_h do |kind|
+    value, profiles = run(kind, options)
+    results[kind] << value
+    puts format("  round %d %-8s %8.1f requests/s%s", round + 1, kind, value,
+                kind == "profiled" ? " (#{profiles} profiles written)" : "")
+    [kind, value]
+  end
+  ratios << rps["profiled"] / rps["plain"]
+end
+median = ->(xs) { xs.sort[xs.size / 2] }
+puts format("median profiled/plain: %.3f (rounds: %s); plain %.1f, profiled %.1f requests/s (medians)",
+            median.call(ratios), ratios.map { |r| format("%.3f", r) }.join(" "),
+            median.call(results["plain"]), median.call(results["profiled"]))
+puts JSON.generate(bench: "server_throughput", server: options[:server], hz: options[:hz], rounds: options[:rounds],
+                   seconds: options[:seconds], load_average: load_average, median_ratio: median.call(ratios).round(4),
+                   ratios: ratios.map { |r| r.round(4) }, plain_rps: results["plain"], profiled_rps: results["profiled"])
