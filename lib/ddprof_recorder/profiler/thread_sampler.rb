@@ -121,9 +121,9 @@ module DdprofRecorder
       def call(on_time, cpu_ns, now_ns)
         return false if @internal.call(Thread.current)
 
-        # First, before any other Ruby call: the frames below this one are the interrupted
-        # stack, read natively (no Ruby object made) and kept under the thread's key, the
-        # native thread id (negated for a late job's stack, which is not an on-CPU one).
+        # The frames below this method are the interrupted stack: read natively (no Ruby object
+        # made), before anything else, and kept under the thread's key, its native thread id
+        # (negated for a late job's stack, which is not an on-CPU one).
         tid = native_id(Thread.current)
         key = tid && (on_time ? tid : -tid)
         depth = key ? Profiler._native_capture_stack(key) : 0
@@ -191,12 +191,6 @@ module DdprofRecorder
       # Writes the messages of failed jobs and passes to the logger. Not from a job.
       def write_log
         @logger.public_send(*@messages.shift) until @messages.empty?
-      end
-
-      # Forgets the finished threads (after recording what they held) and native threads
-      # (their tids may come back for new threads, which then count from 0 as they should).
-      def prune
-        @lock.synchronize { prune_locked }
       end
 
       private
@@ -361,6 +355,8 @@ module DdprofRecorder
         @charged_cpu[tid] = cpu
       end
 
+      # Forgets the finished threads (after recording what they held) and native threads
+      # (their tids may come back for new threads, which then count from 0 as they should).
       def prune_locked
         @threads.delete_if do |thread, state|
           next false if thread.alive?
