@@ -72,13 +72,16 @@ OptionParser.new do |o|
   o.on("--kinds LIST", Array, "profilers beside the baseline: #{PROFILER_KINDS.join(', ')} " \
                               "(default #{DEFAULT_KINDS.join(',')})") do |v|
     bad = v - PROFILER_KINDS - ["profiled"]
-    raise OptionParser::InvalidArgument, "--kinds #{bad.join(',')} (known: #{PROFILER_KINDS.join(', ')})" unless bad.empty?
+    raise OptionParser::InvalidArgument, "#{bad.join(',')} (known: #{PROFILER_KINDS.join(', ')})" unless bad.empty?
 
     options[:kinds] = v.map { |k| k == "profiled" ? "ours" : k }.uniq
   end
   o.on("--rbspy PATH", "the rbspy binary (default: rbspy on PATH, else ~/.cargo/bin/rbspy)") { |v| options[:rbspy] = v }
   o.on("--child KIND", CHILD_KINDS, "(internal) run one measurement") { |v| options[:child] = v }
-end.parse!
+  o.parse!
+rescue OptionParser::ParseError => e
+  abort "bench/profiler_overhead.rb: #{e.message}\n#{o}"
+end
 
 # CPU used by our native trigger thread ("ddprof-trigger"), which stats[:sampler_cpu_ns]
 # does not include; nil if it is not found.
@@ -292,7 +295,18 @@ options[:runs].times do |i|
   loads << load_average
   # Rotate the order, so that each kind runs in each position as often.
   kinds.rotate(i % kinds.size).each do |kind|
-    r = run_child(kind, options, rbspy)
+    begin
+      r = run_child(kind, options, rbspy)
+    rescue RuntimeError => e
+      raise unless kind.start_with?("rbspy")
+
+      # rbspy passed the check but failed now: say so and go on without it.
+      notes << "#{kind} FAILED in round #{i + 1} and was skipped from then on: #{e.message}"
+      puts notes.last
+      kinds.delete(kind)
+      next
+    end
+    r[:round] = i
     runs[kind] << r
     extra =
       case kind
@@ -314,9 +328,13 @@ options[:runs].times do |i|
 end
 
 base = runs["baseline"]
-paired = ->(kind, key) { runs[kind].each_with_index.map { |r, i| r[key] / base[i][key] } }
+base_by_round = base.to_h { |r| [r[:round], r] }
+# Ratios to the baseline of the same round (a round whose baseline did not run is left out).
+paired = lambda do |kind, key|
+  runs[kind].filter_map { |r| (b = base_by_round[r[:round]]) && r[key] / b[key] }
+end
 per_kind = {}
-(kinds - ["baseline"]).each do |kind|
+(runs.keys - ["baseline"]).each do |kind|
   rs = runs[kind]
   wall_ratios = paired.call(kind, :seconds)
   own_pct =
