@@ -166,7 +166,7 @@ module DdprofRecorder
         @sampler_thread = Thread.new { run_sampler_thread(wake) }
         @sampler_thread.name = "ddprof_recorder sampler"
         @sampler_thread.report_on_exception = false
-        @sampler.baseline(native_thread_ids, Thread.list)
+        @sampler.baseline(Profiler._native_task_ids, Thread.list)
         Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno)
       end
       self
@@ -192,7 +192,7 @@ module DdprofRecorder
         Profiler._native_sampling_stop
         stop_sampler_thread
         @wake_writer.close
-        @sampler_cpu_ns = sampler_thread_cpu_ns
+        @trigger_cpu_ns = Profiler._native_sampling_stats[:trigger_cpu_ns]
         @sampler.write_log
         @exporting&.close(EXPORT_TIMEOUT)
         begin
@@ -256,14 +256,15 @@ module DdprofRecorder
     #   which carry its CPU), `:late_jobs` (jobs that ran after their thread had been blocked,
     #   whose CPU was carried), `:errors` (passes that raised), `:seconds`, `:effective_hz`
     #   (passes per second really reached), `:on_cpu_hz` (on-CPU samples per second),
-    #   `:sampler_cpu_ns` (CPU the profiler used: its Ruby thread and the jobs' own work),
+    #   `:sampler_cpu_ns` (CPU of the profiler's Ruby thread and of the jobs' own work, which
+    #   the program's threads pay), `:trigger_cpu_ns` (CPU of the native trigger thread),
     #   `:recorder` ({StackRecorder#stats}).
     def stats
       return {} unless @sampler
 
       seconds = ((@started ? now_ns : (@stopped_ns || now_ns)) - @started_ns) / 1e9
       counts = @sampler.counts
-      thread_cpu = @started ? sampler_thread_cpu_ns : @sampler_cpu_ns
+      thread_cpu = @started ? sampler_thread_cpu_ns : @sampler_thread_cpu_ns
       per_second = ->(n) { seconds.positive? ? n / seconds : 0.0 }
       {
         passes: counts[:passes],
@@ -275,6 +276,7 @@ module DdprofRecorder
         effective_hz: per_second.call(counts[:passes]),
         on_cpu_hz: per_second.call(counts[:on_cpu_samples]),
         sampler_cpu_ns: (thread_cpu || 0) + counts[:job_cpu_ns],
+        trigger_cpu_ns: @started ? Profiler._native_sampling_stats[:trigger_cpu_ns] : @trigger_cpu_ns,
         recorder: @recorder.stats,
       }
     end
@@ -291,12 +293,6 @@ module DdprofRecorder
 
     def internal_thread?(thread)
       thread.equal?(@sampler_thread) || (@exporting && thread.equal?(@exporting.thread))
-    end
-
-    def native_thread_ids
-      Dir.children("/proc/self/task").map(&:to_i)
-    rescue SystemCallError
-      []
     end
 
     def sampler_thread_cpu_ns
@@ -326,6 +322,9 @@ module DdprofRecorder
         @sampler.write_log
         give_up if @sampler.gave_up?
       end
+    ensure
+      # Its own CPU in all, for #stats once it has ended.
+      @sampler_thread_cpu_ns = Profiler._native_current_thread_cpu_time_ns
     end
 
     def drain(wake)

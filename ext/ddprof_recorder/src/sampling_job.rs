@@ -72,6 +72,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_current_thread_cpu_time_ns",
         function!(current_thread_cpu_time_ns, 0),
     )?;
+    class.define_singleton_method("_native_task_ids", function!(task_ids, 0))?;
     Ok(())
 }
 
@@ -136,8 +137,18 @@ fn native_stats(ruby: &Ruby) -> Result<RHash, Error> {
         hash.aset(ruby.to_symbol("jobs"), JOBS.load(Ordering::Relaxed))?;
         hash.aset(ruby.to_symbol("late_jobs"), LATE_JOBS.load(Ordering::Relaxed))?;
         hash.aset(ruby.to_symbol("trigger_running"), trigger::is_running())?;
+        hash.aset(ruby.to_symbol("trigger_cpu_ns"), trigger::thread_cpu_ns())?;
         Ok(hash)
     })
+}
+
+/// `Profiler._native_task_ids`: the Linux ids of this process's threads (`/proc/self/task`),
+/// read without letting go of the GVL: `Dir.children` would, and then wait for a busy thread
+/// to hand it back (up to 100 ms, measured in `Profiler#start`). Empty if unreadable.
+fn task_ids() -> Vec<i64> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|dir| dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default()
 }
 
 /// `Profiler._native_current_thread_cpu_time_ns`: the calling thread's CPU clock.

@@ -104,6 +104,10 @@ pub static LAST_JOB_TID: AtomicI32 = AtomicI32::new(0);
 /// Ticks that registered the job (whether or not it ran since), for stats.
 pub static TICKS: AtomicU64 = AtomicU64::new(0);
 
+/// The running trigger thread's Linux id (0: none), and the CPU the last one used in all.
+static THREAD_TID: AtomicI32 = AtomicI32::new(0);
+static LAST_THREAD_CPU_NS: AtomicI64 = AtomicI64::new(0);
+
 /// Ticks without a job after which the Ruby sampler thread is woken (see the module doc).
 const JOBLESS_TICKS: u32 = 2;
 
@@ -200,6 +204,8 @@ pub fn stop() {
     if running.fork_generation != crate::stack_recorder::fork_generation() {
         // The parent's thread: it does not exist here. Joining would wait for ever.
         std::mem::forget(running.handle);
+        THREAD_TID.store(0, Ordering::Release);
+        LAST_THREAD_CPU_NS.store(0, Ordering::Release);
         return;
     }
     running.stop.store(true, Ordering::Release);
@@ -234,7 +240,32 @@ impl Jitter {
     }
 }
 
+/// CPU the trigger thread used: the running one's so far, or the last one's in all.
+pub fn thread_cpu_ns() -> i64 {
+    match THREAD_TID.load(Ordering::Acquire) {
+        0 => LAST_THREAD_CPU_NS.load(Ordering::Acquire),
+        tid => cpu_time_ns(tid).unwrap_or_else(|| LAST_THREAD_CPU_NS.load(Ordering::Acquire)),
+    }
+}
+
+fn own_cpu_ns() -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; the calling thread's clock always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    #[allow(clippy::useless_conversion)]
+    let (sec, nsec) = (i64::from(ts.tv_sec), i64::from(ts.tv_nsec));
+    sec * 1_000_000_000 + nsec
+}
+
 fn run(setup: &Setup, stop: &AtomicBool) {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    THREAD_TID.store(unsafe { libc::gettid() }, Ordering::Release);
+    run_ticks(setup, stop);
+    LAST_THREAD_CPU_NS.store(own_cpu_ns(), Ordering::Release);
+    THREAD_TID.store(0, Ordering::Release);
+}
+
+fn run_ticks(setup: &Setup, stop: &AtomicBool) {
     let period = Duration::from_nanos(1_000_000_000 / u64::from(setup.hz.max(1)));
     let mut jitter = Jitter::new();
     let mut deadline = Instant::now() + jitter.around(period);
