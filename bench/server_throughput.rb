@@ -7,7 +7,7 @@
 # server of each kind, alternating, warms it up, then measures; the ratio of each round is
 # paired (profiled / plain requests per second).
 #
-#   ruby bench/server_throughput.rb [--server puma|unicorn] [--rounds 5] [--seconds 5]
+#   ruby bench/server_throughput.rb [--server puma|unicorn] [--rounds 5] [--seconds 5] [--connections 8]
 #
 # Prints one line per run, the median ratio, and one JSON line.
 require "json"
@@ -20,12 +20,13 @@ require "tmpdir"
 ROOT = File.expand_path("..", __dir__)
 APP = File.join(ROOT, "spec", "fixtures", "server_app")
 
-options = { server: "puma", rounds: 5, seconds: 5, hz: 99 }
+options = { server: "puma", rounds: 5, seconds: 5, hz: 99, connections: 8 }
 OptionParser.new do |o|
   o.on("--server NAME", %w[puma unicorn]) { |v| options[:server] = v }
   o.on("--rounds N", Integer) { |v| options[:rounds] = v }
   o.on("--seconds N", Integer) { |v| options[:seconds] = v }
   o.on("--hz N", Integer) { |v| options[:hz] = v }
+  o.on("--connections N", Integer, "wrk connections per route (default 8)") { |v| options[:connections] = v }
 end.parse!
 
 %w[wrk].push(options[:server]).each do |program|
@@ -57,11 +58,14 @@ def server_command(server, port, dir)
   end
 end
 
-# requests per second of the two routes together over `seconds`.
-def load(port, seconds)
+# Requests per second of the two routes together over `seconds`. Enough connections that both
+# workers get CPU-heavy requests: with 4 a route, the kernel often gave all the `/cpu` ones to
+# one worker, and the server's throughput came out at either ~280 or ~470 requests/s.
+def load(port, seconds, connections)
   outs = %w[/cpu /sleep].map do |path|
     r, w = IO.pipe
-    pid = Process.spawn("wrk", "-t1", "-c4", "-d#{seconds}s", "--timeout", "5s", "http://127.0.0.1:#{port}#{path}",
+    pid = Process.spawn("wrk", "-t1", "-c#{connections}", "-d#{seconds}s", "--timeout", "5s",
+                        "http://127.0.0.1:#{port}#{path}",
                         out: w, err: w)
     w.close
     [pid, r]
@@ -88,8 +92,8 @@ def run(kind, options)
       sleep 0.1 until up?(port) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
       raise "the server did not answer in 20 s" unless up?(port)
 
-      load(port, 1) # warm-up: both workers booted, caches filled
-      rps = load(port, options[:seconds])
+      load(port, 1, options[:connections]) # warm-up: both workers booted, caches filled
+      rps = load(port, options[:seconds], options[:connections])
       Process.kill("TERM", Integer(File.read(File.join(dir, "server.pid"))))
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
       sleep 0.05 until Process.wait2(group, Process::WNOHANG) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
@@ -130,5 +134,6 @@ puts format("median profiled/plain: %.3f (rounds: %s); plain %.1f, profiled %.1f
             median.call(ratios), ratios.map { |r| format("%.3f", r) }.join(" "),
             median.call(results["plain"]), median.call(results["profiled"]))
 puts JSON.generate(bench: "server_throughput", server: options[:server], hz: options[:hz], rounds: options[:rounds],
+                   connections: options[:connections],
                    seconds: options[:seconds], load_average: load_average, median_ratio: median.call(ratios).round(4),
                    ratios: ratios.map { |r| r.round(4) }, plain_rps: results["plain"], profiled_rps: results["profiled"])
