@@ -215,7 +215,7 @@ RSpec.describe DdprofRecorder::Profiler do
       expect(stats).to include(errors: 0, recorder: include(samples_lost: 0, samples_rejected: 0))
       expect(stats[:passes]).to be > 3
       expect(stats[:samples]).to eq(value_totals(samples)["cpu-samples"])
-      expect(stats[:effective_hz]).to be_between(1, 100)
+      expect(stats[:effective_hz]).to be_between(1, 120) # ticks are randomized around 99 Hz
       expect(stats[:seconds]).to be_within(0.5).of(1.5)
     end
 

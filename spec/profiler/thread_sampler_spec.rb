@@ -25,6 +25,10 @@ RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
       def current_cpu_ns
         @cpu.fetch(Thread.current.native_thread_id)
       end
+
+      def moved(tids, seen)
+        tids.each_index.select { |i| tids[i].nil? || seen[i].nil? || @cpu[tids[i]] != seen[i] }
+      end
     end.new
   end
   let(:recorder) { DdprofRecorder::StackRecorder.new(compression: :none) }

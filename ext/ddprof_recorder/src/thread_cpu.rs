@@ -8,7 +8,7 @@
 //! `posix-timers.h`): `((!tid) << 3) | CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED`. The kernel
 //! answers only for threads of the calling process (`EINVAL` otherwise), so a thread id that
 //! was reused by another process cannot be read by mistake.
-use magnus::{function, prelude::*, Error, RModule, Ruby};
+use magnus::{function, prelude::*, Error, RArray, RModule, Ruby};
 
 /// Per-thread clock (as opposed to the whole thread group's).
 #[cfg(target_os = "linux")]
@@ -21,6 +21,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("Profiler", ruby.class_object())?;
     class
         .define_singleton_method("_native_thread_cpu_time_ns", function!(thread_cpu_time_ns, 1))?;
+    class.define_singleton_method("_native_moved_threads", function!(moved_threads, 2))?;
     Ok(())
 }
 
@@ -29,6 +30,25 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
 /// exited, `tid` is nil or not a thread of this process, or not on Linux).
 fn thread_cpu_time_ns(tid: Option<i64>) -> Option<i64> {
     cpu_time_ns(i32::try_from(tid?).ok()?)
+}
+
+/// `Profiler._native_moved_threads(tids, seen)`: the indices `i` where the CPU clock of the
+/// thread with Linux id `tids[i]` does not read `seen[i]` (a nil id, a nil reading, or a
+/// thread that cannot be read counts as moved): the sampler's idle scan, one call a pass
+/// rather than one per thread.
+fn moved_threads(ruby: &Ruby, tids: RArray, seen: RArray) -> Result<RArray, Error> {
+    crate::errors::guard(ruby, || {
+        let moved = ruby.ary_new();
+        for i in 0..tids.len() {
+            let tid: Option<i64> = tids.entry(i as isize)?;
+            let before: Option<i64> = seen.entry(i as isize)?;
+            let now = tid.and_then(|tid| thread_cpu_time_ns(Some(tid)));
+            if now.is_none() || now != before {
+                moved.push(i)?;
+            }
+        }
+        Ok(moved)
+    })
 }
 
 /// CPU time of thread `tid` of this process, in nanoseconds.
