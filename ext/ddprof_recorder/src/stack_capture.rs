@@ -45,7 +45,7 @@ struct Names {
 }
 
 /// One frame of a captured stack: the slot of its name, the slot whose path is its file (its
-/// own, or for a C method its caller's), and its line.
+/// own, or for a C method its caller's; `u32::MAX`: none), and its line.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct CapturedFrame {
     name: u32,
@@ -55,7 +55,7 @@ struct CapturedFrame {
 
 #[derive(Default)]
 struct Cache {
-    /// Frame object (VALUE) to its slot.
+    /// Frame object (VALUE) to its slot, flagged [`RUBY_FRAME`] for a Ruby frame.
     slot_of: FxMap<usize, u32>,
     slots: Vec<Names>,
     /// Captured stacks by key, as slots (valid until the cache starts over, which drops them).
@@ -69,9 +69,19 @@ fn cache() -> std::sync::MutexGuard<'static, Option<Cache>> {
     CACHE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// What `rb_profile_frames` fills, and the frames' slots: reused from one capture to the next.
+struct Buffer {
+    frames: Vec<rb_sys::VALUE>,
+    lines: Vec<i32>,
+    slots: Vec<u32>,
+}
+
 thread_local! {
-    static BUFFER: RefCell<(Vec<rb_sys::VALUE>, Vec<i32>)> =
-        RefCell::new((vec![0; MAX_DEPTH], vec![0; MAX_DEPTH]));
+    static BUFFER: RefCell<Buffer> = RefCell::new(Buffer {
+        frames: vec![0; MAX_DEPTH],
+        lines: vec![0; MAX_DEPTH],
+        slots: Vec::with_capacity(MAX_DEPTH),
+    });
 }
 
 /// Marks every cached frame object: the cache's GC root.
@@ -140,80 +150,105 @@ pub fn with_captured<R>(key: i64, f: impl FnOnce(&[Frame<'_>]) -> R) -> Option<R
     Some(f(&frames))
 }
 
+/// Bit of a slot number (as [`Cache::slot_of`] gives it) set for a Ruby frame, whose path is
+/// its own; clear for a C method, which takes its caller's.
+const RUBY_FRAME: u32 = 1 << 31;
+/// Not cached yet.
+const UNKNOWN: u32 = u32::MAX;
+
 /// Reads the caller's caller's stack, leaf first, into `key`'s slot; returns its depth.
 fn capture(key: i64) -> usize {
     BUFFER.with(|buffer| {
         let Ok(mut buffer) = buffer.try_borrow_mut() else { return 0 };
-        let (frames, lines) = &mut *buffer;
+        let Buffer { frames, lines, slots } = &mut *buffer;
         // SAFETY: both buffers hold MAX_DEPTH entries; we hold the GVL (a method of ours).
         let n = unsafe {
             rb_sys::rb_profile_frames(0, MAX_DEPTH as i32, frames.as_mut_ptr(), lines.as_mut_ptr())
         };
         let n = usize::try_from(n).unwrap_or(0).min(MAX_DEPTH);
         let (frames, lines) = (&frames[..n], &lines[..n]);
-        // Frame objects not cached yet get their names outside the lock: reading them may
-        // allocate (a method name's String is made on first use), so a GC may run and mark.
-        let unknown: Vec<rb_sys::VALUE> = {
+        slots.clear();
+        let mut unknown = Vec::new();
+        {
             let guard = cache();
-            let known = guard.as_ref().map(|c| &c.slot_of);
-            frames
-                .iter()
-                .copied()
-                .filter(|&f| known.is_none_or(|k| !k.contains_key(&(f as usize))))
-                .collect()
-        };
-        let missing: Vec<(usize, Names)> =
-            unknown.into_iter().map(|f| (f as usize, names_of(f))).collect();
-        let mut guard = cache();
-        let cache = guard.get_or_insert_with(Cache::default);
-        if cache.slots.len() + missing.len() > MAX_CACHED_FRAMES {
-            *cache = Cache::default();
-            // Everything must be named again: start this capture over next time.
-            return 0;
-        }
-        for (frame, names) in missing {
-            if let std::collections::hash_map::Entry::Vacant(entry) = cache.slot_of.entry(frame) {
-                entry.insert(cache.slots.len() as u32);
-                cache.slots.push(names);
+            for &frame in frames {
+                let slot = guard.as_ref().and_then(|c| c.slot_of.get(&(frame as usize)).copied());
+                if slot.is_none() {
+                    unknown.push(frame);
+                }
+                slots.push(slot.unwrap_or(UNKNOWN));
             }
         }
+        let mut guard = cache();
+        if !unknown.is_empty() {
+            // Named outside the lock: reading names may allocate (a method name's String is
+            // made on first use), so a GC may run, and mark the cache.
+            drop(guard);
+            let named: Vec<(rb_sys::VALUE, Names)> =
+                unknown.into_iter().map(|f| (f, names_of(f))).collect();
+            guard = cache();
+            let cache = guard.get_or_insert_with(Cache::default);
+            if cache.slots.len() + named.len() > MAX_CACHED_FRAMES {
+                *cache = Cache::default();
+                // Everything must be named again: start this capture over next time.
+                return 0;
+            }
+            for (frame, names) in named {
+                let flag = if names.path.is_some() { RUBY_FRAME } else { 0 };
+                let next = cache.slots.len() as u32;
+                let slot = *cache.slot_of.entry(frame as usize).or_insert(next | flag);
+                if slot & !RUBY_FRAME == next {
+                    cache.slots.push(names);
+                }
+            }
+            for (slot, &frame) in slots.iter_mut().zip(frames) {
+                if *slot == UNKNOWN {
+                    *slot = cache.slot_of.get(&(frame as usize)).copied().unwrap_or(UNKNOWN);
+                }
+            }
+        }
+        let cache = guard.get_or_insert_with(Cache::default);
         let mut stack = cache.captured.remove(&key).unwrap_or_default();
-        resolve(cache, frames, lines, &mut stack);
+        resolve(cache, slots, lines, &mut stack);
         let depth = stack.len();
         cache.captured.insert(key, stack);
         depth
     })
 }
 
-/// Fills `stack` from the frames read: leaves out this method's own frames, and gives each C
-/// method its caller's path and line.
-fn resolve(cache: &Cache, frames: &[rb_sys::VALUE], lines: &[i32], stack: &mut Vec<CapturedFrame>) {
+/// Fills `stack` from the frames read (as slots, flagged [`RUBY_FRAME`]): leaves out this
+/// method's own frames, and gives each C method its caller's path and line.
+fn resolve(cache: &Cache, slots: &[u32], lines: &[i32], stack: &mut Vec<CapturedFrame>) {
     stack.clear();
-    let slot = |f: rb_sys::VALUE| cache.slot_of.get(&(f as usize)).copied().unwrap_or(0);
-    let is_ruby = |slot: u32| cache.slots.get(slot as usize).is_some_and(|n| n.path.is_some());
+    let is_ruby = |slot: u32| slot != UNKNOWN && slot & RUBY_FRAME != 0;
     // Leading C frames are `_native_capture_stack` itself; the first Ruby frame is its caller.
-    let skip = frames.iter().position(|&f| is_ruby(slot(f))).map_or(frames.len(), |i| i + 1);
-    let mut frames_and_lines: Vec<(u32, i64)> =
-        frames[skip..].iter().zip(&lines[skip..]).map(|(&f, &l)| (slot(f), i64::from(l))).collect();
+    let skip = slots.iter().position(|&s| is_ruby(s)).map_or(slots.len(), |i| i + 1);
+    let mut end = slots.len();
     // The main thread's root: `rb_profile_frames` sees the program's `<main>` twice (the
     // top-level frame and the one that evaluates the script), where Locations show it once.
-    if let [.., (child, _), (root, _)] = frames_and_lines[..] {
-        let names = |slot: u32| cache.slots.get(slot as usize).map(|n| (&n.base_label, &n.path));
-        let root_names = names(root);
+    if end >= skip + 2 {
+        let names = |slot: u32| {
+            cache.slots.get((slot & !RUBY_FRAME) as usize).map(|n| (&n.base_label, &n.path))
+        };
+        let root_names = names(slots[end - 1]);
         let is_main =
             root_names.is_some_and(|(label, path)| &**label == "<main>" && path.is_some());
-        if is_main && root_names == names(child) {
-            frames_and_lines.pop();
+        if is_main && root_names == names(slots[end - 2]) {
+            end -= 1;
         }
     }
     // Root first, so that each C frame knows the nearest Ruby frame below it.
-    let mut caller = (u32::MAX, 0i64);
-    for &(slot, line) in frames_and_lines.iter().rev() {
+    let mut caller = (UNKNOWN, 0i64);
+    for (&slot, &line) in slots[skip..end].iter().zip(&lines[skip..end]).rev() {
+        if slot == UNKNOWN {
+            continue; // could not be named (the cache started over meanwhile)
+        }
+        let name = slot & !RUBY_FRAME;
         if is_ruby(slot) {
-            caller = (slot, line);
-            stack.push(CapturedFrame { name: slot, file: slot, line });
+            caller = (name, i64::from(line));
+            stack.push(CapturedFrame { name, file: name, line: i64::from(line) });
         } else {
-            stack.push(CapturedFrame { name: slot, file: caller.0, line: caller.1 });
+            stack.push(CapturedFrame { name, file: caller.0, line: caller.1 });
         }
     }
     stack.reverse();
