@@ -375,6 +375,51 @@ RSpec.describe DdprofRecorder::Profiler do
     end
   end
 
+  describe "an exporter that calls the profiler" do
+    it "may stop the process-wide profiler from a window, and the profiler itself from the last one" do
+      log = StringIO.new
+      DdprofRecorder.logger = Logger.new(log)
+      calls = Queue.new
+      profiler = described_class.start(hz: 200, interval: 0.1) do |*|
+        calls << described_class.stop # from the exporter thread: stops, hands over the last window
+        calls << described_class.current # and from within that last delivery: nothing left
+      end
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+      sleep 0.02 while profiler.running? && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      expect(profiler).not_to be_running
+      expect(profiler.stop).to be_nil # stopped already
+      expect(calls.size).to be >= 2
+      expect(log.string).not_to include("exporter raised", "ThreadError")
+
+      same = described_class.new(hz: 200) # its own last delivery calls stop on it
+      same_exporter = ->(*) { same.stop }
+      same.instance_variable_set(:@exporter, same_exporter)
+      same.start
+      sleep 0.05
+      expect(same.stop&.last).to be_a(String)
+      expect(log.string).not_to include("exporter raised")
+    end
+
+    it "lets another thread start the profiler while a slow exporter takes the last window" do
+      delivered = Queue.new
+      profiler = described_class.new(hz: 200) do |*|
+        sleep 1
+        delivered << true
+      end
+      profiler.start
+      stopper = Thread.new { profiler.stop }
+      sleep 0.2 # the stopper is in the exporter now
+      started_at = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      profiler.start
+      waited = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started_at
+      expect(waited).to be < 0.5 # it did not wait for the 1 s export
+      expect(profiler).to be_running
+      expect(stopper.value&.last).to be_a(String)
+      expect(profiler.stop&.last).to be_a(String)
+      expect(delivered.size).to eq(2)
+    end
+  end
+
   describe "not crashing the host" do
     it "samples threads that come and go without errors" do
       log = StringIO.new

@@ -163,7 +163,8 @@ module DdprofRecorder
         @exporting = @exporter && Exporter.new(@exporter).start
         @started = @running = true
         wake, @wake_writer = IO.pipe
-        @sampler_thread = Thread.new { run_sampler_thread(wake) }
+        run = @run = Object.new # this run's token: a thread of an earlier run stops on seeing another
+        @sampler_thread = Thread.new { run_sampler_thread(wake, run) }
         @sampler_thread.name = "ddprof_recorder sampler"
         @sampler_thread.report_on_exception = false
         @sampler.baseline(Profiler._native_task_ids, Thread.list)
@@ -182,7 +183,10 @@ module DdprofRecorder
       # goes there, and the stopping work below is not charged to it.
       caller_cpu_ns = Profiler._native_current_thread_cpu_time_ns
       caller_stack = caller_locations(1)
-      @lifecycle.synchronize do
+      # Only the state change is under the lock: joining the threads (up to 35 s) and calling
+      # the exporter are not, so that an exporter (or a signal handler) that calls stop or
+      # start does not deadlock on it, nor wait for it.
+      run = @lifecycle.synchronize do
         return nil unless @started
 
         @started = @running = false
@@ -190,20 +194,10 @@ module DdprofRecorder
         return nil unless Process.pid == @pid
 
         Profiler._native_sampling_stop
-        stop_sampler_thread
-        @wake_writer.close
-        @trigger_cpu_ns = Profiler._native_sampling_stats[:trigger_cpu_ns]
-        @sampler.write_log
-        @exporting&.close(EXPORT_TIMEOUT)
-        begin
-          @sampler.flush(caller_cpu_ns: caller_cpu_ns, caller_stack: caller_stack)
-        rescue StandardError => e # never expected; the window is still worth having
-          DdprofRecorder.logger.error("profiler: could not record the idle samples: #{e.class}: #{e.message}")
-        end
-        result = @recorder.serialize
-        @exporting.deliver(result) if result && @exporting
-        result
+        { thread: @sampler_thread, wake: @wake_writer, exporting: @exporting, sampler: @sampler,
+          recorder: @recorder }
       end
+      finish_run(run, caller_cpu_ns, caller_stack)
     end
 
     # In a forked child, profiles the child from now on: the profiler was running in the
@@ -306,13 +300,13 @@ module DdprofRecorder
     # writes to `wake` on each tick), windows, and the log of failed jobs. While jobs run, it
     # wakes only every {HOUSEKEEPING_SECONDS}: a Ruby thread woken `hz` times a second would
     # cost the process about 50 µs each time on this VM (1% of a core at 99 Hz, measured).
-    def run_sampler_thread(wake)
+    def run_sampler_thread(wake, run)
       period_ns = 1_000_000_000 / @hz
-      while @running
+      while @running && @run.equal?(run)
         timeout = HOUSEKEEPING_SECONDS
         timeout = ((@next_window_ns - now_ns) / 1e9).clamp(0, timeout) if @next_window_ns
         woken = IO.select([wake], nil, nil, timeout)
-        break unless @running
+        break unless @running && @run.equal?(run)
 
         drain(wake) if woken
         now = now_ns
@@ -345,11 +339,29 @@ module DdprofRecorder
       @exporting << result if result
     end
 
-    def stop_sampler_thread
-      thread = @sampler_thread
+    # The end of {#stop}, outside the lifecycle lock: with the objects of the run it stops
+    # (a new run may have started meanwhile).
+    def finish_run(run, caller_cpu_ns, caller_stack)
+      stop_sampler_thread(run[:thread], run[:wake])
+      run[:wake].close
+      @trigger_cpu_ns = Profiler._native_sampling_stats[:trigger_cpu_ns]
+      sampler = run[:sampler]
+      sampler.write_log
+      run[:exporting]&.close(EXPORT_TIMEOUT)
+      begin
+        sampler.flush(caller_cpu_ns: caller_cpu_ns, caller_stack: caller_stack)
+      rescue StandardError => e # never expected; the window is still worth having
+        DdprofRecorder.logger.error("profiler: could not record the idle samples: #{e.class}: #{e.message}")
+      end
+      result = run[:recorder].serialize
+      run[:exporting].deliver(result) if result && run[:exporting]
+      result
+    end
+
+    def stop_sampler_thread(thread, wake)
       return if thread.nil? || thread.equal?(Thread.current)
 
-      @wake_writer.write_nonblock("!", exception: false)
+      wake.write_nonblock("!", exception: false)
       return if thread.join(STOP_TIMEOUT)
 
       DdprofRecorder.logger.warn("profiler: #{thread.name} did not stop in #{STOP_TIMEOUT} s; killing it")
