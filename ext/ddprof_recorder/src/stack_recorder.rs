@@ -513,11 +513,17 @@ pub fn fork_generation() -> u64 {
 
 /// Bytes glibc malloc has handed out and not had back (heap chunks in use plus mmapped
 /// chunks): lets the soak test compare `ObjectSpace.memsize_of` with what freeing a recorder
-/// really returns.
-fn malloc_in_use() -> u64 {
+/// really returns. glibc only (2.33+): nil elsewhere.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn malloc_in_use() -> Option<u64> {
     // SAFETY: mallinfo2 has no preconditions; it only reads the allocator's statistics.
     let info = unsafe { libc::mallinfo2() };
-    (info.uordblks + info.hblkhd) as u64
+    Some((info.uordblks + info.hblkhd) as u64)
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn malloc_in_use() -> Option<u64> {
+    None
 }
 
 fn stats(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RHash, Error> {
