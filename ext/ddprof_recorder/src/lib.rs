@@ -4,6 +4,7 @@
 
 mod convert;
 mod errors;
+mod interrupt_mask;
 mod nogvl;
 mod pprof_views;
 mod sampling_job;

@@ -138,6 +138,10 @@ fn native_stats(ruby: &Ruby) -> Result<RHash, Error> {
         hash.aset(ruby.to_symbol("late_jobs"), LATE_JOBS.load(Ordering::Relaxed))?;
         hash.aset(ruby.to_symbol("trigger_running"), trigger::is_running())?;
         hash.aset(ruby.to_symbol("trigger_cpu_ns"), trigger::thread_cpu_ns())?;
+        hash.aset(
+            ruby.to_symbol("jobs_deferring_interrupts"),
+            crate::interrupt_mask::DEFERRING.load(Ordering::Relaxed),
+        )?;
         Ok(hash)
     })
 }
@@ -212,6 +216,10 @@ fn run_job() {
         let raw = HANDLER.load(Ordering::Acquire);
         // SAFETY: HANDLER holds Qnil or a live object kept by the GC root; we hold the GVL.
         let handler = unsafe { Value::from_raw(raw as rb_sys::VALUE) };
+        // The program's Thread#raise / Thread#kill / Timeout wait until the job is over, so
+        // that they reach the program's code, not the handler (see `interrupt_mask`).
+        // SAFETY: in a postponed job with the GVL; dropped before the job returns.
+        let deferred = unsafe { crate::interrupt_mask::defer_async_interrupts() };
         // magnus calls through `rb_protect` and clears `$!`: an exception comes back as an
         // `Err`, which the handler (it rescues everything) should never produce anyway.
         let sampled = !handler.is_nil()
@@ -221,6 +229,7 @@ fn run_job() {
                     (timely, cpu_ns, now_ns),
                 )
                 .unwrap_or(false);
+        drop(deferred);
         // Only jobs that sampled count: one on the profiler's own thread (the GVL holder when
         // the tick came) must not keep the trigger from waking that thread.
         if sampled {
