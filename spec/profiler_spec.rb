@@ -458,26 +458,32 @@ RSpec.describe DdprofRecorder::Profiler do
       # The job runs Ruby code on the sampled thread; an exception raised at that thread while
       # it runs would end there (interrupt_mask.rs). 3 of 60 rounds were lost before.
       error = Class.new(StandardError)
-      spin = -> { x = 0; loop { x = (x + [x, 3].max) % 1_000_003 } }
+      spin = ->(started) { started << true; x = 0; loop { x = (x + [x, 3].max) % 1_000_003 } }
       profiler = described_class.new(hz: 999).start
       undelivered = 0
-      40.times do
-        raised = Thread.new do
-          spin.call
-        rescue error
-          :rescued
+      begin
+        40.times do
+          started = Queue.new
+          raised = Thread.new do
+            spin.call(started)
+          rescue error
+            :rescued
+          end
+          started.pop # inside the rescue, spinning
+          sleep 0.005
+          raised.raise(error)
+          undelivered += 1 unless raised.join(5)
+          killed = Thread.new { spin.call(started) }
+          started.pop
+          sleep 0.005
+          killed.kill
+          undelivered += 1 unless killed.join(5)
+        ensure
+          [raised, killed].compact.each(&:kill)
         end
-        sleep 0.01
-        raised.raise(error)
-        undelivered += 1 unless raised.join(5)
-        killed = Thread.new { spin.call }
-        sleep 0.01
-        killed.kill
-        undelivered += 1 unless killed.join(5)
       ensure
-        [raised, killed].compact.each(&:kill)
+        profiler.stop
       end
-      profiler.stop
       expect(undelivered).to eq(0)
       expect(profiler.stats[:errors]).to eq(0)
       expect(profiler.stats[:on_cpu_samples]).to be > 100
