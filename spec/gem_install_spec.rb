@@ -88,6 +88,56 @@ RSpec.describe "the gem, built and installed as a user would" do
     end
   end
 
+  describe "ext/ddprof_recorder/extconf.rb without a usable cargo" do
+    extconf = File.join(root, "ext", "ddprof_recorder", "extconf.rb")
+
+    around do |example|
+      Dir.mktmpdir("ddprof_recorder_extconf") do |dir|
+        @dir = dir
+        example.run
+      end
+    end
+
+    # Runs the extconf as RubyGems does (in the build directory); returns [stderr, stdout, status].
+    def extconf_run(extconf, env)
+      out, err, status = Open3.capture3(env, RbConfig.ruby, extconf, chdir: @dir)
+      [err, out, status]
+    end
+
+    it "fails with one line that says how to get Rust when there is no cargo" do
+      path = File.dirname(RbConfig.ruby) # ruby, but no cargo (nor ~/.cargo/bin: HOME is empty)
+      err, _, status = extconf_run(extconf, "PATH" => path, "HOME" => @dir, "CARGO" => nil)
+      expect(status.success?).to be(false)
+      expect(err).to eq("ddprof_recorder: cargo (Rust's build tool) was not found on PATH nor in ~/.cargo/bin: " \
+                        "install Rust 1.88 or newer with rustup (https://rustup.rs), or set CARGO=/path/to/cargo, then try again\n")
+      expect(File.exist?(File.join(@dir, "Makefile"))).to be(false)
+    end
+
+    it "fails with one line when cargo is too old" do
+      old = File.join(@dir, "old-cargo")
+      File.write(old, "#!/bin/sh\necho 'cargo 1.63.0'\n")
+      File.chmod(0o755, old)
+      err, _, status = extconf_run(extconf, "CARGO" => old)
+      expect(status.success?).to be(false)
+      expect(err).to eq("ddprof_recorder: #{old} is cargo 1.63.0, too old to build ddprof_recorder: install Rust 1.88 " \
+                        "or newer with rustup (https://rustup.rs), or set CARGO=/path/to/cargo, then try again\n")
+    end
+
+    it "writes a Makefile that builds with cargo, into CARGO_TARGET_DIR when given, and keeps it" do
+      _, out, status = extconf_run(extconf, "CARGO_TARGET_DIR" => File.join(@dir, "shared"))
+      expect(status.success?).to be(true)
+      expect(out).to match(%r{\Addprof_recorder: building with \S*cargo against #{Regexp.escape(RbConfig.ruby)}\n\z})
+      makefile = File.read(File.join(@dir, "Makefile"))
+      expect(makefile).to include("RUBY=#{RbConfig.ruby}", "build --release --locked --package ddprof_recorder",
+                                  "--target-dir #{File.join(@dir, 'shared')}", "DLLIB = ddprof_recorder.#{RbConfig::CONFIG['DLEXT']}",
+                                  "RUBYARCHDIR = $(sitearchdir)$(target_prefix)")
+      expect(makefile).not_to include("$(RM_RF) #{File.join(@dir, 'shared')}")
+      _, _, status = extconf_run(extconf, "CARGO_TARGET_DIR" => nil)
+      expect(status.success?).to be(true)
+      expect(File.read(File.join(@dir, "Makefile"))).to include("$(RM_RF) #{File.join(@dir, 'target')}")
+    end
+  end
+
   describe "gem build, gem install --local into a clean GEM_HOME" do
     before(:context) do
       @dir = Dir.mktmpdir("ddprof_recorder_gem")

@@ -94,7 +94,7 @@ RSpec.describe DdprofRecorder::Rack do
       mw = described_class.new(app, authorize: authorize)
       expect(mw.call(env)).to equal(page)
       expect(mw.call(env("page=2&ddprofx=1"))).to equal(page)
-      expect(mw.call(env("q=%zz"))).to equal(page) # malformed: not ours
+      expect(mw.call(env("xddprof=flamegraph&ddprofile=pprof"))).to equal(page) # other parameters
     end
 
     it "serves unauthorized requests the app's own response, untouched" do

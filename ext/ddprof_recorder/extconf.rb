@@ -17,15 +17,17 @@
 #                     from this directory). Without it cargo builds in ./target here, which
 #                     `make install` removes: RubyGems 3.3 runs no `make clean` after
 #                     installing, and that tree (~400 MB) would stay in the installed gem.
-require "mkmf"
 require "shellwords"
 require_relative "cargo_build"
 
+# Before mkmf, whose exit handler would add its own banner to our one line.
 begin
   cargo = DdprofRecorderBuild.cargo
 rescue DdprofRecorderBuild::Error => e
   abort "ddprof_recorder: #{e.message}"
 end
+
+require "mkmf"
 puts "ddprof_recorder: building with #{cargo} against #{RbConfig.ruby}"
 
 own_target_dir = ENV["CARGO_TARGET_DIR"].to_s.empty?
