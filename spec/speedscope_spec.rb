@@ -120,9 +120,19 @@ RSpec.describe "speedscope output" do
     end
 
     it "is valid against the JSON schema of the speedscope package" do
-      report = Viewers.check("schema", *@files.values)
+      # A file that is not: pprof's unit name, and no weights. The check must catch it.
+      broken = JSON.parse(File.read(@files["all"]))
+      broken["profiles"][1]["unit"] = "count"
+      broken["profiles"][0].delete("weights")
+      broken_file = File.join(@dir, "broken.speedscope.json")
+      File.write(broken_file, JSON.generate(broken))
+
+      report = Viewers.check("schema", *@files.values, broken_file)
       expect(report["schema"]).to eq("http://json-schema.org/draft-07/schema#")
-      report["results"].each { |r| expect(r).to include("valid" => true, "errors" => []) }
+      *ours, theirs = report["results"]
+      ours.each { |r| expect(r).to include("valid" => true, "errors" => []) }
+      expect(theirs["valid"]).to be(false)
+      expect(theirs["errors"].map { |e| e["message"] }).to include("must have required property 'weights'")
     end
 
     it "loads in speedscope's own page in headless Chromium, offline, and draws the hot method" do

@@ -16,7 +16,7 @@
 #                     and builds that share it reuse each other's work (a relative one is taken
 #                     from this directory). Without it cargo builds in ./target here, which
 #                     `make install` removes: RubyGems 3.3 runs no `make clean` after
-#                     installing, and that tree (~400 MB) would stay in the installed gem.
+#                     installing, and that tree (300 MB) would stay in the installed gem.
 require "shellwords"
 require_relative "cargo_build"
 
