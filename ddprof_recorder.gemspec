@@ -8,23 +8,40 @@ Gem::Specification.new do |spec|
   spec.summary = "A profiler's sample recorder: aggregates stacks and hands back pprof, never blocking the sampler"
   spec.description = <<~TEXT
     The part of a Ruby profiler that keeps the samples (stacks, values, labels), aggregates
-    them and returns a pprof profile per time window, with a Rust core (magnus + rb-sys).
-    A reimplementation of dd-trace-rb's StackRecorder.
+    them and returns a pprof profile per time window, with a Rust core (magnus + rb-sys);
+    a reimplementation of dd-trace-rb's StackRecorder. Comes with a sampling profiler, the
+    ddprof-recorder command (record, top, flamegraph, speedscope) and a Rack middleware
+    that profiles one request. Installing it builds the extension with cargo (Rust 1.88+).
   TEXT
   spec.license = "Apache-2.0"
   spec.authors = ["ddprof_recorder developers"]
   spec.homepage = "https://example.invalid/ddprof_recorder"
   spec.required_ruby_version = ">= 3.0"
+  spec.requirements = ["Rust 1.88 or newer (cargo), from rustup", "libclang (Debian: libclang-dev), for bindgen"]
 
-  spec.files = Dir[
-    "lib/**/*.rb", "ext/**/*.{rs,toml}", "crates/**/*.{rs,toml}", "exe/*",
-    "Cargo.toml", "Cargo.lock", "Rakefile", "README.md"
-  ]
+  # What cargo needs to build the extension from the installed gem: every member of the
+  # workspace (Cargo.toml's `members`, bench included: cargo reads every member's manifest)
+  # and the lock file, which `--locked` holds the build to; the gemspec itself, for Bundler's
+  # `path:` and `git:` sources. spec/gem_install_spec.rb checks this list against the
+  # repository, and builds and installs the gem.
+  spec.files = Dir.chdir(__dir__) do
+    Dir[
+      "ddprof_recorder.gemspec", "lib/**/*.rb", "exe/*",
+      "ext/ddprof_recorder/{extconf.rb,cargo_build.rb,Cargo.toml,build.rs}", "ext/ddprof_recorder/src/**/*.rs",
+      "crates/core/Cargo.toml", "crates/core/src/**/*.rs",
+      "bench/Cargo.toml", "bench/src/**/*.rs",
+      "Cargo.toml", "Cargo.lock", "rustfmt.toml",
+      "README.md", "docs/*.md", "examples/*.rb"
+    ]
+  end
+  spec.extensions = ["ext/ddprof_recorder/extconf.rb"]
   spec.bindir = "exe"
-  spec.executables = Dir["exe/*"].map { |f| File.basename(f) }
+  spec.executables = ["ddprof-recorder"]
   spec.require_paths = ["lib"]
+  spec.metadata["rubygems_mfa_required"] = "true"
 
-  spec.add_development_dependency "google-protobuf", ">= 3.21"
-  spec.add_development_dependency "rake", ">= 13"
-  spec.add_development_dependency "rspec", ">= 3.12"
+  # Development only: the versions Debian 12 ships (ruby-google-protobuf, rake, ruby-rspec).
+  spec.add_development_dependency "google-protobuf", "~> 3.21"
+  spec.add_development_dependency "rake", "~> 13.0"
+  spec.add_development_dependency "rspec", "~> 3.12"
 end

@@ -4,10 +4,21 @@ require_relative "ddprof_recorder/version"
 require_relative "ddprof_recorder/error"
 require_relative "ddprof_recorder/logger"
 
+# The native extension, ddprof_recorder.<DLEXT>: next to this file in a checkout after
+# `rake compile` (and where RubyGems 3 copies it at install), else in the gem's extension
+# directory, which RubyGems puts on the load path. Missing from a source tree (a checkout, or
+# Bundler's `path:`, which builds no extension), it is built on this first require
+# (lib/ddprof_recorder/source_build.rb).
 begin
   require_relative "ddprof_recorder/ddprof_recorder"
-rescue LoadError => e
-  raise LoadError, "ddprof_recorder's native extension is not built (run `rake compile`): #{e.message}"
+rescue LoadError
+  begin
+    require "ddprof_recorder/ddprof_recorder"
+  rescue LoadError => e
+    require_relative "ddprof_recorder/source_build"
+    DdprofRecorder::SourceBuild.build_or_raise(e)
+    require_relative "ddprof_recorder/ddprof_recorder"
+  end
 end
 
 require_relative "ddprof_recorder/stack_recorder"

@@ -24,6 +24,25 @@ namespace :docs do
   end
 end
 
+namespace :viewers do
+  desc "The example's profile in speedscope and as a flamegraph, in headless Chromium: tmp/viewers/*.png"
+  task screenshots: :example do
+    require_relative "../spec/support/viewers"
+    Viewers.ensure_ready!(browser: true)
+    mkdir_p "tmp/viewers"
+    sh(*PROFILER_CLI, "speedscope", "tmp/hot_spot.pb.gz", "-o", "tmp/viewers/hot_spot.speedscope.json")
+    sh(*PROFILER_CLI, "flamegraph", "tmp/hot_spot.pb.gz", "-o", "tmp/viewers/hot_spot.svg")
+    { "speedscope" => "tmp/viewers/hot_spot.speedscope.json", "svg" => "tmp/viewers/hot_spot.svg" }.each do |kind, file|
+      png = "tmp/viewers/#{kind}.png"
+      report = Viewers.check(kind, File.expand_path(file), File.expand_path(png))
+      names = report["drawn"] || report["texts"].map(&:strip)
+      puts "#{png}: #{report['errors'].empty? ? 'no page errors' : report['errors']}; names shown: #{names.grep(/\A[a-z_]+\z/).uniq.join(', ')}"
+    end
+  rescue Viewers::Unavailable => e
+    abort "viewers:screenshots: #{e.message}"
+  end
+end
+
 namespace :bench do
   desc "The profiler's overhead on examples/hot_spot.rb's work at 99 Hz (RUNS=7)"
   task profiler_overhead: :compile do

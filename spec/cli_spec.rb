@@ -200,9 +200,9 @@ RSpec.describe "exe/ddprof-recorder" do
     it "has --help for the tool and each command" do
       out, _, status = cli("--help")
       expect(status).to eq(0)
-      expect(out).to include("Usage: ddprof-recorder COMMAND", "record", "top", "flamegraph", "folded", "merge")
+      expect(out).to include("Usage: ddprof-recorder COMMAND", "record", "top", "flamegraph", "speedscope", "folded", "merge")
       { "record" => "-- COMMAND", "top" => "--value TYPE", "flamegraph" => "-o out.svg", "folded" => "--by-process",
-        "merge" => "-o OUT FILE..." }.each do |command, text|
+        "speedscope" => "-o out.speedscope.json", "merge" => "-o OUT FILE..." }.each do |command, text|
         out, err, status = cli(command, "--help")
         expect(status).to eq(0), err
         expect(out).to start_with("Usage: ddprof-recorder #{command}").and include(text, "-h, --help")
@@ -218,7 +218,7 @@ RSpec.describe "exe/ddprof-recorder" do
       expect_clean_error(err, /\Addprof-recorder: missing\.pb\.gz: no such file$/)
 
       File.write(File.join(@dir, "notes.txt"), "these are not the bytes you are looking for\n" * 20)
-      %w[top flamegraph folded].each do |command|
+      %w[top flamegraph speedscope folded].each do |command|
         _, err, status = cli(command, "notes.txt")
         expect(status).to eq(1)
         expect_clean_error(err, /\Addprof-recorder: notes\.txt: not a pprof profile: /)

@@ -30,6 +30,7 @@ module DdprofRecorder
       "record" => "profile a Ruby program and write its pprof",
       "top" => "the hottest functions of a pprof, self and total",
       "flamegraph" => "draw a pprof as an SVG flamegraph",
+      "speedscope" => "write a pprof as a speedscope file (speedscope.app, `speedscope FILE`)",
       "folded" => "print a pprof as folded stacks (root;...;leaf value)",
       "merge" => "merge pprof files into one",
     }.freeze
@@ -103,9 +104,10 @@ module DdprofRecorder
           ddprof-recorder record -o profile.pb.gz -- ruby examples/hot_spot.rb
           ddprof-recorder top profile.pb.gz --value cpu-time -n 10
           ddprof-recorder flamegraph profile.pb.gz -o profile.svg
+          ddprof-recorder speedscope profile.pb.gz -o profile.speedscope.json
           ddprof-recorder merge -o all.pb.gz profile.pb.gz profile.pid*.pb.gz
 
-        The views (top, flamegraph, folded) take one FILE or several, which they merge.
+        The views (top, flamegraph, speedscope, folded) take one FILE or several, which they merge.
 
         Run `ddprof-recorder COMMAND --help` for a command's options.
       TEXT
@@ -400,9 +402,14 @@ module DdprofRecorder
     end
 
     def svg_name(path)
+      view_name(path, ".svg")
+    end
+
+    # `path` with `ext` for its .pb / .pb.gz / .gz: `hot.pb.gz` → `hot.svg`.
+    def view_name(path, ext)
       base = path.sub(/\.pb(\.gz)?\z/, "").sub(/\.gz\z/, "")
       base = path if base.empty?
-      "#{base}.svg"
+      "#{base}#{ext}"
     end
 
     # --- top ----------------------------------------------------------------------------
@@ -496,6 +503,48 @@ module DdprofRecorder
       else
         File.write(out, svg)
         @out.puts("ddprof-recorder: wrote #{out} (#{options[:value]}, #{svg.bytesize} bytes)")
+      end
+      0
+    end
+
+    # --- speedscope ---------------------------------------------------------------------
+
+    def cmd_speedscope(argv)
+      options = { out: nil, values: [], group_by: nil }
+      parser = OptionParser.new do |o|
+        o.banner = "Usage: ddprof-recorder speedscope FILE... [-o out.speedscope.json] [--value TYPE]... [--by-thread|--by-process]"
+        o.separator ""
+        o.separator "Writes a pprof (raw or gzip) as a speedscope file: open it at https://www.speedscope.app"
+        o.separator "or with `speedscope FILE` (npm install -g speedscope). One profile per value type"
+        o.separator "(cpu-time first), or per value type and thread/process; speedscope's profile menu"
+        o.separator "switches between them. Several FILEs are merged."
+        o.separator ""
+        o.on("-o", "--output FILE", "where to write the JSON (default: the first FILE with .speedscope.json; - for stdout)") do |v|
+          options[:out] = v
+        end
+        o.on("--value TYPE", "only this sample type (again for more; default: all of them)") { |v| options[:values] << v }
+        o.on("--by-thread", "one profile per value type and \"thread name\" label") do
+          group_by(options, Profiler::THREAD_NAME_LABEL, "--by-thread")
+        end
+        o.on("--by-process", "one profile per value type and \"process id\" label") do
+          group_by(options, Profiler::PROCESS_ID_LABEL, "--by-process")
+        end
+      end
+      rest = parse(parser, argv)
+      return 0 if rest.nil?
+
+      paths, data = read_profiles(rest, "speedscope")
+      json = on_profiles(paths) do
+        DdprofRecorder.speedscope(view_input(data), value: options[:values].empty? ? nil : options[:values],
+                                                    group_by: options[:group_by], name: File.basename(paths.first))
+      end
+      out = options[:out] || view_name(paths.first, ".speedscope.json")
+      if out == "-"
+        @out.write(json)
+      else
+        File.write(out, json)
+        profiles = json.scan('"type":"sampled"').size
+        @out.puts("ddprof-recorder: wrote #{out} (#{profiles} profile#{profiles == 1 ? '' : 's'}, #{json.bytesize} bytes)")
       end
       0
     end

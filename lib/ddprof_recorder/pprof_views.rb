@@ -1,10 +1,11 @@
 # frozen_string_literal: true
 
 module DdprofRecorder
-  # Views of a pprof for people: folded stacks, a flamegraph, the hottest functions and a
-  # summary, and the merge of several pprofs into one. All of them read any pprof (raw or gzip,
-  # ours or another tool's) natively (see crates/core/src/folded.rs and merge.rs); the Ruby
-  # methods below only check keywords.
+  # Views of a pprof for people: folded stacks, a flamegraph, a speedscope file, the hottest
+  # functions and a summary; the merge of several pprofs into one, and the samples of some
+  # label values. All of them read any pprof (raw or gzip, ours or another tool's) natively
+  # (see crates/core/src/folded.rs, speedscope.rs, merge.rs and filter.rs); the Ruby methods
+  # below only check keywords.
   #
   # Each view takes one pprof String or an Array of them, which it sees as their merge (see
   # {.merge}): e.g. the profiles of a server's processes, or the windows of one. Errors about
@@ -45,6 +46,63 @@ module DdprofRecorder
       end
 
       _native_flamegraph(pprof, value_name(value), title, filenames ? true : false, label_key(group_by))
+    end
+
+    # The profile as a speedscope file (https://www.speedscope.app; also what stackprof and
+    # rbspy write): one "sampled" profile per value type, each distinct stack a sample
+    # weighted by its value, or with `group_by` one per value type and label value (e.g. per
+    # thread), the heaviest first. speedscope opens the first and lists the others in its
+    # profile menu. The stacks are sorted by name, root first: a pprof has no time order, so
+    # speedscope's "Time Order" view reads like a flamegraph. Details:
+    # crates/core/src/speedscope.rs.
+    #
+    # @param pprof [String, Array<String>] a pprof, raw or gzip-compressed, or several.
+    # @param value [String, Symbol, Array<String, Symbol>, nil] the value type(s) to include,
+    #   in that order; nil (default) for every value type of the pprof, in its order
+    #   (cpu-time, cpu-samples, wall-time for the profiler's).
+    # @param group_by [String, Symbol, nil] a label key (e.g. `"thread name"`): one profile per
+    #   value of it.
+    # @param name [String] the file's name in speedscope's title bar.
+    # @return [String] the JSON document (UTF-8).
+    # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type.
+    # @raise [DdprofRecorder::Error] if no sample has a positive value of the value types
+    #   (nothing to draw), or several pprofs have different value types.
+    def speedscope(pprof, value: nil, group_by: nil, name: "ddprof_recorder profile")
+      raise TypeError, "name must be a String, got #{name.class}" unless name.is_a?(String)
+
+      values = value.nil? ? nil : Array(value).map { |v| value_name(v) }
+      raise ArgumentError, "value must name at least one value type" if values&.empty?
+
+      _native_speedscope(pprof, values, label_key(group_by), name, "ddprof_recorder #{VERSION}")
+    end
+
+    # The pprof with only the samples that have every label of `labels` (the same key with the
+    # same value: a String for a string label, an Integer for a numeric one), e.g. one
+    # thread's: `filter(pprof, labels: { "thread id" => id })`. Functions and locations stay.
+    #
+    # @param pprof [String, Array<String>] a pprof, raw or gzip-compressed, or several (merged).
+    # @param labels [Hash{String, Symbol => String, Integer}]
+    # @param compression [Symbol] `:gzip` (default) or `:none`.
+    # @return [String] the pprof (binary).
+    # @raise [ArgumentError] if `pprof` is not a pprof.
+    # @raise [DdprofRecorder::Error] if several pprofs have different value types.
+    def filter(pprof, labels:, compression: :gzip)
+      raise TypeError, "labels must be a Hash, got #{labels.class}" unless labels.is_a?(Hash)
+      raise ArgumentError, "compression must be :none or :gzip, got #{compression.inspect}" unless %i[gzip none].include?(compression)
+
+      strings = []
+      numbers = []
+      labels.each do |key, value|
+        key = key.to_s if key.is_a?(Symbol)
+        raise TypeError, "label keys must be Strings or Symbols, got #{key.class}" unless key.is_a?(String)
+
+        case value
+        when String then strings << [key, value]
+        when Integer then numbers << [key, value]
+        else raise TypeError, "label #{key.inspect} must be a String or an Integer, got #{value.class}"
+        end
+      end
+      _native_filter(pprof, strings, numbers, compression)
     end
 
     # The functions holding the most of one value: self (as the leaf of a sample) and total

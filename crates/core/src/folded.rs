@@ -141,6 +141,9 @@ fn sanitize(name: &str) -> String {
         .collect()
 }
 
+/// The one frame of a sample without a stack, in the views.
+pub(crate) const NO_STACK: &str = "(no stack)";
+
 /// The first bytes of a gzip stream.
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
@@ -292,19 +295,27 @@ impl StackProfile {
         self.samples.iter().fold(0i64, |acc, s| acc.saturating_add(s.values[value]))
     }
 
-    /// How a frame is shown: its function name, or its file when the name is empty (the
-    /// recorder's `"N frames omitted"` placeholder has only a file), or `"(unknown)"`.
+    /// What a function is called in a view: its name, or its file when the name is empty
+    /// (the recorder's `"N frames omitted"` placeholder has only a file), or `"(unknown)"`.
+    pub fn display_name(&self, function: usize) -> &str {
+        let f = &self.functions[function];
+        match (f.name.is_empty(), f.filename.is_empty()) {
+            (false, _) => &f.name,
+            (true, false) => &f.filename,
+            (true, true) => "(unknown)",
+        }
+    }
+
+    /// How a frame is shown in folded stacks: [`Self::display_name`], with ` (file)` after
+    /// it when `filenames` is set and the function has a name and a file, made safe for the
+    /// format.
     pub fn frame_name(&self, function: usize, filenames: bool) -> String {
         let f = &self.functions[function];
-        let name = match (f.name.is_empty(), f.filename.is_empty()) {
-            (false, _) => f.name.clone(),
-            (true, false) => return sanitize(&f.filename),
-            (true, true) => "(unknown)".to_string(),
-        };
-        if filenames && !f.filename.is_empty() {
+        let name = self.display_name(function);
+        if filenames && !f.name.is_empty() && !f.filename.is_empty() {
             sanitize(&format!("{name} ({})", f.filename))
         } else {
-            sanitize(&name)
+            sanitize(name)
         }
     }
 
@@ -329,7 +340,7 @@ impl StackProfile {
                 if !line.is_empty() {
                     line.push(';');
                 }
-                line.push_str("(no stack)");
+                line.push_str(NO_STACK);
             }
             for &f in s.frames.iter().rev() {
                 if !line.is_empty() {

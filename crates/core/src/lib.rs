@@ -8,6 +8,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod error;
+pub mod filter;
 pub mod folded;
 mod hash;
 pub mod merge;
@@ -15,6 +16,7 @@ pub mod pprof;
 mod profile;
 mod recorder;
 mod sample;
+pub mod speedscope;
 mod strings;
 mod time;
 

@@ -1,15 +1,19 @@
-//! `DdprofRecorder._native_folded`, `_native_flamegraph`, `_native_top`, `_native_summary`
-//! and `_native_merge`: views of pprof profiles (raw or gzip) for people, computed by the
-//! core's [`folded`](ddprof_recorder_core::folded) module, and their merge
-//! ([`merge`](ddprof_recorder_core::merge)). The Ruby methods with keywords and docs are in
+//! `DdprofRecorder._native_folded`, `_native_flamegraph`, `_native_speedscope`, `_native_top`,
+//! `_native_summary`, `_native_merge` and `_native_filter`: views of pprof profiles (raw or
+//! gzip) for people, computed by the core's [`folded`](ddprof_recorder_core::folded) and
+//! [`speedscope`](ddprof_recorder_core::speedscope) modules, their merge
+//! ([`merge`](ddprof_recorder_core::merge)) and the samples of some label values
+//! ([`filter`](ddprof_recorder_core::filter)). The Ruby methods with keywords and docs are in
 //! `lib/ddprof_recorder/pprof_views.rb`.
 //!
 //! Each view takes one pprof String or an Array of them, merged into one profile first.
 //! Each entry point copies the pprofs out of their Ruby Strings, then decodes, merges and
 //! renders without the GVL (a large profile takes milliseconds), and builds Ruby objects from
 //! plain Rust data once the GVL is back.
+use ddprof_recorder_core::filter;
 use ddprof_recorder_core::folded::{FoldOptions, FoldedError, LabelValue, StackProfile};
 use ddprof_recorder_core::merge::{self, MergeError};
+use ddprof_recorder_core::speedscope::SpeedscopeOptions;
 use ddprof_recorder_core::Compression;
 use magnus::{function, prelude::*, Error, RArray, RHash, RModule, RString, Ruby, Symbol, Value};
 
@@ -27,6 +31,8 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
     module.define_singleton_method("_native_top", function!(native_top, 2))?;
     module.define_singleton_method("_native_summary", function!(native_summary, 1))?;
     module.define_singleton_method("_native_merge", function!(native_merge, 2))?;
+    module.define_singleton_method("_native_speedscope", function!(native_speedscope, 5))?;
+    module.define_singleton_method("_native_filter", function!(native_filter, 4))?;
     Ok(())
 }
 
@@ -136,6 +142,20 @@ fn with_profile<R: Send>(
     .map_err(|e| to_ruby_error(ruby, e, array))
 }
 
+/// Decodes (and merges) `inputs` and runs `view` on the profile, all without the GVL.
+fn with_whole_profile<R: Send>(
+    ruby: &Ruby,
+    inputs: Inputs,
+    view: impl Send + FnOnce(&StackProfile) -> Result<R, FoldedError>,
+) -> Result<R, Error> {
+    let Inputs { bytes, array } = inputs;
+    nogvl(ruby, move || -> Result<R, ViewError> {
+        let profile = merge::stack_profile(&bytes).map_err(ViewError::Merge)?;
+        Ok(view(&profile)?)
+    })?
+    .map_err(|e| to_ruby_error(ruby, e, array))
+}
+
 /// `_native_folded(pprof, value, filenames, root_label)` → String of folded stack lines.
 fn native_folded(
     ruby: &Ruby,
@@ -169,6 +189,70 @@ fn native_flamegraph(
         })?;
         Ok(ruby.str_new(&svg))
     })
+}
+
+/// `_native_speedscope(pprof, values, group_by, name, exporter)` → the speedscope JSON
+/// String: one profile per value type named in `values` (nil: every value type of the pprof),
+/// or one per value type and value of the label `group_by`.
+fn native_speedscope(
+    ruby: &Ruby,
+    pprof: Value,
+    values: Option<Vec<String>>,
+    group_by: Option<String>,
+    name: String,
+    exporter: String,
+) -> Result<RString, Error> {
+    guard(ruby, || {
+        let inputs = pprof_inputs(ruby, pprof)?;
+        let options = SpeedscopeOptions { name, exporter, group_by };
+        let json = with_whole_profile(ruby, inputs, move |p| {
+            let indices = match values {
+                None => (0..p.value_types.len()).collect(),
+                Some(names) => {
+                    names.iter().map(|v| p.value_index(v)).collect::<Result<Vec<_>, _>>()?
+                }
+            };
+            p.speedscope(&indices, &options)
+        })?;
+        Ok(ruby.str_new(&json))
+    })
+}
+
+/// `_native_filter(pprof, string_labels, number_labels, compression)` → one pprof String
+/// (`:gzip` or `:none`) with the samples that have every `[key, value]` label of both Arrays.
+fn native_filter(
+    ruby: &Ruby,
+    pprof: Value,
+    string_labels: Vec<(String, String)>,
+    number_labels: Vec<(String, i64)>,
+    compression: Symbol,
+) -> Result<RString, Error> {
+    guard(ruby, || {
+        let compression = compression_of(ruby, compression)?;
+        let labels: Vec<(String, LabelValue)> = string_labels
+            .into_iter()
+            .map(|(k, v)| (k, LabelValue::Str(v)))
+            .chain(number_labels.into_iter().map(|(k, n)| (k, LabelValue::Num(n))))
+            .collect();
+        let Inputs { bytes, array } = pprof_inputs(ruby, pprof)?;
+        let filtered = nogvl(ruby, move || {
+            // One pprof is copied as the merge of itself: its errors are named as a view's.
+            let mut profile = merge::merge_bytes(&bytes).map_err(ViewError::Merge)?;
+            filter::filter(&mut profile, &labels)?;
+            merge::encode(&profile, compression).map_err(|e| ViewError::Encode(e.to_string()))
+        })?
+        .map_err(|e| to_ruby_error(ruby, e, array))?;
+        Ok(ruby.str_from_slice(&filtered))
+    })
+}
+
+/// `:gzip` or `:none` as a [`Compression`].
+fn compression_of(ruby: &Ruby, compression: Symbol) -> Result<Compression, Error> {
+    match compression.name()?.as_ref() {
+        "gzip" => Ok(Compression::Gzip),
+        "none" => Ok(Compression::None),
+        other => Err(arg_error(ruby, format!("compression must be :none or :gzip, got :{other}"))),
+    }
 }
 
 /// One row of `_native_top`: `[name, filename, self, total]`.
@@ -254,16 +338,7 @@ fn native_summary(ruby: &Ruby, pprof: Value) -> Result<RHash, Error> {
 /// samples of every pprof of the Array `pprofs`.
 fn native_merge(ruby: &Ruby, pprofs: RArray, compression: Symbol) -> Result<RString, Error> {
     guard(ruby, || {
-        let compression = match compression.name()?.as_ref() {
-            "gzip" => Compression::Gzip,
-            "none" => Compression::None,
-            other => {
-                return Err(arg_error(
-                    ruby,
-                    format!("compression must be :none or :gzip, got :{other}"),
-                ))
-            }
-        };
+        let compression = compression_of(ruby, compression)?;
         let Inputs { bytes, array } = pprof_inputs(ruby, pprofs.as_value())?;
         let merged = nogvl(ruby, move || {
             let profile = merge::merge_bytes(&bytes).map_err(ViewError::Merge)?;

@@ -411,6 +411,13 @@ module DdprofRecorder
         thread.name.equal?(state.name) && native_id(thread) == state.native_id
       end
 
+      # The `"thread id"` label of `thread`: `"<native id> (<object_id>)"`, or the object_id
+      # alone when the native id is unknown (nil: Ruby 3.0). `native_id` defaults to the
+      # thread's own, which is what a profiler started in this process reads (see #native_id).
+      def self.thread_id(thread, native_id = thread.respond_to?(:native_thread_id) ? thread.native_thread_id : nil)
+        native_id ? "#{native_id} (#{thread.object_id})" : thread.object_id.to_s
+      end
+
       # `Thread#native_thread_id` came with Ruby 3.1; before it, no thread's CPU clock can be
       # read and cpu-time stays 0.
       if Thread.method_defined?(:native_thread_id)
@@ -430,7 +437,7 @@ module DdprofRecorder
         state.name = thread.name
         state.native_id = native_id(thread)
         @scan_tids[state.index] = state.native_id
-        id = state.native_id ? "#{state.native_id} (#{thread.object_id})" : thread.object_id.to_s
+        id = ThreadSampler.thread_id(thread, state.native_id)
         state.labels = [[THREAD_ID_LABEL, id].freeze, [THREAD_NAME_LABEL, display_name(thread)].freeze,
                         *@extra_labels].freeze
       end

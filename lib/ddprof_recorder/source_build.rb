@@ -1,0 +1,49 @@
+# frozen_string_literal: true
+
+module DdprofRecorder
+  # Builds the native extension at the first `require "ddprof_recorder"` from a source tree
+  # that lacks it.
+  #
+  # `gem install` builds it (ext/ddprof_recorder/extconf.rb), and so does Bundler for a `git:`
+  # source, but Bundler never builds the extensions of a `path:` gem (Bundler 2.3's
+  # Source::Path#install installs its executables with `disable_extensions: true`): an
+  # application whose Gemfile says `gem "ddprof_recorder", path: "..."` would otherwise fail
+  # at its first require until someone runs `rake compile` in that directory. So, when the
+  # library is missing and the gem's directory has the Cargo workspace, this runs the same
+  # cargo build as `rake compile` (into that directory's target/, or CARGO_TARGET_DIR) and
+  # puts the library into lib/, saying so on stderr first. Concurrent first requires (a
+  # server's workers) are safe: cargo lets one build at a time per target directory, and the
+  # library is renamed into place whole.
+  #
+  # DDPROF_RECORDER_BUILD=0 turns this off (the require then raises LoadError at once).
+  module SourceBuild
+    ROOT = File.expand_path("../..", __dir__)
+    HELPER = File.join(ROOT, "ext", "ddprof_recorder", "cargo_build.rb")
+
+    module_function
+
+    # Builds the library, or raises LoadError saying how to get it.
+    #
+    # @param error [LoadError] why it could not be loaded.
+    # @raise [LoadError]
+    def build_or_raise(error)
+      unless File.file?(HELPER) && File.file?(File.join(ROOT, "Cargo.toml"))
+        raise LoadError, "ddprof_recorder's native extension is missing (reinstall the gem: `gem install` builds it): #{error.message}"
+      end
+      if ENV["DDPROF_RECORDER_BUILD"] == "0"
+        raise LoadError, "ddprof_recorder's native extension is not built (run `rake compile` in #{ROOT}; " \
+                         "DDPROF_RECORDER_BUILD=0 keeps `require` from building it): #{error.message}"
+      end
+
+      require HELPER
+      dest = File.join(ROOT, "lib", "ddprof_recorder", DdprofRecorderBuild.dlib_name)
+      target = File.expand_path(ENV.fetch("CARGO_TARGET_DIR", "target"), ROOT)
+      warn "ddprof_recorder: the native extension is not built in #{ROOT}; building it now with cargo " \
+           "(once; about 2 minutes from scratch; DDPROF_RECORDER_BUILD=0 to not)"
+      # cargo's progress goes to stderr; stdout is the program's.
+      DdprofRecorderBuild.build(target_dir: target, locked: true, dest: dest) { |_command| $stdout.flush }
+    rescue DdprofRecorderBuild::Error => e
+      raise LoadError, "ddprof_recorder's native extension could not be built: #{e.message}"
+    end
+  end
+end
