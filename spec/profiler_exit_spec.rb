@@ -56,9 +56,12 @@ RSpec.describe DdprofRecorder::Profiler, "at exit" do
       exit 9
     when "fork", "fork_profiled"
       pid = fork do
-        # The parent's profiler does not run here (its threads did not survive the fork);
-        # "fork_profiled" starts one of the child's own.
-        DdprofRecorder::Profiler.start(hz: 999) if mode == "fork_profiled"
+        # The process-wide profiler follows the fork (ForkHook restarts it here, with threads
+        # of the child's own); "fork_profiled" stops that one and starts another.
+        if mode == "fork_profiled"
+          DdprofRecorder::Profiler.stop
+          DdprofRecorder::Profiler.start(hz: 999)
+        end
         Thread.new { loop { busy(1) } }
         busy(seconds)
         puts sampling("child")
@@ -202,16 +205,16 @@ RSpec.describe DdprofRecorder::Profiler, "at exit" do
     expect_no_problems(run_all("sigterm", counts["sigterm"]), expected_signal: Signal.list.fetch("TERM"))
   end
 
-  it "forks, the child exits 4 and the parent 0 (#{counts['fork']} runs)" do
+  it "forks, the profiler follows into the child, the child exits 4 and the parent 0 (#{counts['fork']} runs)" do
     results = run_all("fork", counts["fork"])
     expect_no_problems(results, expected_exit: 0)
     results.each do |r|
       expect(r[:out]).to include("child status: exited=4 signal=nil"), r[:out]
-      expect(r[:out]).to match(/^child jobs=\d+ trigger=false$/) # the parent's trigger is gone
+      expect(r[:out]).to match(/^child jobs=\d+ trigger=true$/) # restarted by the fork hook
     end
   end
 
-  it "forks, the child starts its own profiler and exits 4 sampling, the parent 0 (#{counts['fork_profiled']} runs)" do
+  it "forks, the child restarts the profiler and exits 4 sampling, the parent 0 (#{counts['fork_profiled']} runs)" do
     results = run_all("fork_profiled", counts["fork_profiled"])
     expect_no_problems(results, expected_exit: 0)
     results.each do |r|
