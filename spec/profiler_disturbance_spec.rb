@@ -209,10 +209,16 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
       # ... and in read(2) on a pipe that another process writes to after 0.3 s (no thread of
       # ours can run meanwhile). It lives on until we close its stdin: its SIGCHLD, which Ruby
       # catches without SA_RESTART, must not be what interrupts the read.
-      Open3.popen2(RbConfig.ruby, "-e", "sleep 0.3; $stdout.write('hello'); $stdout.flush; $stdin.read") do |stdin, stdout, wait|
+      # The child's 0.3 s count from our "go", and ours from before it: getting the GVL back
+      # after writing "go" can take the burner's 100 ms time slice (a 0.20 s read was seen
+      # when the child counted from its start).
+      child = "$stdin.gets; sleep 0.3; $stdout.write('hello'); $stdout.flush; $stdin.read"
+      Open3.popen2(RbConfig.ruby, "-e", child) do |stdin, stdout, wait|
         stdout.nonblock = false
         buffer = Fiddle::Pointer.malloc(8, Fiddle::RUBY_FREE)
         started = monotonic
+        stdin.puts("go")
+        stdin.flush
         read = c_read_gvl.call(stdout.fileno, buffer, 5)
         read_seconds = monotonic - started
         read_errno = Fiddle.last_error
