@@ -28,13 +28,12 @@ use magnus::{
 use crate::trigger::{self, Tick};
 
 /// A job that runs more than this after its tick may have waited for a blocked thread.
-/// Interrupt checks come every few microseconds in Ruby code; a C method that checks none
-/// (a big `Array#sort`) can hold the job back for milliseconds, but its thread is on the CPU
-/// meanwhile, which [`on_time`] sees. A job that comes this soon after a blocked thread woke
-/// is taken for an on-CPU sample at the code right after the wake-up, and gets all the CPU the
-/// thread carried: measured with 1 ms, a `5 ms work + sleep 0.001` loop charged 2.7% of its
-/// CPU to `sleep`; with 200 µs, a Puma worker charged 16.5% of its CPU to `setsockopt`, which
-/// it calls on waking for a request.
+/// Interrupt checks come every few microseconds in Ruby code, so a running thread's job comes
+/// within a few µs of its tick; a C method that checks none (a big `Array#sort`) can hold the
+/// job back for milliseconds, but its thread is on the CPU meanwhile, which [`on_time`] sees.
+/// Kept small because a job that comes within it after a blocked thread woke is taken for an
+/// on-CPU sample of the code right after the wake-up, with all the CPU the thread carried:
+/// with 1 ms, a `5 ms work + sleep 0.001` loop charged 2.7% of its CPU to `sleep`.
 const LATE_AFTER_NS: i64 = 30_000;
 
 /// Whether sampling is on: jobs still queued when it is turned off do nothing.
