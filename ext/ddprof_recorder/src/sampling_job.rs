@@ -25,6 +25,7 @@ use magnus::{
     RModule, Ruby, Value,
 };
 
+use crate::thread_cpu::own_cpu_ns;
 use crate::trigger::{self, Tick};
 
 /// A job that runs more than this after its tick may have waited for a blocked thread.
@@ -161,14 +162,6 @@ fn current_thread_cpu_time_ns() -> i64 {
     own_cpu_ns()
 }
 
-fn own_cpu_ns() -> i64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; the calling thread's clock always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    #[allow(clippy::useless_conversion)]
-    let (sec, nsec) = (i64::from(ts.tv_sec), i64::from(ts.tv_nsec));
-    sec * 1_000_000_000 + nsec
-}
 
 fn own_tid() -> i32 {
     let generation = crate::stack_recorder::fork_generation();

@@ -51,6 +51,16 @@ fn moved_threads(ruby: &Ruby, tids: RArray, seen: RArray) -> Result<RArray, Erro
     })
 }
 
+/// The calling thread's CPU clock, in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`, a vDSO read).
+pub fn own_cpu_ns() -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; the calling thread's clock always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    #[allow(clippy::useless_conversion)]
+    let (sec, nsec) = (i64::from(ts.tv_sec), i64::from(ts.tv_nsec));
+    sec * 1_000_000_000 + nsec
+}
+
 /// CPU time of thread `tid` of this process, in nanoseconds.
 #[cfg(target_os = "linux")]
 pub fn cpu_time_ns(tid: libc::pid_t) -> Option<i64> {

@@ -71,7 +71,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::thread_cpu::cpu_time_ns;
+use crate::thread_cpu::{cpu_time_ns, own_cpu_ns};
 
 /// Ruby bug #19991's decoy (see the module doc). Zeroed, writable (`.bss`), never read by us.
 #[repr(C, align(64))]
@@ -248,14 +248,6 @@ pub fn thread_cpu_ns() -> i64 {
     }
 }
 
-fn own_cpu_ns() -> i64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; the calling thread's clock always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    #[allow(clippy::useless_conversion)]
-    let (sec, nsec) = (i64::from(ts.tv_sec), i64::from(ts.tv_nsec));
-    sec * 1_000_000_000 + nsec
-}
 
 fn run(setup: &Setup, stop: &AtomicBool) {
     // SAFETY: gettid has no preconditions and cannot fail.
