@@ -162,7 +162,6 @@ fn current_thread_cpu_time_ns() -> i64 {
     own_cpu_ns()
 }
 
-
 fn own_tid() -> i32 {
     let generation = crate::stack_recorder::fork_generation();
     TID.with(|cached| {

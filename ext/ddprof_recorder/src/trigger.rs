@@ -248,7 +248,6 @@ pub fn thread_cpu_ns() -> i64 {
     }
 }
 
-
 fn run(setup: &Setup, stop: &AtomicBool) {
     // SAFETY: gettid has no preconditions and cannot fail.
     THREAD_TID.store(unsafe { libc::gettid() }, Ordering::Release);
