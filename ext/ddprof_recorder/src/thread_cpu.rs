@@ -51,24 +51,8 @@ fn moved_threads(ruby: &Ruby, tids: RArray, seen: RArray) -> Result<RArray, Erro
     })
 }
 
-/// The calling thread's CPU clock, in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`, a vDSO read).
-pub fn own_cpu_ns() -> i64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; the calling thread's clock always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    #[allow(clippy::useless_conversion)]
-    let (sec, nsec) = (i64::from(ts.tv_sec), i64::from(ts.tv_nsec));
-    sec * 1_000_000_000 + nsec
-}
-
-/// CPU time of thread `tid` of this process, in nanoseconds.
-#[cfg(target_os = "linux")]
-pub fn cpu_time_ns(tid: libc::pid_t) -> Option<i64> {
-    // 0 and negative ids would name the calling process or garbage, not a thread.
-    if tid <= 0 {
-        return None;
-    }
-    let clock: libc::clockid_t = ((!tid) << 3) | CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED;
+/// `clock`'s reading in nanoseconds, or None if the clock cannot be read (a dead thread's).
+pub fn clock_ns(clock: libc::clockid_t) -> Option<i64> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid, writable timespec that outlives the call; clock_gettime only
     // writes into it and reports a bad or dead clock id through its return value.
@@ -80,6 +64,21 @@ pub fn cpu_time_ns(tid: libc::pid_t) -> Option<i64> {
     #[allow(clippy::useless_conversion)]
     let (sec, nsec) = (i64::from(ts.tv_sec), i64::from(ts.tv_nsec));
     sec.checked_mul(1_000_000_000)?.checked_add(nsec)
+}
+
+/// The calling thread's CPU clock, in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`, a vDSO read).
+pub fn own_cpu_ns() -> i64 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or(0)
+}
+
+/// CPU time of thread `tid` of this process, in nanoseconds.
+#[cfg(target_os = "linux")]
+pub fn cpu_time_ns(tid: libc::pid_t) -> Option<i64> {
+    // 0 and negative ids would name the calling process or garbage, not a thread.
+    if tid <= 0 {
+        return None;
+    }
+    clock_ns(((!tid) << 3) | CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED)
 }
 
 #[cfg(not(target_os = "linux"))]

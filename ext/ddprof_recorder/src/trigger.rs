@@ -162,12 +162,7 @@ impl TickInfo {
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of Ruby's `Process.clock_gettime(
 /// Process::CLOCK_MONOTONIC, :nanosecond)`, which the Ruby side compares with.
 pub fn monotonic_ns() -> i64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC cannot fail on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    #[allow(clippy::useless_conversion)]
-    let (sec, nsec) = (i64::from(ts.tv_sec), i64::from(ts.tv_nsec));
-    sec * 1_000_000_000 + nsec
+    crate::thread_cpu::clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0)
 }
 
 struct Running {
