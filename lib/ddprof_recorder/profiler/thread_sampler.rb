@@ -276,8 +276,7 @@ module DdprofRecorder
           # Its own threads never get a state, so only new threads need the internal check.
           next if @threads.key?(thread) || thread.equal?(except) || @internal.call(thread)
 
-          # New since the previous pass: its wall time counts from that pass.
-          @threads[thread] = new_state(thread, [@last_pass_ns, now_ns].min)
+          state_for(thread, now_ns)
         end
         @clock.moved(@scan_tids, @scan_seen).each do |i|
           state = @scan_states[i]
