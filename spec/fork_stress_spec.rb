@@ -47,23 +47,6 @@ RSpec.describe DdprofRecorder::StackRecorder, "fork stress" do
     problems << "#{e.class}: #{e.message}"
   end
 
-  # Waits up to `timeout` seconds for `pid`; kills it (and returns nil) if it hangs. A blocking
-  # wait (the GVL released) with a watchdog: polling would wait for the GVL behind the busy
-  # sampler threads at every turn.
-  def wait_child(pid, timeout)
-    killed = false
-    watchdog = Thread.new do
-      sleep timeout
-      killed = true
-      Process.kill(:KILL, pid)
-    rescue Errno::ESRCH
-      nil
-    end
-    _, status = Process.wait2(pid)
-    watchdog.kill
-    killed ? nil : status
-  end
-
   it "every child records and serializes without calling reset_after_fork, and exits 0" do
     recorder = described_class.new
     stop = false
@@ -125,6 +108,33 @@ RSpec.describe DdprofRecorder::StackRecorder, "fork stress" do
     busy = results.count { |*, serializing| serializing }
     ForkStressReport.record(forks: forks, survived: results.count { |code, _| code&.zero? },
                             while_serializing: busy, mid_flip: mid_flip)
+  end
+
+  # Issue 10: the child must not unlock a lock of the parent that has a parked waiter. Such an
+  # unlock goes through parking_lot's parking table and, once the waiter has waited a while,
+  # hands the lock to it (eventual fairness): a thread that does not exist in the child, so the
+  # lock would stay held for ever. The child of each round forks while the serializer is parked
+  # on the slot a sampler holds.
+  it "every child forked while a serializer is parked on a held slot records, serializes and exits 0" do
+    parked_forks = Integer(ENV.fetch("FORK_PARKED_FORKS", "200"))
+    recorder = described_class.new
+    results = Array.new(parked_forks) do |round|
+      recorder.record_sample([["parent", "p.rb", 1]], [1, 1, 1], { "round" => round })
+      status = nil
+      held, serialized = with_parked_serializer(recorder) do
+        pid = fork { exit!(child_problems(recorder, testing).empty? ? 0 : 1) }
+        status = wait_child(pid, 10)
+      end
+      samples = serialized && samples_from(decode_pprof(serialized[2])).map { _1[:labels] }
+      [status&.exitstatus, held, samples == [{ "round" => round }]]
+    end
+
+    # nil: the child hung (killed after 10 s).
+    expect(results.map(&:first).tally).to eq(0 => parked_forks)
+    # The parent's serialization ended once the slot was released, with its window.
+    expect(results.map { _1[1..] }.tally).to eq([true, true] => parked_forks)
+    expect(recorder.stats).to include(samples_lost: 0, samples_recorded: parked_forks)
+    ForkStressReport.record(parked_forks: parked_forks, parked_survived: results.count { _1[0]&.zero? })
   end
 
   it "resets a child of a child too" do

@@ -12,4 +12,21 @@ module WaitHelpers
       Thread.pass
     end
   end
+
+  # Waits up to `timeout` seconds for the child `pid`; kills it (and returns nil) if it hangs,
+  # else returns its Process::Status. A blocking wait (the GVL released) with a watchdog:
+  # polling would wait for the GVL behind busy threads at every turn.
+  def wait_child(pid, timeout)
+    killed = false
+    watchdog = Thread.new do
+      sleep timeout
+      killed = true
+      Process.kill(:KILL, pid)
+    rescue Errno::ESRCH
+      nil
+    end
+    _, status = Process.wait2(pid)
+    watchdog.kill
+    killed ? nil : status
+  end
 end

@@ -547,13 +547,13 @@ fn finish_window(
 ) {
     let gzip = input.u8() % 2 == 1;
     let finish = Timestamp::now();
-    r.start_next_profile(finish).expect("consistent slots");
+    let pending = r.start_next_profile(finish).expect("one serializer");
     let output = match (clear, gzip) {
         (true, _) => Output::Discard,
         (false, true) => Output::Pprof(Compression::Gzip),
         (false, false) => Output::Pprof(Compression::None),
     };
-    let serialized = r.flip(finish, output).expect("serializes");
+    let serialized = pending.flip(output).expect("serializes");
     let start = m.window.start.expect("window started");
     assert_eq!(serialized.start, start, "each window starts where the previous ended");
     assert_eq!(serialized.finish, finish);
@@ -585,7 +585,7 @@ pub struct Summary {
 /// Runs one input. Panics (the fuzzer's crash) if any property fails.
 pub fn run(data: &[u8]) -> Summary {
     let mut input = Input { data };
-    let (recorder, mut model, value_types) = setup(&mut input);
+    let (mut recorder, mut model, value_types) = setup(&mut input);
     while let Some(op) = input.byte() {
         match op % 16 {
             0..=8 => add_sample(&mut input, &recorder, &mut model),
@@ -593,13 +593,14 @@ pub fn run(data: &[u8]) -> Summary {
             11 | 12 => finish_window(&mut input, &recorder, &mut model, &value_types, false),
             13 => finish_window(&mut input, &recorder, &mut model, &value_types, true),
             14 => {
-                // Interrupts a flip half-way, as a fork would: start_next_profile only.
-                recorder.start_next_profile(Timestamp::now()).expect("consistent slots");
+                // A serialization abandoned after its first step: nothing flips.
+                drop(recorder.start_next_profile(Timestamp::now()).expect("one serializer"));
             }
             _ => {
+                // The by-hand reset (a fork's is `Recorder::after_fork`, which keeps a recorder
+                // it cannot drop: not for a fuzzer that runs millions of inputs in a process).
                 let now = Timestamp::now();
-                // SAFETY: single-threaded: no sampler is inside the recorder.
-                unsafe { recorder.reset_after_fork(now) };
+                recorder = recorder.renewed(now);
                 assert_eq!(recorder.active_slot(), 1);
                 model.reset_window(now);
             }

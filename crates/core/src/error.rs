@@ -52,7 +52,7 @@ pub enum RecordError {
     EmptyLabelKey,
     ReservedLabelKey,
     DuplicateLabelKey(String),
-    /// Both slots were taken twice in a row: a bug or a fork mid-flip, never expected.
+    /// Both slots were taken twice in a row: never expected with one sampler at a time.
     SlotsBusy,
 }
 
@@ -79,7 +79,10 @@ impl std::error::Error for RecordError {}
 /// A serialization that could not run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SerializeError {
-    /// The serializer side does not hold the inactive slot; `reset_after_fork` recovers.
+    /// Another serialization of this recorder is in progress (one serializer at a time; the
+    /// serializer lock is never waited for).
+    Busy,
+    /// The serializer side does not hold the inactive slot (never expected).
     Inconsistent,
     /// Compression failed (out of memory in the compressor).
     Compression(String),
@@ -88,6 +91,10 @@ pub enum SerializeError {
 impl fmt::Display for SerializeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::Busy => write!(
+                f,
+                "another serialization of this recorder is in progress (one serializer at a time)"
+            ),
             Self::Inconsistent => {
                 write!(f, "recorder slots are inconsistent (the inactive slot is not held)")
             }

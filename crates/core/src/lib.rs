@@ -23,7 +23,7 @@ mod time;
 pub use error::{ConfigError, RecordError, SerializeError};
 pub use pprof::Compression;
 pub use profile::{Limits, Profile};
-pub use recorder::{Config, Output, Recorder, Serialized, StatsSnapshot};
+pub use recorder::{Config, Output, PendingFlip, Recorder, Serialized, StatsSnapshot};
 pub use sample::{Frame, Label, LabelValue, Sample, SpanId, ValueType};
 pub use time::Timestamp;
 

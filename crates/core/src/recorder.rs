@@ -6,9 +6,11 @@
 //! - The **sampler** calls [`Recorder::record_sample`] and [`Recorder::record_endpoint`]. One
 //!   sampler at a time (in Ruby the GVL guarantees it: a sampler holds the GVL for the whole
 //!   call and never releases it while it holds a slot).
-//! - The **serializer** calls [`Recorder::start_next_profile`] then [`Recorder::flip`] (or
-//!   [`Recorder::serialize`], which does both). One serializer at a time (the Ruby side guards
-//!   it with a `Mutex`; here, the `serializer` lock enforces it too).
+//! - The **serializer** calls [`Recorder::start_next_profile`], then [`PendingFlip::flip`] on
+//!   what it returns (or [`Recorder::serialize`], which does both). One serializer at a time:
+//!   the `serializer` lock is held from the first call to the end of the second, and is only
+//!   ever `try_lock`ed, so a second serializer gets [`SerializeError::Busy`] instead of waiting
+//!   (the Ruby side also guards serializations with a `Mutex`).
 //!
 //! # The protocol
 //!
@@ -35,15 +37,36 @@
 //!
 //! Before the flip, [`Recorder::start_next_profile`] resets the inactive profile with
 //! `start = finish` so that each window starts exactly where the previous one ended. The
-//! binding calls it while holding the GVL (like the seed) and runs [`Recorder::flip`] without
-//! the GVL, so Ruby keeps running while the profile is encoded.
+//! binding calls it while holding the GVL (like the seed): it never blocks, since the serializer
+//! lock is only `try_lock`ed. It runs [`PendingFlip::flip`] without the GVL, so Ruby keeps
+//! running while the profile is encoded; the only blocking lock of the protocol, step 2, waits
+//! there for a sampler that holds the GVL.
 //!
-//! # Fork
+//! Nobody but the flip's step 2 ever parks on a lock of the recorder: samplers and the serializer
+//! lock use `try_lock`, and there is one serializer at a time, so a slot has at most one parked
+//! waiter, and only while the serializer lock is held.
 //!
-//! A fork copies the recorder in whatever state the parent's threads left it: the
-//! serializer lock or a slot may be held by a thread that does not exist in the child.
-//! [`Recorder::reset_after_fork`] recognizes such locks by the process id and puts the
-//! recorder back into its initial state.
+//! # Reset and fork
+//!
+//! A recorder is never reset in place: [`Recorder::renewed`] and [`Recorder::after_fork`] make
+//! a new one, in the initial state, with the same config, which replaces it. A by-hand reset
+//! ([`Recorder::renewed`]) shares the counters with the old recorder, which a serialization in
+//! progress finishes with undisturbed (its window is the old recorder's).
+//!
+//! A fork copies the recorder in whatever state the parent's threads left it: the serializer
+//! lock or a slot may be held by a thread that does not exist in the child, with that
+//! serializer parked on a slot. Unlocking a parking_lot lock that has a parked waiter goes
+//! through parking_lot's global parking table, whose own locks a vanished thread may have held
+//! at the fork, and once the waiter has waited about 0.5 ms (parking_lot's eventual fairness)
+//! hands the lock over to it: in the child that thread does not exist, so the lock stays held
+//! for ever. The in-place reset this recorder had before (`force_unlock` of what the parent
+//! held) hung the child that way in the first round of `tests/fork.rs`. So [`Recorder::after_fork`] never unlocks, and never waits for, a lock of the
+//! inherited recorder (it only reads whether they are held, one atomic load each, which does not
+//! touch the parking table): the child gets fresh locks and fresh profiles, with the counters
+//! copied. The inherited recorder is dropped only if no thread was inside it at the fork (no
+//! lock held but the inactive slot's, no other reference); otherwise it is leaked, since dropping
+//! it would unlock locks with parked waiters and free profiles a parent thread may have been
+//! changing. (dd-trace-rb likewise re-initializes its pthread mutexes in the child.)
 //!
 //! # Memory
 //!
@@ -53,7 +76,7 @@
 //! for `ObjectSpace.memsize_of`): each slot caches its profile's size in an atomic, written by
 //! whoever holds the slot when the size can have changed (a new distinct sample or endpoint,
 //! a reset).
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -160,14 +183,29 @@ struct Stats {
     last_serialization_bytes: AtomicU64,
 }
 
+impl Stats {
+    /// A copy of `self`'s counts (for a forked child: they are plain memory there).
+    fn copy(&self) -> Self {
+        let copy = |counter: &AtomicU64| AtomicU64::new(counter.load(Relaxed));
+        Self {
+            samples_recorded: copy(&self.samples_recorded),
+            samples_rejected: copy(&self.samples_rejected),
+            samples_dropped: copy(&self.samples_dropped),
+            endpoints_dropped: copy(&self.endpoints_dropped),
+            samples_lost: copy(&self.samples_lost),
+            serializations: copy(&self.serializations),
+            last_serialization_ns: copy(&self.last_serialization_ns),
+            last_serialization_bytes: copy(&self.last_serialization_bytes),
+        }
+    }
+}
+
 type Slot = Arc<Mutex<Profile>>;
 type SlotGuard = ArcMutexGuard<RawMutex, Profile>;
 
 /// State only the serializer touches, behind the `serializer` lock.
 struct SerializerSide {
-    /// The held lock of the inactive slot. `None` only if a flip was cut short between its
-    /// steps (it cannot be in safe Rust, but a fork can): serializing then reports
-    /// [`SerializeError::Inconsistent`] and `reset_after_fork` restores it.
+    /// The held lock of the inactive slot. `None` only between the flip's steps 1 and 2.
     inactive: Option<SlotGuard>,
 }
 
@@ -176,13 +214,12 @@ pub struct Recorder {
     slots: [Slot; 2],
     /// `heap_bytes` of each slot's profile, written by the holder of that slot's lock.
     slot_heap: [AtomicUsize; 2],
+    /// Held for a whole serialization; only ever `try_lock`ed.
     serializer: Mutex<SerializerSide>,
     /// 1 or 2. Written by the serializer side only; the sampler never reads it.
     active_slot: AtomicU8,
-    /// Process that last took the `serializer` lock: tells a lock held by a live thread from
-    /// one left held by a thread of the parent process.
-    serializer_pid: AtomicU32,
-    stats: Stats,
+    /// Shared with the recorders that [`Recorder::renewed`] makes.
+    stats: Arc<Stats>,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -194,22 +231,39 @@ impl std::fmt::Debug for Recorder {
     }
 }
 
+/// A serialization under way, from [`Recorder::start_next_profile`] to [`PendingFlip::flip`]:
+/// it holds the serializer lock. `Send` (parking_lot's `send_guard`), so that the binding can
+/// take it with the GVL and flip without it. Dropped without a flip, it only releases the lock.
+pub struct PendingFlip<'a> {
+    recorder: &'a Recorder,
+    side: MutexGuard<'a, SerializerSide>,
+    finish: Timestamp,
+}
+
+impl std::fmt::Debug for PendingFlip<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingFlip").field("finish", &self.finish).finish_non_exhaustive()
+    }
+}
+
 impl Recorder {
     /// A recorder whose first profile starts at `start`, with slot one active.
     pub fn new(config: Config, start: Timestamp) -> Self {
-        let slots = [
-            Arc::new(Mutex::new(config.new_profile(start))),
-            Arc::new(Mutex::new(config.new_profile(start))),
-        ];
+        Self::with_stats(config, start, Arc::default())
+    }
+
+    fn with_stats(config: Config, start: Timestamp, stats: Arc<Stats>) -> Self {
+        let profiles = [config.new_profile(start), config.new_profile(start)];
+        let slot_heap = profiles.each_ref().map(|p| AtomicUsize::new(p.heap_bytes()));
+        let slots = profiles.map(|p| Arc::new(Mutex::new(p)));
         let inactive = slots[1].lock_arc();
         Self {
             config,
             serializer: Mutex::new(SerializerSide { inactive: Some(inactive) }),
-            slot_heap: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            slot_heap,
             slots,
             active_slot: AtomicU8::new(1),
-            serializer_pid: AtomicU32::new(std::process::id()),
-            stats: Stats::default(),
+            stats,
         }
     }
 
@@ -262,6 +316,13 @@ impl Recorder {
         self.stats.samples_rejected.fetch_add(1, Relaxed);
     }
 
+    /// For tests: runs `f` while holding the active slot, as a sampler inside `record_sample`
+    /// does (found the sampler's way; [`RecordError::SlotsBusy`] if both slots are taken). A
+    /// serialization meanwhile waits in its flip's step 2.
+    pub fn hold_active_slot<R>(&self, f: impl FnOnce() -> R) -> Result<R, RecordError> {
+        self.with_active_profile(|_, _| f())
+    }
+
     /// The sampler's side of the protocol: `try_lock` slot one, then slot two, twice at most.
     fn with_active_profile<R>(
         &self,
@@ -278,107 +339,56 @@ impl Recorder {
         Err(RecordError::SlotsBusy)
     }
 
-    fn lock_serializer(&self) -> MutexGuard<'_, SerializerSide> {
-        let side = self.serializer.lock();
-        self.serializer_pid.store(std::process::id(), Relaxed);
-        side
-    }
-
-    /// Serializer step 0: resets the inactive profile so that it starts at `finish`, the end
-    /// of the window about to be serialized. The binding calls it with the GVL held.
-    pub fn start_next_profile(&self, finish: Timestamp) -> Result<(), SerializeError> {
-        let mut side = self.lock_serializer();
+    /// Serializer step 0: takes the serializer lock without waiting ([`SerializeError::Busy`]
+    /// if another serialization holds it) and resets the inactive profile so that it starts at
+    /// `finish`, the end of the window about to be serialized. The binding calls it with the
+    /// GVL held: it never blocks. The lock is held until the returned flip is done or dropped.
+    pub fn start_next_profile(&self, finish: Timestamp) -> Result<PendingFlip<'_>, SerializeError> {
+        let mut side = self.serializer.try_lock().ok_or(SerializeError::Busy)?;
         let inactive = side.inactive.as_mut().ok_or(SerializeError::Inconsistent)?;
         inactive.reset(finish);
-        Ok(())
-    }
-
-    /// Flips the slots (see the module docs) and turns the previously active profile into
-    /// `output`, then empties it. Runs without the GVL in the binding.
-    pub fn flip(&self, finish: Timestamp, output: Output) -> Result<Serialized, SerializeError> {
-        let began = Instant::now();
-        let mut side = self.lock_serializer();
-        let previously_inactive = side.inactive.take().ok_or(SerializeError::Inconsistent)?;
-        let inactive_index =
-            usize::from(Arc::ptr_eq(SlotGuard::mutex(&previously_inactive), &self.slots[1]));
-        let active_index = 1 - inactive_index;
-        drop(previously_inactive); // 1. samplers may now use it
-        let profile = side.inactive.insert(self.slots[active_index].lock_arc()); // 2.
-        self.active_slot.store(inactive_index as u8 + 1, Relaxed); // 3.
-
-        let start = profile.start();
-        let bytes = match output {
-            Output::Pprof(compression) => {
-                let value_types = &self.config.value_types;
-                match compression {
-                    Compression::None => Ok(pprof::encode(profile, value_types, finish)),
-                    Compression::Gzip => pprof::encode_gzip(profile, value_types, finish),
-                }
-            }
-            Output::Discard => Ok(Vec::new()),
-        };
-        // Emptied now rather than at the next flip: the memory is free for reuse meanwhile.
-        profile.reset(finish);
-        self.slot_heap[active_index].store(profile.heap_bytes(), Relaxed);
-        drop(side);
-        let bytes = bytes?;
-        if output != Output::Discard {
-            self.stats.serializations.fetch_add(1, Relaxed);
-            self.stats.last_serialization_ns.store(began.elapsed().as_nanos() as u64, Relaxed);
-            self.stats.last_serialization_bytes.store(bytes.len() as u64, Relaxed);
-        }
-        Ok(Serialized { start, finish, bytes })
+        Ok(PendingFlip { recorder: self, side, finish })
     }
 
     /// Ends the current window at `now` and returns it as pprof: [`Recorder::start_next_profile`]
-    /// then [`Recorder::flip`], for callers that have no GVL to juggle.
+    /// then [`PendingFlip::flip`], for callers that have no GVL to juggle.
     pub fn serialize(&self, compression: Compression) -> Result<Serialized, SerializeError> {
-        let finish = Timestamp::now();
-        self.start_next_profile(finish)?;
-        self.flip(finish, Output::Pprof(compression))
+        self.start_next_profile(Timestamp::now())?.flip(Output::Pprof(compression))
     }
 
-    /// Back to the initial state (slot one active and empty, slot two held and empty, both
-    /// starting at `now`, endpoints dropped), whatever state a fork left it in. A serializer
-    /// of this process that is mid-flip is waited for; locks held by threads of a parent
-    /// process are taken over.
+    /// A new recorder in the initial state (slot one active and empty, slot two held and
+    /// empty, both starting at `now`, no endpoints) with this one's config, sharing its
+    /// counters: the by-hand reset, in the same process. Touches no lock of `self`, so it never
+    /// waits for a serialization in progress, which finishes with `self`.
+    pub fn renewed(&self, now: Timestamp) -> Recorder {
+        Self::with_stats(self.config.clone(), now, Arc::clone(&self.stats))
+    }
+
+    /// For a forked child: replaces `recorder` (the recorder as the fork copied it) with a new
+    /// one in the initial state, starting at `now`, with its config and a copy of its counters.
+    /// Never unlocks or waits for a lock of the inherited recorder (see the module docs), which
+    /// is dropped if no thread of the parent was inside it at the fork, and kept otherwise.
     ///
-    /// # Safety
-    ///
-    /// No thread of this process may be inside [`Recorder::record_sample`] or
-    /// [`Recorder::record_endpoint`] on this recorder during the call. (In Ruby: the caller
-    /// holds the GVL, and samplers hold it for the whole time they hold a slot.)
-    pub unsafe fn reset_after_fork(&self, now: Timestamp) {
-        let mut side = match self.serializer.try_lock() {
-            Some(side) => side,
-            None if self.serializer_pid.load(Relaxed) != std::process::id() => {
-                // SAFETY: the lock was last taken in another process, the parent: its owner is
-                // a thread that was not copied by fork, so nobody here will use or release it.
-                unsafe { self.serializer.force_unlock() };
-                self.serializer.lock()
-            }
-            None => self.serializer.lock(),
-        };
-        self.serializer_pid.store(std::process::id(), Relaxed);
-        side.inactive = None; // unlocks the slot it held, if any
-        for slot in &self.slots {
-            if !slot.is_locked() {
-                continue;
-            }
-            // SAFETY: we hold the serializer lock, so no serializer of this process holds a
-            // slot; the caller guarantees no sampler does. A slot still locked was locked by a
-            // thread of the parent mid-flip, which does not exist here.
-            unsafe { slot.force_unlock() };
+    /// Call it before anything else in the child uses the recorder: the threads of the parent
+    /// do not exist there, and no other thread of the child may be using it.
+    pub fn after_fork(recorder: &mut Arc<Recorder>, now: Timestamp) {
+        let stats = Arc::new(recorder.stats.copy());
+        let fresh = Arc::new(Self::with_stats(recorder.config.clone(), now, stats));
+        let inherited = std::mem::replace(recorder, fresh);
+        // Whether any lock is held but the one the serializer side keeps on the inactive slot:
+        // a plain load of each lock's state. Nobody parks on a slot without holding the
+        // serializer lock (module docs), so when it is free no lock has a parked waiter, and
+        // dropping unlocks only the inactive slot, on parking_lot's fast path.
+        let inactive = usize::from(inherited.active_slot() == 1);
+        let quiet = !inherited.serializer.is_locked()
+            && !inherited.slots[1 - inactive].is_locked()
+            && inherited.slots[inactive].is_locked();
+        match Arc::try_unwrap(inherited) {
+            Ok(alone) if quiet => drop(alone),
+            Ok(busy) => keep_after_fork(Arc::new(busy)),
+            // Another reference: a thread of the parent was using it.
+            Err(shared) => keep_after_fork(shared),
         }
-        // Fresh profiles rather than `reset`: they free the parent's data in the child, and
-        // do not trust structures a parent thread may have been changing at the fork.
-        for (slot, heap) in self.slots.iter().zip(&self.slot_heap) {
-            let mut profile = slot.lock();
-            *profile = self.config.new_profile(now);
-            heap.store(profile.heap_bytes(), Relaxed);
-        }
-        side.inactive = Some(self.slots[1].lock_arc());
-        self.active_slot.store(1, Relaxed);
     }
 
     /// Heap bytes both profiles hold (plus the recorder's own allocations), without taking
@@ -420,5 +430,60 @@ impl Recorder {
             last_serialization_ns: s.last_serialization_ns.load(Relaxed),
             last_serialization_bytes: s.last_serialization_bytes.load(Relaxed),
         }
+    }
+}
+
+/// Inherited recorders that a forked child could not drop (see [`Recorder::after_fork`]), kept
+/// reachable so that leak checkers (valgrind, LeakSanitizer, Miri) see memory kept on purpose.
+static KEPT_AFTER_FORK: std::sync::Mutex<Vec<Arc<Recorder>>> = std::sync::Mutex::new(Vec::new());
+
+fn keep_after_fork(recorder: Arc<Recorder>) {
+    // `try_lock`: a thread of the parent may have held it at the fork (a fork taken while
+    // another child-to-be ran `after_fork`); then the recorder is leaked outright.
+    match KEPT_AFTER_FORK.try_lock() {
+        Ok(mut kept) => kept.push(recorder),
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().push(recorder),
+        Err(std::sync::TryLockError::WouldBlock) => std::mem::forget(recorder),
+    }
+}
+
+impl PendingFlip<'_> {
+    /// Flips the slots (see the module docs) and turns the previously active profile into
+    /// `output`, then empties it and releases the serializer lock. Runs without the GVL in the
+    /// binding.
+    pub fn flip(self, output: Output) -> Result<Serialized, SerializeError> {
+        let began = Instant::now();
+        let Self { recorder, mut side, finish } = self;
+        let previously_inactive = side.inactive.take().ok_or(SerializeError::Inconsistent)?;
+        let inactive_index =
+            usize::from(Arc::ptr_eq(SlotGuard::mutex(&previously_inactive), &recorder.slots[1]));
+        let active_index = 1 - inactive_index;
+        drop(previously_inactive); // 1. samplers may now use it
+        let profile = side.inactive.insert(recorder.slots[active_index].lock_arc()); // 2.
+        recorder.active_slot.store(inactive_index as u8 + 1, Relaxed); // 3.
+
+        let start = profile.start();
+        let bytes = match output {
+            Output::Pprof(compression) => {
+                let value_types = &recorder.config.value_types;
+                match compression {
+                    Compression::None => Ok(pprof::encode(profile, value_types, finish)),
+                    Compression::Gzip => pprof::encode_gzip(profile, value_types, finish),
+                }
+            }
+            Output::Discard => Ok(Vec::new()),
+        };
+        // Emptied now rather than at the next flip: the memory is free for reuse meanwhile.
+        profile.reset(finish);
+        recorder.slot_heap[active_index].store(profile.heap_bytes(), Relaxed);
+        drop(side);
+        let bytes = bytes?;
+        if output != Output::Discard {
+            let stats = &recorder.stats;
+            stats.serializations.fetch_add(1, Relaxed);
+            stats.last_serialization_ns.store(began.elapsed().as_nanos() as u64, Relaxed);
+            stats.last_serialization_bytes.store(bytes.len() as u64, Relaxed);
+        }
+        Ok(Serialized { start, finish, bytes })
     }
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use ddprof_recorder_core::pprof::PprofProfile;
 use ddprof_recorder_core::{
-    Compression, Config, Frame, Label, LabelValue, Output, RecordError, Recorder, Sample, SpanId,
-    Timestamp, ValueType,
+    Compression, Config, Frame, Label, LabelValue, Output, RecordError, Recorder, Sample,
+    SerializeError, SpanId, Timestamp, ValueType,
 };
 use prost::Message;
 
@@ -70,7 +70,7 @@ fn each_serialize_flips_the_slots_and_returns_only_its_window() {
 fn clear_discards_the_window() {
     let r = recorder();
     record(&r, "a", [1, 10]);
-    let cleared = r.flip(Timestamp::now(), Output::Discard).unwrap();
+    let cleared = r.start_next_profile(Timestamp::now()).unwrap().flip(Output::Discard).unwrap();
     assert!(cleared.bytes.is_empty());
     assert_eq!(r.active_slot(), 2);
     assert_eq!(totals(&r.serialize(Compression::None).unwrap().bytes), [0, 0]);
@@ -118,7 +118,7 @@ fn invalid_samples_are_rejected_and_counted() {
 }
 
 #[test]
-fn reset_after_fork_restores_the_initial_state_from_either_slot() {
+fn renewed_is_the_initial_state_from_either_slot_with_the_counters_shared() {
     for serializations in 0..3 {
         let r = recorder();
         for _ in 0..serializations {
@@ -126,15 +126,38 @@ fn reset_after_fork_restores_the_initial_state_from_either_slot() {
         }
         record(&r, "a", [1, 1]);
         let now = Timestamp::now();
-        // SAFETY: no sampler runs concurrently in this test.
-        unsafe { r.reset_after_fork(now) };
-        assert_eq!((r.active_slot(), r.slot_is_locked(1), r.slot_is_locked(2)), (1, false, true));
-        let out = r.serialize(Compression::None).unwrap();
+        let fresh = r.renewed(now);
+        assert_eq!(
+            (fresh.active_slot(), fresh.slot_is_locked(1), fresh.slot_is_locked(2)),
+            (1, false, true)
+        );
+        let out = fresh.serialize(Compression::None).unwrap();
         assert_eq!(out.start, now);
-        assert_eq!(totals(&out.bytes), [0, 0], "reset dropped the samples");
-        record(&r, "b", [1, 1]);
-        assert_eq!(totals(&r.serialize(Compression::None).unwrap().bytes), [1, 1]);
+        assert_eq!(totals(&out.bytes), [0, 0], "the reset dropped the samples");
+        record(&fresh, "b", [1, 1]);
+        assert_eq!(totals(&fresh.serialize(Compression::None).unwrap().bytes), [1, 1]);
+        assert_eq!(fresh.stats().samples_recorded, 2, "counted over the recorder's life");
+        assert_eq!(r.stats(), fresh.stats(), "one set of counters");
     }
+}
+
+#[test]
+fn a_second_serialization_meanwhile_is_busy_and_waits_for_nothing() {
+    let r = recorder();
+    record(&r, "a", [1, 1]);
+    let pending = r.start_next_profile(Timestamp::now()).unwrap();
+    assert_eq!(r.serialize(Compression::None).unwrap_err(), SerializeError::Busy);
+    assert_eq!(r.start_next_profile(Timestamp::now()).unwrap_err(), SerializeError::Busy);
+    // A by-hand reset meanwhile does not wait either; the pending flip ends the old window.
+    let fresh = r.renewed(Timestamp::now());
+    record(&fresh, "b", [2, 2]);
+    assert_eq!(totals(&pending.flip(Output::Pprof(Compression::None)).unwrap().bytes), [1, 1]);
+    assert_eq!(totals(&fresh.serialize(Compression::None).unwrap().bytes), [2, 2]);
+    assert_eq!(fresh.stats().serializations, 2);
+    // Dropping a pending flip releases the serializer lock, and flips nothing.
+    drop(r.start_next_profile(Timestamp::now()).unwrap());
+    assert_eq!(r.active_slot(), 2);
+    assert!(r.serialize(Compression::None).is_ok());
 }
 
 #[test]

@@ -69,7 +69,8 @@ impl Scratch {
     }
 }
 
-fn class_name(v: Value) -> String {
+/// The name of `v`'s class, for error messages. Calls no Ruby method (so no user code).
+pub fn class_name(v: Value) -> String {
     // SAFETY: the borrowed name is copied at once.
     unsafe { v.classname() }.into_owned()
 }

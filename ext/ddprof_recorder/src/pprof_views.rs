@@ -17,7 +17,8 @@ use ddprof_recorder_core::speedscope::SpeedscopeOptions;
 use ddprof_recorder_core::Compression;
 use magnus::{function, prelude::*, Error, RArray, RHash, RModule, RString, Ruby, Symbol, Value};
 
-use crate::errors::{arg_error, gem_error_class, guard};
+use crate::convert::class_name;
+use crate::errors::{arg_error, entry, gem_error, IntoRubyError, MergeInputError};
 use crate::nogvl::nogvl;
 
 /// Label keys the profiler sets on every sample; the summary counts their distinct values.
@@ -34,18 +35,6 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
     module.define_singleton_method("_native_speedscope", function!(native_speedscope, 5))?;
     module.define_singleton_method("_native_filter", function!(native_filter, 4))?;
     Ok(())
-}
-
-/// A bad pprof or value name is the caller's bad argument; the rest is our failure.
-fn view_error(ruby: &Ruby, e: FoldedError) -> Error {
-    match e {
-        FoldedError::NotPprof(_) | FoldedError::Gzip(_) | FoldedError::UnknownValue { .. } => {
-            arg_error(ruby, e.to_string())
-        }
-        FoldedError::NothingToDraw(_) | FoldedError::Render(_) => {
-            Error::new(gem_error_class(ruby), e.to_string())
-        }
-    }
 }
 
 /// The pprofs of a call: one String, or an Array of Strings (`array`: the caller gave an
@@ -69,23 +58,11 @@ impl From<FoldedError> for ViewError {
     }
 }
 
-/// A profile that cannot be read is a bad argument; profiles that cannot be merged (their
-/// value types differ) are a `DdprofRecorder::Error`.
-fn merge_error(ruby: &Ruby, e: MergeError, array: bool) -> Error {
-    let message = e.describe(|i| if array { format!("pprofs[{i}]") } else { "pprof".to_string() });
-    match e {
-        MergeError::Input { error, .. } if !array => view_error(ruby, error),
-        MergeError::NoInput => arg_error(ruby, "pprofs is empty: give at least one pprof"),
-        MergeError::Input { .. } => arg_error(ruby, message),
-        MergeError::ValueTypes { .. } => Error::new(gem_error_class(ruby), message),
-    }
-}
-
 fn to_ruby_error(ruby: &Ruby, e: ViewError, array: bool) -> Error {
     match e {
-        ViewError::Merge(e) => merge_error(ruby, e, array),
-        ViewError::View(e) => view_error(ruby, e),
-        ViewError::Encode(e) => Error::new(gem_error_class(ruby), e),
+        ViewError::Merge(error) => MergeInputError { error, array }.into_ruby_error(ruby),
+        ViewError::View(e) => e.into_ruby_error(ruby),
+        ViewError::Encode(e) => gem_error(ruby, e),
     }
 }
 
@@ -115,11 +92,6 @@ fn pprof_inputs(ruby: &Ruby, pprofs: Value) -> Result<Inputs, Error> {
             Ok(Inputs { bytes, array: true })
         }
     }
-}
-
-fn class_name(v: Value) -> String {
-    // Naming the class calls no user code.
-    v.class().inspect()
 }
 
 fn options(filenames: bool, root_label: Option<String>) -> FoldOptions {
@@ -164,7 +136,7 @@ fn native_folded(
     filenames: bool,
     root_label: Option<String>,
 ) -> Result<RString, Error> {
-    guard(ruby, || {
+    entry(ruby, || {
         let inputs = pprof_inputs(ruby, pprof)?;
         let opts = options(filenames, root_label);
         let folded = with_profile(ruby, inputs, value, move |p, i| Ok(p.folded(i, &opts)))?;
@@ -181,7 +153,7 @@ fn native_flamegraph(
     filenames: bool,
     root_label: Option<String>,
 ) -> Result<RString, Error> {
-    guard(ruby, || {
+    entry(ruby, || {
         let inputs = pprof_inputs(ruby, pprof)?;
         let opts = options(filenames, root_label);
         let svg = with_profile(ruby, inputs, value, move |p, i| {
@@ -202,7 +174,7 @@ fn native_speedscope(
     name: String,
     exporter: String,
 ) -> Result<RString, Error> {
-    guard(ruby, || {
+    entry(ruby, || {
         let inputs = pprof_inputs(ruby, pprof)?;
         let options = SpeedscopeOptions { name, exporter, group_by };
         let json = with_whole_profile(ruby, inputs, move |p| {
@@ -227,7 +199,7 @@ fn native_filter(
     number_labels: Vec<(String, i64)>,
     compression: Symbol,
 ) -> Result<RString, Error> {
-    guard(ruby, || {
+    entry(ruby, || {
         let compression = compression_of(ruby, compression)?;
         let labels: Vec<(String, LabelValue)> = string_labels
             .into_iter()
@@ -265,7 +237,7 @@ fn native_top(
     pprof: Value,
     value: String,
 ) -> Result<(String, i64, Vec<TopRow>), Error> {
-    guard(ruby, || {
+    entry(ruby, || {
         let inputs = pprof_inputs(ruby, pprof)?;
         with_profile(ruby, inputs, value, |p, i| {
             let rows = p
@@ -296,7 +268,7 @@ struct Summary {
 /// pprof samples), `:functions`, `:thread_ids`, `:thread_names` and `:process_ids` (distinct
 /// label values).
 fn native_summary(ruby: &Ruby, pprof: Value) -> Result<RHash, Error> {
-    guard(ruby, || {
+    entry(ruby, || {
         let Inputs { bytes, array } = pprof_inputs(ruby, pprof)?;
         let summary = nogvl(ruby, move || {
             let p = merge::stack_profile(&bytes)?;
@@ -312,7 +284,7 @@ fn native_summary(ruby: &Ruby, pprof: Value) -> Result<RHash, Error> {
                 process_ids: p.label_values(PROCESS_ID_LABEL),
             })
         })?
-        .map_err(|e| merge_error(ruby, e, array))?;
+        .map_err(|error| MergeInputError { error, array }.into_ruby_error(ruby))?;
 
         let labels = |values: Vec<LabelValue>| -> RArray {
             ruby.ary_from_iter(values.into_iter().map(|v| match v {
@@ -337,7 +309,7 @@ fn native_summary(ruby: &Ruby, pprof: Value) -> Result<RHash, Error> {
 /// `_native_merge(pprofs, compression)` → one pprof String (`:gzip` or `:none`) holding the
 /// samples of every pprof of the Array `pprofs`.
 fn native_merge(ruby: &Ruby, pprofs: RArray, compression: Symbol) -> Result<RString, Error> {
-    guard(ruby, || {
+    entry(ruby, || {
         let compression = compression_of(ruby, compression)?;
         let Inputs { bytes, array } = pprof_inputs(ruby, pprofs.as_value())?;
         let merged = nogvl(ruby, move || {

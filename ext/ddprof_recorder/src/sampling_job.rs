@@ -25,6 +25,7 @@ use magnus::{
     RModule, Ruby, Value,
 };
 
+use crate::errors::{arg_error, entry, gem_error};
 use crate::thread_cpu::own_cpu_ns;
 use crate::trigger::{self, Tick};
 
@@ -67,14 +68,14 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
     });
     let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_sampling_start", function!(native_start, 3))?;
-    class.define_singleton_method("_native_sampling_stop", function!(native_stop, 0))?;
-    class.define_singleton_method("_native_sampling_stats", function!(native_stats, 0))?;
+    class.define_singleton_method("_native_sampling_start", function!(native_sampling_start, 3))?;
+    class.define_singleton_method("_native_sampling_stop", function!(native_sampling_stop, 0))?;
+    class.define_singleton_method("_native_sampling_stats", function!(native_sampling_stats, 0))?;
     class.define_singleton_method(
         "_native_current_thread_cpu_time_ns",
-        function!(current_thread_cpu_time_ns, 0),
+        function!(native_current_thread_cpu_time_ns, 0),
     )?;
-    class.define_singleton_method("_native_task_ids", function!(task_ids, 0))?;
+    class.define_singleton_method("_native_task_ids", function!(native_task_ids, 0))?;
     Ok(())
 }
 
@@ -91,13 +92,10 @@ fn stop() {
 /// `Profiler._native_sampling_start(hz, handler, wake_fd)`: calls `handler.call(on_time,
 /// cpu_ns, now_ns)` from the sampling job, about `hz` times a second while any thread runs
 /// Ruby, and writes a byte to `wake_fd` (a non-blocking pipe) on ticks when none does.
-fn native_start(ruby: &Ruby, hz: u32, handler: Value, wake_fd: i32) -> Result<(), Error> {
-    crate::errors::guard(ruby, || {
+fn native_sampling_start(ruby: &Ruby, hz: u32, handler: Value, wake_fd: i32) -> Result<(), Error> {
+    entry(ruby, || {
         if !(1..=10_000).contains(&hz) {
-            return Err(crate::errors::arg_error(
-                ruby,
-                format!("hz must be in 1..10000, got {hz}"),
-            ));
+            return Err(arg_error(ruby, format!("hz must be in 1..10000, got {hz}")));
         }
         stop();
         HANDLER.store(handler.as_raw() as usize, Ordering::Release);
@@ -117,23 +115,20 @@ fn native_start(ruby: &Ruby, hz: u32, handler: Value, wake_fd: i32) -> Result<()
         let setup = trigger::Setup { hz, job, jobs_run: &JOBS, wake_fd };
         trigger::start(setup).map_err(|e| {
             stop();
-            Error::new(
-                crate::errors::gem_error_class(ruby),
-                format!("could not start the sampling trigger thread: {e}"),
-            )
+            gem_error(ruby, format!("could not start the sampling trigger thread: {e}"))
         })
     })
 }
 
-fn native_stop(ruby: &Ruby) -> Result<(), Error> {
-    crate::errors::guard(ruby, || {
+fn native_sampling_stop(ruby: &Ruby) -> Result<(), Error> {
+    entry(ruby, || {
         stop();
         Ok(())
     })
 }
 
-fn native_stats(ruby: &Ruby) -> Result<RHash, Error> {
-    crate::errors::guard(ruby, || {
+fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
+    entry(ruby, || {
         let hash = ruby.hash_new();
         hash.aset(ruby.to_symbol("ticks"), trigger::TICKS.load(Ordering::Relaxed))?;
         hash.aset(ruby.to_symbol("jobs"), JOBS.load(Ordering::Relaxed))?;
@@ -151,15 +146,17 @@ fn native_stats(ruby: &Ruby) -> Result<RHash, Error> {
 /// `Profiler._native_task_ids`: the Linux ids of this process's threads (`/proc/self/task`),
 /// read without letting go of the GVL: `Dir.children` would, and then wait for a busy thread
 /// to hand it back (up to 100 ms, measured in `Profiler#start`). Empty if unreadable.
-fn task_ids() -> Vec<i64> {
-    std::fs::read_dir("/proc/self/task")
-        .map(|dir| dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok()).collect())
-        .unwrap_or_default()
+fn native_task_ids(ruby: &Ruby) -> Result<Vec<i64>, Error> {
+    entry(ruby, || {
+        Ok(std::fs::read_dir("/proc/self/task")
+            .map(|dir| dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+            .unwrap_or_default())
+    })
 }
 
 /// `Profiler._native_current_thread_cpu_time_ns`: the calling thread's CPU clock.
-fn current_thread_cpu_time_ns() -> i64 {
-    own_cpu_ns()
+fn native_current_thread_cpu_time_ns(ruby: &Ruby) -> Result<i64, Error> {
+    entry(ruby, || Ok(own_cpu_ns()))
 }
 
 fn own_tid() -> i32 {

@@ -110,21 +110,21 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let root = ruby.obj_wrap(FrameCacheRoot);
     // One object for the process's life: marked (so are the frames it marks) at every GC.
     ruby.gc_register_mark_object(root);
-    class.define_singleton_method("_native_capture_stack", function!(capture_stack, 1))?;
-    class.define_singleton_method("_native_forget_stack", function!(forget_stack, 1))?;
+    class.define_singleton_method("_native_capture_stack", function!(native_capture_stack, 1))?;
+    class.define_singleton_method("_native_forget_stack", function!(native_forget_stack, 1))?;
     Ok(())
 }
 
 /// `Profiler._native_capture_stack(key)`: reads the stack of the Ruby method that called it
 /// (its caller's frame and this C method's own are left out) and keeps it under `key`.
 /// Returns its depth (0: nothing to record).
-fn capture_stack(ruby: &Ruby, key: i64) -> Result<usize, Error> {
-    crate::errors::guard(ruby, || Ok(capture(key)))
+fn native_capture_stack(ruby: &Ruby, key: i64) -> Result<usize, Error> {
+    crate::errors::entry(ruby, || Ok(capture(key)))
 }
 
 /// `Profiler._native_forget_stack(key)`: drops what is kept under `key`.
-fn forget_stack(ruby: &Ruby, key: i64) -> Result<(), Error> {
-    crate::errors::guard(ruby, || {
+fn native_forget_stack(ruby: &Ruby, key: i64) -> Result<(), Error> {
+    crate::errors::entry(ruby, || {
         if let Some(cache) = cache().as_mut() {
             cache.captured.remove(&key);
         }

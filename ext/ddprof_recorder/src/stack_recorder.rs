@@ -2,23 +2,32 @@
 //! [`Recorder`], and its `_native_*` entry points. The public Ruby methods, keywords and
 //! docs are in `lib/ddprof_recorder/stack_recorder.rb`.
 //!
+//! Every entry point's body runs through [`StackRecorder::entry`]: the fork check, then the
+//! body, with a panic in either caught and raised as `DdprofRecorder::Error`. Each Rust entry
+//! point is named after its Ruby method, `native_` for `_native_` (a `?` dropped); the
+//! Testing hooks are in the [`testing`] module.
+//!
 //! # Fork safety without a hook
 //!
 //! A `pthread_atfork` child handler, installed once, bumps [`FORK_GENERATION`] in every
-//! forked child. Each recorder remembers the generation it last ran in; every `_native_*`
-//! entry point starts with [`StackRecorder::check_fork`], one relaxed atomic load and a
-//! compare, and on a mismatch resets the recorder (the core's `reset_after_fork`) before doing
-//! anything else. A generation rather than `getpid()`: the load costs nothing on the sampler's
-//! path (glibc no longer caches the pid, so `getpid` is a system call), and a recycled pid
-//! cannot fool it.
+//! forked child. Each recorder remembers the generation it last ran in; the fork check is one
+//! relaxed atomic load and a compare, and on a mismatch the recorder is reset before anything
+//! else. A generation rather than `getpid()`: the load costs nothing on the sampler's path
+//! (glibc no longer caches the pid, so `getpid` is a system call), and a recycled pid cannot
+//! fool it.
 //!
-//! The reset is sound there because every entry point holds the GVL and samplers hold it for
-//! the whole time they hold a slot; and it copes with any state the parent's threads left,
-//! a flip cut in the middle included (see the core's `recorder` module). The Ruby-side
-//! serializer `Mutex` is replaced too (`_native_serializer_mutex`), so that no lock of a
-//! thread that did not survive the fork is ever waited for.
+//! A reset never touches the locks of the recorder it replaces: the object holds the core
+//! recorder in a cell, and the reset swaps a new one in (the core's `Recorder::after_fork` in a
+//! child, which leaves the parent's locks as the fork left them, or `Recorder::renewed` by
+//! hand). The cell is only read and written with the GVL held, and no Ruby code runs between a
+//! read and the end of its use, except through an `Arc` clone: a serialization keeps the
+//! recorder it started with until it ends, even if a by-hand reset swaps another in meanwhile.
+//! In a child there is one thread, the one that forked, and it holds the GVL. The Ruby-side
+//! serializer `Mutex` is replaced too (`_native_serializer_mutex`), so that no lock of a thread
+//! that did not survive the fork is ever waited for.
+use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Once;
+use std::sync::{Arc, Once};
 
 use ddprof_recorder_core::pprof::{output_capacity, LARGE_OUTPUT};
 use ddprof_recorder_core::{
@@ -31,13 +40,15 @@ use magnus::{
 };
 
 use crate::convert;
-use crate::errors::{arg_error, guard, record_error};
+use crate::errors::{arg_error, entry, IntoRubyError};
 use crate::nogvl::nogvl;
 
 #[derive(TypedData)]
 #[magnus(class = "DdprofRecorder::StackRecorder", free_immediately, size)]
 pub struct StackRecorder {
-    recorder: Recorder,
+    /// The core recorder, swapped whole by a reset. Only read or written with the GVL held
+    /// (see [`StackRecorder::recorder`]).
+    recorder: UnsafeCell<Arc<Recorder>>,
     compression: Compression,
     /// [`FORK_GENERATION`] when this process last used the recorder.
     fork_generation: AtomicU64,
@@ -48,10 +59,13 @@ pub struct StackRecorder {
 
 impl DataTypeFunctions for StackRecorder {
     /// `ObjectSpace.memsize_of`: this struct and the native memory both profiles hold. Called
-    /// by the GC (possibly while another thread records or serializes): reads the recorder's
+    /// with the GVL (possibly while another thread serializes without it): reads the recorder's
     /// lock-free size caches, never a lock. Must not panic, and does not.
     fn size(&self) -> usize {
-        std::mem::size_of_val(self) + self.recorder.heap_bytes()
+        // SAFETY: called with the GVL held, and no reset is under way (a reset runs no Ruby
+        // code, so no GC, between its read and its write of the cell).
+        let recorder = unsafe { &*self.recorder.get() };
+        std::mem::size_of_val(self) + recorder.heap_bytes()
     }
 }
 
@@ -88,35 +102,67 @@ fn install_fork_handler(ruby: &Ruby) -> Result<(), Error> {
 impl StackRecorder {
     fn new(recorder: Recorder, compression: Compression) -> Self {
         Self {
-            recorder,
+            recorder: UnsafeCell::new(Arc::new(recorder)),
             compression,
             fork_generation: AtomicU64::new(FORK_GENERATION.load(Relaxed)),
             mutex_generation: AtomicU64::new(NO_MUTEX),
         }
     }
 
-    /// Resets the recorder if this is the first use in a forked child. Every entry point calls
-    /// it first, with the GVL held.
-    #[inline]
-    fn check_fork(&self) {
-        let current = FORK_GENERATION.load(Relaxed);
-        if self.fork_generation.load(Relaxed) != current {
-            self.reset();
-        }
+    /// Runs the body of an entry point on this recorder: the fork check (a reset if this is the
+    /// first use in a forked child), then `body` with the core recorder, a panic in either
+    /// becoming a `DdprofRecorder::Error`. Called with the GVL held, as entry points are.
+    fn entry<T>(
+        &self,
+        ruby: &Ruby,
+        body: impl FnOnce(Arc<Recorder>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        entry(ruby, || {
+            if self.fork_generation.load(Relaxed) != FORK_GENERATION.load(Relaxed) {
+                self.reset(Reset::AfterFork);
+            }
+            body(self.recorder())
+        })
     }
 
-    /// Back to the initial state, as used in this process (the current fork generation), with
-    /// a fresh serializer `Mutex` at the next serialization. Called by entry points only, so
-    /// with the GVL held.
+    /// The core recorder, as an `Arc` that stays valid whatever a reset swaps in meanwhile.
+    fn recorder(&self) -> Arc<Recorder> {
+        // SAFETY: only called with the GVL held (from entry points), and every write of the
+        // cell (`reset`) holds it too, so no write runs during this read.
+        Arc::clone(unsafe { &*self.recorder.get() })
+    }
+
+    /// Swaps in a recorder in the initial state, as used in this process (the current fork
+    /// generation), with a fresh serializer `Mutex` at the next serialization. Called by entry
+    /// points only, so with the GVL held.
     #[cold]
-    fn reset(&self) {
-        // SAFETY: every entry point holds the GVL, and samplers hold the GVL for the whole time
-        // they hold a slot (`record_sample` never releases it), so no sampler is inside the
-        // recorder (see `Recorder::reset_after_fork`).
-        unsafe { self.recorder.reset_after_fork(Timestamp::now()) };
+    fn reset(&self, why: Reset) {
+        let now = Timestamp::now();
+        testing::maybe_panic_in_reset();
+        let renewed = match why {
+            Reset::AfterFork => None,
+            Reset::ByHand => Some(Arc::new(self.recorder().renewed(now))),
+        };
+        // SAFETY: with the GVL held (see above), and no other reference into the cell is live:
+        // readers clone the `Arc` out, and nothing from here to the end of the borrow can run
+        // Ruby code or a GC (`size`). A serialization in progress keeps its own clone.
+        let cell = unsafe { &mut *self.recorder.get() };
+        match renewed {
+            // The recorder as the fork left it: the core swaps in a new one without touching
+            // its locks, and decides whether it can be freed.
+            None => Recorder::after_fork(cell, now),
+            Some(renewed) => drop(std::mem::replace(cell, renewed)),
+        }
         self.mutex_generation.store(NO_MUTEX, Relaxed);
         self.fork_generation.store(FORK_GENERATION.load(Relaxed), Relaxed);
     }
+}
+
+/// Why a recorder is reset.
+#[derive(Clone, Copy)]
+enum Reset {
+    AfterFork,
+    ByHand,
 }
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
@@ -134,40 +180,19 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.const_set("DEFAULT_MAX_SAMPLES", Limits::DEFAULT.max_samples)?;
     class.define_singleton_method("_native_serialize", function!(native_serialize, 1))?;
     class.define_singleton_method("_native_clear", function!(native_clear, 1))?;
-    class.define_singleton_method("_native_reset_after_fork", function!(reset_after_fork, 1))?;
-    class.define_singleton_method("_native_serializer_mutex", function!(serializer_mutex, 1))?;
-    class.define_method("_native_record_sample", method!(record_sample, 3))?;
-    class.define_method("_native_record_captured", method!(record_captured, 3))?;
-    class.define_method("_native_record_endpoint", method!(record_endpoint, 2))?;
-    class.define_method("_native_stats", method!(stats, 0))?;
-
-    // Hooks for RSpec only; not part of the API a profiler should use.
-    let testing = class.define_module("Testing")?;
-    testing.define_singleton_method("_native_active_slot", function!(active_slot, 1))?;
-    testing.define_singleton_method(
-        "_native_slot_one_mutex_locked?",
-        function!(|r: &StackRecorder| slot_is_locked(r, 1), 1),
+    class.define_singleton_method(
+        "_native_reset_after_fork",
+        function!(native_reset_after_fork, 1),
     )?;
-    testing.define_singleton_method(
-        "_native_slot_two_mutex_locked?",
-        function!(|r: &StackRecorder| slot_is_locked(r, 2), 1),
+    class.define_singleton_method(
+        "_native_serializer_mutex",
+        function!(native_serializer_mutex, 1),
     )?;
-    testing.define_singleton_method("_native_fork_generation", function!(fork_generation, 0))?;
-    testing.define_singleton_method("_native_malloc_in_use", function!(malloc_in_use, 0))?;
-    // Unlike every other entry point, does not reset a recorder first used in a forked child:
-    // lets a child see the state the fork left (both slots held mid-flip, for instance).
-    testing.define_singleton_method(
-        "_native_slot_locks_before_fork_check",
-        function!(
-            |r: &StackRecorder| (r.recorder.slot_is_locked(1), r.recorder.slot_is_locked(2)),
-            1
-        ),
-    )?;
-    testing.define_singleton_method(
-        "_native_record_endpoint",
-        function!(testing_record_endpoint, 3),
-    )?;
-    Ok(())
+    class.define_method("_native_record_sample", method!(native_record_sample, 3))?;
+    class.define_method("_native_record_captured", method!(native_record_captured, 3))?;
+    class.define_method("_native_record_endpoint", method!(native_record_endpoint, 2))?;
+    class.define_method("_native_stats", method!(native_stats, 0))?;
+    testing::init(class)
 }
 
 /// A size option (`max_frames`, the limits) as an Integer: a bignum is a RangeError, as for
@@ -196,7 +221,7 @@ fn native_new(
     max_label_sets: Value,
     max_samples: Value,
 ) -> Result<Obj<StackRecorder>, Error> {
-    guard(ruby, || {
+    entry(ruby, || {
         let value_types = convert::value_types(ruby, value_types)?;
         let max_frames = size_option(ruby, max_frames, "max_frames")?;
         // Negative values become 0, which every range check rejects with the given name.
@@ -222,7 +247,7 @@ fn native_new(
         let max_frames = usize::try_from(max_frames).unwrap_or(0);
         let config = Config::new(value_types, max_frames)
             .and_then(|config| config.with_limits(limits))
-            .map_err(|e| arg_error(ruby, e.to_string()))?;
+            .map_err(|e| e.into_ruby_error(ruby))?;
         let recorder = Recorder::new(config, Timestamp::now());
         Ok(ruby.obj_wrap_as(StackRecorder::new(recorder, compression), class))
     })
@@ -232,16 +257,14 @@ fn inspect(v: Value) -> String {
     v.inspect()
 }
 
-fn record_sample(
+fn native_record_sample(
     ruby: &Ruby,
     rb_self: &StackRecorder,
     locations: Value,
     values: Value,
     labels: Value,
 ) -> Result<(), Error> {
-    rb_self.check_fork();
-    guard(ruby, || {
-        let recorder = &rb_self.recorder;
+    rb_self.entry(ruby, |recorder| {
         let config = recorder.config();
         let recorded = convert::with_sample(
             ruby,
@@ -252,7 +275,7 @@ fn record_sample(
         );
         match recorded {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(record_error(ruby, e)),
+            Ok(Err(e)) => Err(e.into_ruby_error(ruby)),
             Err(e) => {
                 recorder.note_rejected();
                 Err(e)
@@ -264,16 +287,14 @@ fn record_sample(
 /// `_native_record_captured(key, values, labels)`: records the stack that
 /// `Profiler._native_capture_stack(key)` kept, with `values` and `labels` as for
 /// `record_sample`. Returns false (records nothing) if none is kept under `key`.
-fn record_captured(
+fn native_record_captured(
     ruby: &Ruby,
     rb_self: &StackRecorder,
     key: i64,
     values: Value,
     labels: Value,
 ) -> Result<bool, Error> {
-    rb_self.check_fork();
-    guard(ruby, || {
-        let recorder = &rb_self.recorder;
+    rb_self.entry(ruby, |recorder| {
         let config = recorder.config();
         let max_frames = config.max_frames();
         let recorded = convert::with_values_and_labels(
@@ -297,7 +318,7 @@ fn record_captured(
         match recorded {
             Ok(None) => Ok(false),
             Ok(Some(Ok(()))) => Ok(true),
-            Ok(Some(Err(e))) => Err(record_error(ruby, e)),
+            Ok(Some(Err(e))) => Err(e.into_ruby_error(ruby)),
             Err(e) => {
                 recorder.note_rejected();
                 Err(e)
@@ -306,30 +327,25 @@ fn record_captured(
     })
 }
 
-fn record_endpoint(
+fn native_record_endpoint(
     ruby: &Ruby,
     rb_self: &StackRecorder,
     local_root_span_id: Value,
     endpoint: Value,
 ) -> Result<(), Error> {
-    rb_self.check_fork();
-    guard(ruby, || {
-        let span = convert::span_id(ruby, local_root_span_id)?;
-        let endpoint = convert::text(ruby, endpoint, "endpoint")?;
-        rb_self
-            .recorder
-            .record_endpoint(span.as_span_id(), &endpoint)
-            .map_err(|e| record_error(ruby, e))
-    })
+    rb_self.entry(ruby, |recorder| record_endpoint(ruby, &recorder, local_root_span_id, endpoint))
 }
 
-fn testing_record_endpoint(
+/// `record_endpoint`'s body, shared with its Testing hook.
+fn record_endpoint(
     ruby: &Ruby,
-    recorder: &StackRecorder,
+    recorder: &Recorder,
     local_root_span_id: Value,
     endpoint: Value,
-) -> Result<bool, Error> {
-    record_endpoint(ruby, recorder, local_root_span_id, endpoint).map(|()| true)
+) -> Result<(), Error> {
+    let span = convert::span_id(ruby, local_root_span_id)?;
+    let endpoint = convert::text(ruby, endpoint, "endpoint")?;
+    recorder.record_endpoint(span.as_span_id(), &endpoint).map_err(|e| e.into_ruby_error(ruby))
 }
 
 fn time(ruby: &Ruby, t: Timestamp) -> Result<Time, Error> {
@@ -340,22 +356,23 @@ fn time(ruby: &Ruby, t: Timestamp) -> Result<Time, Error> {
 }
 
 /// The serializer side, shared by `_native_serialize` and `_native_clear`: with the GVL,
-/// take the finish time and reset the next profile; without it, flip, encode, and hand the
-/// output to `then`. Returns the window's start and finish and what `then` returned.
+/// take the finish time and start the next profile (never waiting: another serialization in
+/// progress is [`SerializeError::Busy`]); without it, flip, encode, and hand the output to
+/// `then`. Returns the window's start and finish and what `then` returned.
 fn finish_window<T: Send>(
     ruby: &Ruby,
-    rb_self: &StackRecorder,
+    recorder: &Recorder,
     output: Output,
     then: impl Send + FnOnce(Vec<u8>) -> T,
 ) -> Result<Result<(Timestamp, Timestamp, T), SerializeError>, Error> {
-    rb_self.check_fork();
-    let recorder = &rb_self.recorder;
-    let finish = Timestamp::now();
-    if let Err(e) = recorder.start_next_profile(finish) {
-        return Ok(Err(e));
-    }
-    nogvl(ruby, || {
-        recorder.flip(finish, output).map(|s: Serialized| (s.start, s.finish, then(s.bytes)))
+    let pending = match recorder.start_next_profile(Timestamp::now()) {
+        Ok(pending) => pending,
+        Err(e) => return Ok(Err(e)),
+    };
+    // An interrupt processed before the flip drops `pending`: the serializer lock is released
+    // and nothing flips.
+    nogvl(ruby, move || {
+        pending.flip(output).map(|s: Serialized| (s.start, s.finish, then(s.bytes)))
     })
 }
 
@@ -367,13 +384,13 @@ fn error_pair(ruby: &Ruby, e: SerializeError) -> RArray {
 }
 
 fn native_serialize(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RArray, Error> {
-    guard(ruby, || {
+    rb_self.entry(ruby, |recorder| {
         // A large pprof is copied into its Ruby String in the no-GVL section that encodes it:
         // neither the copy nor the page faults of a fresh buffer (18 MB and about 14 ms on the
         // medium workload) stop the other Ruby threads, and the GVL is taken back once. The
         // String is made beforehand, as large as the last window's pprof needed (address space
         // only, until written); a pprof that does not fit goes through `pprof_string`.
-        let last = rb_self.recorder.stats().last_serialization_bytes as usize;
+        let last = recorder.stats().last_serialization_bytes as usize;
         let capacity = if last >= LARGE_OUTPUT { output_capacity(last) } else { 0 };
         let (string, buffer) = StringBuffer::new(ruby, capacity);
         let output = Output::Pprof(rb_self.compression);
@@ -382,7 +399,7 @@ fn native_serialize(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RArray, Erro
             LARGE_OUTPUT.. => buffer.fill(bytes),
             _ => Err(bytes),
         };
-        match finish_window(ruby, rb_self, output, fill)? {
+        match finish_window(ruby, &recorder, output, fill)? {
             Ok((start, finish, filled)) => {
                 let pprof = match filled {
                     // SAFETY: `fill` wrote `len` bytes into `string`'s buffer.
@@ -460,7 +477,7 @@ impl StringBuffer {
 }
 
 fn native_clear(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RArray, Error> {
-    guard(ruby, || match finish_window(ruby, rb_self, Output::Discard, drop)? {
+    rb_self.entry(ruby, |recorder| match finish_window(ruby, &recorder, Output::Discard, drop)? {
         Ok((_, finish, ())) => Ok(ruby.ary_new_from_values(&[
             ruby.to_symbol("ok").as_value(),
             time(ruby, finish)?.as_value(),
@@ -469,9 +486,11 @@ fn native_clear(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RArray, Error> {
     })
 }
 
-fn reset_after_fork(ruby: &Ruby, rb_self: &StackRecorder) -> Result<bool, Error> {
-    guard(ruby, || {
-        rb_self.reset();
+/// `StackRecorder._native_reset_after_fork(recorder)`: the by-hand reset. Never waits: a
+/// serialization in progress finishes with the recorder it started with.
+fn native_reset_after_fork(ruby: &Ruby, rb_self: &StackRecorder) -> Result<bool, Error> {
+    rb_self.entry(ruby, |_| {
+        rb_self.reset(Reset::ByHand);
         Ok(true)
     })
 }
@@ -481,29 +500,40 @@ fn reset_after_fork(ruby: &Ruby, rb_self: &StackRecorder) -> Result<bool, Error>
 /// one after a fork or a reset: the old one may be held by a thread that does not exist here.
 /// Deciding and replacing in one native call means no other Ruby thread can run in between
 /// and pick the old one.
-fn serializer_mutex(ruby: &Ruby, rb_self: Obj<StackRecorder>) -> Result<Value, Error> {
-    rb_self.check_fork();
-    let generation = FORK_GENERATION.load(Relaxed);
-    if rb_self.mutex_generation.load(Relaxed) == generation {
-        let mutex: Value = rb_self.ivar_get("@serialize_mutex")?;
-        if !mutex.is_nil() {
-            return Ok(mutex);
+fn native_serializer_mutex(ruby: &Ruby, rb_self: Obj<StackRecorder>) -> Result<Value, Error> {
+    rb_self.entry(ruby, |_| {
+        let generation = FORK_GENERATION.load(Relaxed);
+        if rb_self.mutex_generation.load(Relaxed) == generation {
+            let mutex: Value = rb_self.ivar_get("@serialize_mutex")?;
+            if !mutex.is_nil() {
+                return Ok(mutex);
+            }
         }
-    }
-    let mutex = ruby.mutex_new();
-    rb_self.ivar_set("@serialize_mutex", mutex)?;
-    rb_self.mutex_generation.store(generation, Relaxed);
-    Ok(mutex.as_value())
+        let mutex = ruby.mutex_new();
+        rb_self.ivar_set("@serialize_mutex", mutex)?;
+        rb_self.mutex_generation.store(generation, Relaxed);
+        Ok(mutex.as_value())
+    })
 }
 
-fn active_slot(recorder: &StackRecorder) -> u8 {
-    recorder.check_fork();
-    recorder.recorder.active_slot()
-}
-
-fn slot_is_locked(recorder: &StackRecorder, slot: u8) -> bool {
-    recorder.check_fork();
-    recorder.recorder.slot_is_locked(slot)
+fn native_stats(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RHash, Error> {
+    rb_self.entry(ruby, |recorder| {
+        let s = recorder.stats();
+        let hash = ruby.hash_new();
+        for (key, value) in [
+            ("samples_recorded", s.samples_recorded),
+            ("samples_rejected", s.samples_rejected),
+            ("samples_dropped", s.samples_dropped),
+            ("endpoints_dropped", s.endpoints_dropped),
+            ("samples_lost", s.samples_lost),
+            ("serializations", s.serializations),
+            ("last_serialization_ns", s.last_serialization_ns),
+            ("last_serialization_bytes", s.last_serialization_bytes),
+        ] {
+            hash.aset(ruby.to_symbol(key), value)?;
+        }
+        Ok(hash)
+    })
 }
 
 /// How many forks separate this process from the one that loaded the extension.
@@ -511,36 +541,188 @@ pub fn fork_generation() -> u64 {
     FORK_GENERATION.load(Relaxed)
 }
 
-/// Bytes glibc malloc has handed out and not had back (heap chunks in use plus mmapped
-/// chunks): lets the soak test compare `ObjectSpace.memsize_of` with what freeing a recorder
-/// really returns. glibc only (2.33+): nil elsewhere.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn malloc_in_use() -> Option<u64> {
-    // SAFETY: mallinfo2 has no preconditions; it only reads the allocator's statistics.
-    let info = unsafe { libc::mallinfo2() };
-    Some((info.uordblks + info.hblkhd) as u64)
-}
+/// `StackRecorder::Testing`: hooks for RSpec only, not part of the API a profiler should use.
+/// Each is an entry point like any other (the fork check and the panic guard), except
+/// `_native_slot_locks_before_fork_check`.
+mod testing {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn malloc_in_use() -> Option<u64> {
-    None
-}
+    use magnus::{function, prelude::*, Error, RClass, Ruby, Value};
 
-fn stats(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RHash, Error> {
-    rb_self.check_fork();
-    let s = rb_self.recorder.stats();
-    let hash = ruby.hash_new();
-    for (key, value) in [
-        ("samples_recorded", s.samples_recorded),
-        ("samples_rejected", s.samples_rejected),
-        ("samples_dropped", s.samples_dropped),
-        ("endpoints_dropped", s.endpoints_dropped),
-        ("samples_lost", s.samples_lost),
-        ("serializations", s.serializations),
-        ("last_serialization_ns", s.last_serialization_ns),
-        ("last_serialization_bytes", s.last_serialization_bytes),
-    ] {
-        hash.aset(ruby.to_symbol(key), value)?;
+    use super::{record_endpoint, StackRecorder};
+    use crate::errors::{entry, IntoRubyError};
+    use crate::nogvl::nogvl;
+
+    /// Set by `_native_panic_in_next_reset`: the next reset panics before changing anything.
+    static PANIC_IN_NEXT_RESET: AtomicBool = AtomicBool::new(false);
+
+    pub(super) fn init(class: RClass) -> Result<(), Error> {
+        let testing = class.define_module("Testing")?;
+        testing.define_singleton_method("_native_active_slot", function!(native_active_slot, 1))?;
+        testing.define_singleton_method(
+            "_native_slot_one_mutex_locked?",
+            function!(native_slot_one_mutex_locked, 1),
+        )?;
+        testing.define_singleton_method(
+            "_native_slot_two_mutex_locked?",
+            function!(native_slot_two_mutex_locked, 1),
+        )?;
+        testing.define_singleton_method(
+            "_native_fork_generation",
+            function!(native_fork_generation, 0),
+        )?;
+        testing
+            .define_singleton_method("_native_malloc_in_use", function!(native_malloc_in_use, 0))?;
+        testing.define_singleton_method(
+            "_native_slot_locks_before_fork_check",
+            function!(native_slot_locks_before_fork_check, 1),
+        )?;
+        testing.define_singleton_method(
+            "_native_record_endpoint",
+            function!(native_record_endpoint, 3),
+        )?;
+        testing.define_singleton_method(
+            "_native_hold_active_slot",
+            function!(native_hold_active_slot, 3),
+        )?;
+        testing.define_singleton_method("_native_panic", function!(native_panic, 2))?;
+        testing.define_singleton_method(
+            "_native_panic_without_gvl",
+            function!(native_panic_without_gvl, 2),
+        )?;
+        testing.define_singleton_method(
+            "_native_panic_in_module_function",
+            function!(native_panic_in_module_function, 1),
+        )?;
+        testing.define_singleton_method(
+            "_native_panic_in_next_reset",
+            function!(native_panic_in_next_reset, 0),
+        )?;
+        Ok(())
     }
-    Ok(hash)
+
+    /// Called by every reset, before it changes anything.
+    #[allow(clippy::panic)] // on purpose, for the specs
+    pub(super) fn maybe_panic_in_reset() {
+        if PANIC_IN_NEXT_RESET.swap(false, Relaxed) {
+            panic!("a reset panicked on purpose (Testing._native_panic_in_next_reset)");
+        }
+    }
+
+    fn native_active_slot(ruby: &Ruby, rb_self: &StackRecorder) -> Result<u8, Error> {
+        rb_self.entry(ruby, |recorder| Ok(recorder.active_slot()))
+    }
+
+    fn native_slot_one_mutex_locked(ruby: &Ruby, rb_self: &StackRecorder) -> Result<bool, Error> {
+        rb_self.entry(ruby, |recorder| Ok(recorder.slot_is_locked(1)))
+    }
+
+    fn native_slot_two_mutex_locked(ruby: &Ruby, rb_self: &StackRecorder) -> Result<bool, Error> {
+        rb_self.entry(ruby, |recorder| Ok(recorder.slot_is_locked(2)))
+    }
+
+    fn native_fork_generation(ruby: &Ruby) -> Result<u64, Error> {
+        entry(ruby, || Ok(super::fork_generation()))
+    }
+
+    /// Bytes glibc malloc has handed out and not had back (heap chunks in use plus mmapped
+    /// chunks): lets the soak test compare `ObjectSpace.memsize_of` with what freeing a
+    /// recorder really returns. glibc only (2.33+): nil elsewhere.
+    fn native_malloc_in_use(ruby: &Ruby) -> Result<Option<u64>, Error> {
+        entry(ruby, || Ok(malloc_in_use()))
+    }
+
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn malloc_in_use() -> Option<u64> {
+        // SAFETY: mallinfo2 has no preconditions; it only reads the allocator's statistics.
+        let info = unsafe { libc::mallinfo2() };
+        Some((info.uordblks + info.hblkhd) as u64)
+    }
+
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    fn malloc_in_use() -> Option<u64> {
+        None
+    }
+
+    /// The slot locks of the recorder as it is, without the fork check: lets a child see the
+    /// state the fork left (both slots held mid-flip, for instance). The panic guard only.
+    fn native_slot_locks_before_fork_check(
+        ruby: &Ruby,
+        rb_self: &StackRecorder,
+    ) -> Result<(bool, bool), Error> {
+        entry(ruby, || {
+            let recorder = rb_self.recorder();
+            Ok((recorder.slot_is_locked(1), recorder.slot_is_locked(2)))
+        })
+    }
+
+    fn native_record_endpoint(
+        ruby: &Ruby,
+        rb_self: &StackRecorder,
+        local_root_span_id: Value,
+        endpoint: Value,
+    ) -> Result<bool, Error> {
+        rb_self.entry(ruby, |recorder| {
+            record_endpoint(ruby, &recorder, local_root_span_id, endpoint).map(|()| true)
+        })
+    }
+
+    /// `_native_hold_active_slot(recorder, fd, timeout_seconds)`: holds the active slot as a
+    /// sampler inside `record_sample` does, without the GVL, until `fd` is readable (a byte
+    /// written to a pipe) or `timeout_seconds` passed, so that a serialization meanwhile waits
+    /// in its flip (parked on the slot). Returns true if released through `fd`; raises
+    /// `RuntimeError` if both slots were taken.
+    fn native_hold_active_slot(
+        ruby: &Ruby,
+        rb_self: &StackRecorder,
+        fd: i32,
+        timeout_seconds: f64,
+    ) -> Result<bool, Error> {
+        rb_self.entry(ruby, |recorder| {
+            let timeout_ms = (timeout_seconds * 1000.0).clamp(0.0, f64::from(i32::MAX)) as i32;
+            let held = nogvl(ruby, move || {
+                recorder.hold_active_slot(|| {
+                    let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+                    // SAFETY: `poll` is one valid pollfd that outlives the call; a bad fd is
+                    // reported in `revents` (POLLNVAL), not undefined behaviour.
+                    let ready = unsafe { libc::poll(&mut poll, 1, timeout_ms) };
+                    ready == 1 && poll.revents & libc::POLLIN != 0
+                })
+            })?;
+            held.map_err(|e| e.into_ruby_error(ruby))
+        })
+    }
+
+    /// `_native_panic(recorder, message)`: panics in the body of an entry point on a recorder.
+    #[allow(clippy::panic)] // on purpose, for the specs
+    fn native_panic(ruby: &Ruby, rb_self: &StackRecorder, message: String) -> Result<(), Error> {
+        rb_self.entry(ruby, |_| panic!("{message}"))
+    }
+
+    /// `_native_panic_without_gvl(recorder, message)`: panics inside an entry point's no-GVL
+    /// section.
+    #[allow(clippy::panic)] // on purpose, for the specs
+    fn native_panic_without_gvl(
+        ruby: &Ruby,
+        rb_self: &StackRecorder,
+        message: String,
+    ) -> Result<(), Error> {
+        rb_self.entry(ruby, |_| nogvl(ruby, move || panic!("{message}")))
+    }
+
+    /// `_native_panic_in_module_function(message)`: panics in an entry point with no recorder
+    /// (the panic guard only).
+    #[allow(clippy::panic)] // on purpose, for the specs
+    fn native_panic_in_module_function(ruby: &Ruby, message: String) -> Result<(), Error> {
+        entry(ruby, || panic!("{message}"))
+    }
+
+    /// `_native_panic_in_next_reset`: the next reset (by hand, or a forked child's first use of
+    /// a recorder) panics before changing anything; later ones work again.
+    fn native_panic_in_next_reset(ruby: &Ruby) -> Result<bool, Error> {
+        entry(ruby, || {
+            PANIC_IN_NEXT_RESET.store(true, Relaxed);
+            Ok(true)
+        })
+    }
 }

@@ -19,15 +19,22 @@ const CPUCLOCK_SCHED: libc::clockid_t = 2;
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("Profiler", ruby.class_object())?;
-    class
-        .define_singleton_method("_native_thread_cpu_time_ns", function!(thread_cpu_time_ns, 1))?;
-    class.define_singleton_method("_native_moved_threads", function!(moved_threads, 2))?;
+    class.define_singleton_method(
+        "_native_thread_cpu_time_ns",
+        function!(native_thread_cpu_time_ns, 1),
+    )?;
+    class.define_singleton_method("_native_moved_threads", function!(native_moved_threads, 2))?;
     Ok(())
 }
 
 /// `Profiler._native_thread_cpu_time_ns(tid)`: the CPU time in nanoseconds that the thread
 /// with Linux id `tid` has used since it started, or nil when it cannot be read (the thread
 /// exited, `tid` is nil or not a thread of this process, or not on Linux).
+fn native_thread_cpu_time_ns(ruby: &Ruby, tid: Option<i64>) -> Result<Option<i64>, Error> {
+    crate::errors::entry(ruby, || Ok(thread_cpu_time_ns(tid)))
+}
+
+/// The CPU time of the thread with Linux id `tid`, if it can be read.
 fn thread_cpu_time_ns(tid: Option<i64>) -> Option<i64> {
     cpu_time_ns(i32::try_from(tid?).ok()?)
 }
@@ -36,8 +43,8 @@ fn thread_cpu_time_ns(tid: Option<i64>) -> Option<i64> {
 /// thread with Linux id `tids[i]` does not read `seen[i]` (a nil id, a nil reading, or a
 /// thread that cannot be read counts as moved): the sampler's idle scan, one call a pass
 /// rather than one per thread.
-fn moved_threads(ruby: &Ruby, tids: RArray, seen: RArray) -> Result<RArray, Error> {
-    crate::errors::guard(ruby, || {
+fn native_moved_threads(ruby: &Ruby, tids: RArray, seen: RArray) -> Result<RArray, Error> {
+    crate::errors::entry(ruby, || {
         let moved = ruby.ary_new();
         for i in 0..tids.len() {
             let tid: Option<i64> = tids.entry(i as isize)?;
