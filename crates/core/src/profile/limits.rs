@@ -4,7 +4,8 @@ use super::labels::{StoredLabel, StoredValue};
 use super::stacks::push_varint;
 use super::Profile;
 use crate::hash::{hash_bytes, hash_u32s};
-use crate::sample::{LabelValue, Sample};
+use crate::sample::{Frame, Label, LabelValue, Sample};
+use crate::strings::StringTable;
 use crate::DROPPED_FRAME;
 
 /// Per-profile bounds on distinct content: what bounds a profile's memory. A sample that would
@@ -89,17 +90,36 @@ impl Profile {
     #[cold]
     #[inline(never)]
     pub(super) fn fits(&self, sample: &Sample<'_>, kept: usize, total: usize) -> bool {
-        // New strings, each once (a slow path: allocating is fine).
-        let note = |s: &str, owned: &mut Vec<String>| {
-            if self.strings.lookup(s).is_none() && !owned.iter().any(|n| n == s) {
-                owned.push(s.to_owned());
-            }
+        let mut new_strings = NewStrings { strings: &self.strings, new: Vec::new() };
+        let stack_id = self.find_stack(&sample.frames[..kept], total, &mut new_strings);
+        let set_id = self.find_label_set(sample.labels, &mut new_strings);
+        let new_sample = match (stack_id, set_id) {
+            (Some(stack), Some(set)) => self.find_sample((stack, set)).is_none(),
+            _ => true,
         };
-        let mut owned: Vec<String> = Vec::new();
+        let limits = &self.limits;
+        // What the sample needs anew must fit; what exists is always reused (a profile at a
+        // limit still aggregates samples it already holds).
+        let room = |len: usize, new: usize, max: usize| new == 0 || len + new <= max;
+        room(self.strings.len(), new_strings.new.len(), limits.max_strings)
+            && room(self.stacks.len(), usize::from(stack_id.is_none()), limits.max_stacks)
+            && room(self.label_sets.len(), usize::from(set_id.is_none()), limits.max_label_sets)
+            && room(self.samples.len(), usize::from(new_sample), limits.max_samples)
+    }
+
+    /// For [`Profile::fits`]: the id of the stack of `kept` frames (of `total`, the rest becoming
+    /// the placeholder), if the profile holds it; notes the strings its new frames would add.
+    fn find_stack(
+        &self,
+        kept: &[Frame<'_>],
+        total: usize,
+        new_strings: &mut NewStrings<'_>,
+    ) -> Option<u32> {
         let mut stack = Vec::new();
         let mut new_stack = false;
-        let placeholder = (kept < total).then(|| format!("{} frames omitted", total - kept));
-        let frames = sample.frames[..kept]
+        let omitted = total - kept.len();
+        let placeholder = (omitted > 0).then(|| format!("{omitted} frames omitted"));
+        let frames = kept
             .iter()
             .map(|f| (f.function_name, f.filename, f.line))
             .chain(placeholder.as_deref().map(|name| ("", name, 0)));
@@ -108,25 +128,38 @@ impl Profile {
                 Some(location) => push_varint(&mut stack, u64::from(location) + 1),
                 None => {
                     new_stack = true;
-                    note(name, &mut owned);
-                    note(filename, &mut owned);
+                    new_strings.note(name);
+                    new_strings.note(filename);
                 }
             }
         }
-        let stack_id = if new_stack { None } else { self.stacks.find(&stack, hash_bytes) };
-        let mut ids = Vec::with_capacity(sample.labels.len());
+        if new_stack {
+            None
+        } else {
+            self.stacks.find(&stack, hash_bytes)
+        }
+    }
+
+    /// For [`Profile::fits`]: the id of the set of `labels`, if the profile holds it; notes the
+    /// strings its new labels would add.
+    fn find_label_set(
+        &self,
+        labels: &[Label<'_>],
+        new_strings: &mut NewStrings<'_>,
+    ) -> Option<u32> {
+        let mut ids = Vec::with_capacity(labels.len());
         let mut new_set = false;
-        for label in sample.labels {
+        for label in labels {
             let key = self.strings.lookup(label.key);
             if key.is_none() {
-                note(label.key, &mut owned);
+                new_strings.note(label.key);
             }
             let value = match label.value {
                 LabelValue::Num(n) => Some(StoredValue::Num(n)),
                 LabelValue::Str(v) => {
                     let id = self.strings.lookup(v);
                     if id.is_none() {
-                        note(v, &mut owned);
+                        new_strings.note(v);
                     }
                     id.map(StoredValue::Str)
                 }
@@ -139,23 +172,24 @@ impl Profile {
                 _ => new_set = true,
             }
         }
-        let set_id = if new_set {
-            None
-        } else {
-            ids.sort_unstable();
-            self.label_sets.find(&ids, hash_u32s)
-        };
-        let new_sample = match (stack_id, set_id) {
-            (Some(stack), Some(set)) => self.find_sample((stack, set)).is_none(),
-            _ => true,
-        };
-        let limits = &self.limits;
-        // What the sample needs anew must fit; what exists is always reused (a profile at a
-        // limit still aggregates samples it already holds).
-        let room = |len: usize, new: usize, max: usize| new == 0 || len + new <= max;
-        room(self.strings.len(), owned.len(), limits.max_strings)
-            && room(self.stacks.len(), usize::from(stack_id.is_none()), limits.max_stacks)
-            && room(self.label_sets.len(), usize::from(set_id.is_none()), limits.max_label_sets)
-            && room(self.samples.len(), usize::from(new_sample), limits.max_samples)
+        if new_set {
+            return None;
+        }
+        ids.sort_unstable();
+        self.label_sets.find(&ids, hash_u32s)
+    }
+}
+
+/// The strings a sample would add to the profile, each once (a slow path: allocating is fine).
+struct NewStrings<'a> {
+    strings: &'a StringTable,
+    new: Vec<String>,
+}
+
+impl NewStrings<'_> {
+    fn note(&mut self, s: &str) {
+        if self.strings.lookup(s).is_none() && !self.new.iter().any(|n| n == s) {
+            self.new.push(s.to_owned());
+        }
     }
 }

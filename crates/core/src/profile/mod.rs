@@ -6,13 +6,11 @@
 //! One file per entity: `frames.rs` (functions and locations), `stacks.rs`, `labels.rs` (labels
 //! and label sets), `endpoints.rs` and `limits.rs`; `arena.rs` stores the interned slices of
 //! stacks and label sets. This file holds the profile itself and its samples.
-use std::fmt::Write as _;
-
 use hashbrown::{HashMap, HashTable};
 use rustc_hash::FxBuildHasher;
 
 use crate::error::RecordError;
-use crate::hash::{fx_hash, hash_bytes};
+use crate::hash::fx_hash;
 use crate::sample::{Frame, Label, LabelValue, Sample};
 use crate::strings::{StringId, StringTable};
 use crate::time::Timestamp;
@@ -31,7 +29,7 @@ use frames::FrameEntry;
 pub(crate) use frames::{Function, Location};
 pub(crate) use labels::{StoredLabel, StoredValue};
 pub use limits::Limits;
-use stacks::{decode_varints, push_varint};
+use stacks::decode_varints;
 
 fn hash_sample(key: (u32, u32)) -> u64 {
     fx_hash(&key)
@@ -216,24 +214,7 @@ impl Profile {
             self.add_dropped(sample.values);
             return false;
         }
-        let mut stack = std::mem::take(&mut self.scratch_stack);
-        stack.clear();
-        for frame in &sample.frames[..kept] {
-            let location = self.intern_frame(frame.function_name, frame.filename, frame.line);
-            push_varint(&mut stack, u64::from(location) + 1);
-        }
-        if kept < total {
-            let mut name = std::mem::take(&mut self.scratch_string);
-            name.clear();
-            // Writing to a String cannot fail.
-            let _ = write!(name, "{} frames omitted", total - kept);
-            let location = self.intern_frame("", &name, 0);
-            push_varint(&mut stack, u64::from(location) + 1);
-            self.scratch_string = name;
-        }
-        let stack_id = self.stacks.intern(&stack, hash_bytes);
-        self.scratch_stack = stack;
-
+        let stack_id = self.intern_stack(&sample.frames[..kept], total);
         let label_set = self.intern_labels(sample.labels);
         self.add_values(stack_id, label_set, sample.values);
         self.samples_added += 1;

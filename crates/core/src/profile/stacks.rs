@@ -5,7 +5,11 @@
 //! medium workload (bench/RESULTS.md), together with label sets stored as label ids and the
 //! sample index as a table of ids: serialize raw 74 -> 46 ms (min, same run, under load),
 //! peak heap while adding 25.2 -> 13.0 MB.
+use std::fmt::Write as _;
+
 use super::Profile;
+use crate::hash::hash_bytes;
+use crate::sample::Frame;
 
 /// Appends `v` as a protobuf varint.
 #[inline]
@@ -33,6 +37,31 @@ pub(super) fn decode_varints(mut bytes: &[u8]) -> impl Iterator<Item = u64> + '_
 }
 
 impl Profile {
+    /// The id of the stack of `kept` (leaf first) and, when the sample had `total` frames in
+    /// all and `kept` is fewer, a `"N frames omitted"` placeholder frame at its root. Adds the
+    /// stack and what it needs if they are new.
+    #[inline]
+    pub(super) fn intern_stack(&mut self, kept: &[Frame<'_>], total: usize) -> u32 {
+        let mut stack = std::mem::take(&mut self.scratch_stack);
+        stack.clear();
+        for frame in kept {
+            let location = self.intern_frame(frame.function_name, frame.filename, frame.line);
+            push_varint(&mut stack, u64::from(location) + 1);
+        }
+        if kept.len() < total {
+            let mut name = std::mem::take(&mut self.scratch_string);
+            name.clear();
+            // Writing to a String cannot fail.
+            let _ = write!(name, "{} frames omitted", total - kept.len());
+            let location = self.intern_frame("", &name, 0);
+            push_varint(&mut stack, u64::from(location) + 1);
+            self.scratch_string = name;
+        }
+        let stack_id = self.stacks.intern(&stack, hash_bytes);
+        self.scratch_stack = stack;
+        stack_id
+    }
+
     /// Stack `id` as the packed varints of its location ids + 1: `Sample.location_id`'s bytes.
     pub(crate) fn stack_bytes(&self, id: u32) -> &[u8] {
         self.stacks.get(id)
