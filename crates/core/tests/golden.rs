@@ -44,7 +44,7 @@ fn text<'a>(key: &'a str, s: &'a str) -> Label<'a> {
 }
 
 /// A small recording that touches every field the encoder writes: shared frames, one function
-/// on two lines, negative and zero lines, an empty stack, a truncated stack (placeholder),
+/// on two lines, negative and zero lines, an empty stack, truncated stacks (placeholders),
 /// labels of both kinds, aggregation of labels given in another order, extreme values, and
 /// endpoints keyed by a number, by a decimal string and by another string.
 fn varied() -> Recorder {
@@ -77,7 +77,7 @@ fn varied() -> Recorder {
     // 8 frames with max_frames 6: five kept and "3 frames omitted".
     let deep: Vec<Frame<'_>> = (0..8).map(|i| frame("recurse", "/app/deep.rb", i)).collect();
     record(&r, &deep, 0, &[3, 3, 1], &[thread]);
-    // 4 given and 4 already cut by the caller: the same truncated stack, aggregated.
+    // 4 given and 4 already cut by the caller: 8 in all, so four kept and "4 frames omitted".
     record(&r, &deep[..4], 4, &[4, 4, 1], &[thread]);
 
     r.record_endpoint(SpanId::Num(77), "GET /users/:id").unwrap();
@@ -210,7 +210,7 @@ fn varied_recording_is_byte_stable() {
     let p = check_both("varied", varied);
     assert_eq!(p.time_nanos, 1_764_590_400_123_456_789);
     assert_eq!(p.duration_nanos, 60_864_197_532);
-    assert_eq!(p.sample.len(), 8, "9 samples, two of them aggregated with others");
+    assert_eq!(p.sample.len(), 8, "9 samples, the first two aggregated");
     let s = |i: i64| p.string_table[i as usize].as_str();
     let endpoints: Vec<&str> = p
         .sample
