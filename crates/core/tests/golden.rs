@@ -151,8 +151,8 @@ fn golden_path(name: &str) -> PathBuf {
 
 /// The pprof of `recorder` as `compression`, over `START..FINISH`.
 fn serialize(recorder: &Recorder, compression: Compression) -> Vec<u8> {
-    recorder.start_next_profile(FINISH).unwrap();
-    let serialized = recorder.flip(FINISH, Output::Pprof(compression)).unwrap();
+    let pending = recorder.start_next_profile(FINISH).unwrap();
+    let serialized = pending.flip(Output::Pprof(compression)).unwrap();
     assert_eq!((serialized.start, serialized.finish), (START, FINISH));
     serialized.bytes
 }
