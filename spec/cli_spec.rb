@@ -110,6 +110,20 @@ RSpec.describe "exe/ddprof-recorder" do
       expect_one_line(err, /cannot run \/nonexistent\/program/)
     end
 
+    it "piped to `head`, exits with the program's status and still writes its profile" do
+      # The program writes until the pipe is closed (head has read its line and gone).
+      program = "begin; loop { puts 'line' }; rescue Errno::EPIPE; exit 3; end"
+      reader, writer = IO.pipe
+      pid = Process.spawn(RbConfig.ruby, exe, "record", "-o", "piped.pb", "--", RbConfig.ruby, "-e", program,
+                          out: writer, err: File.join(@dir, "piped.err"), chdir: @dir)
+      writer.close
+      expect(reader.gets).to eq("line\n")
+      reader.close
+      expect(Process.wait2(pid).last.exitstatus).to eq(3)
+      expect(File.read(File.join(@dir, "piped.err"))).to eq("")
+      expect(DdprofRecorder.summary(File.binread(File.join(@dir, "piped.pb")))[:thread_names]).to eq(["main"])
+    end
+
     it "rejects a missing command or a bad rate" do
       _, err, status = cli("record", "-o", "x.pb.gz")
       expect(status).to eq(2)

@@ -26,6 +26,23 @@ RSpec.describe "ddprof-recorder record" do
     expect(DdprofRecorder.summary(File.binread(File.join(@dir, "r.pb")))[:thread_names]).to eq(["main"])
   end
 
+  # Process.spawn never raises EPIPE (a failed exec is its errno, ENOENT...): the one EPIPE of
+  # `record` is the summary's, when its reader has gone (`record ... | head`; from a shell the
+  # exe's buffered $stdout only meets it at exit, here the IO is sync).
+  it "still exits with the program's status when the reader of the summary has gone" do
+    reader, writer = IO.pipe
+    reader.close
+    writer.sync = true
+    err = StringIO.new
+    status = Dir.chdir(@dir) do
+      DdprofRecorder::CLI.run(["record", "-o", "r.pb", "--", RbConfig.ruby, "-e", "exit 3"], out: writer, err: err)
+    end
+    expect([err.string, status]).to eq(["", 3])
+    expect(DdprofRecorder.summary(File.binread(File.join(@dir, "r.pb")))[:thread_names]).to eq(["main"])
+  ensure
+    writer&.close
+  end
+
   it "summarizes the processes of a forking program, one line each, and how to view them together" do
     one = write_profile("srv.pb.gz", CliHelpers::HOT_SAMPLES)
     two = write_profile("srv.pid12.pb.gz", [[CliHelpers::CRUNCH, [500_000_000, 50, 500_000_000],

@@ -68,11 +68,20 @@ module DdprofRecorder
                          "(is it a Ruby program? did it end through exit! or a signal?)"
         end
 
-        RecordSummary.new(options, status, elapsed, files).print(@out)
+        print_summary(RecordSummary.new(options, status, elapsed, files))
         exit_status(status)
       end
 
       private
+
+      # The summary is the last thing `record` says: if its reader went away (`record ... |
+      # head`, once the summary outgrows the pipe's buffer or @out is sync), there is no one
+      # to tell, and `record` still exits with the program's status.
+      def print_summary(summary)
+        summary.print(@out)
+      rescue Errno::EPIPE
+        nil
+      end
 
       def env(out, options)
         autostart = File.expand_path("../autostart", __dir__)
@@ -96,13 +105,13 @@ module DdprofRecorder
 
       # Runs the command and waits, leaving Ctrl-C to it: the program gets the SIGINT (same
       # process group), writes its profile at exit, and we still print the summary.
+      # Process.spawn reports a failed exec as its errno (ENOENT, EACCES, ...): the exit status
+      # a shell gives for a command it cannot run, 127.
       def run_profiled(command, env)
         previous = trap("INT") {}
-        pid = begin
-          Process.spawn(env, *command)
-        rescue Errno::EPIPE
-        0 # the reader went away (`| head`): nothing left to say
-      rescue SystemCallError => e
+        begin
+          pid = Process.spawn(env, *command)
+        rescue SystemCallError => e
           raise Failure.new("record: cannot run #{command.first}: #{e.message}", 127)
         end
         Process.wait2(pid).last
