@@ -8,7 +8,8 @@ module DdprofRecorder
   # lib/ddprof_recorder/cli/ (CLI::Command says how a command is parsed, then run); this
   # class picks the command and owns the one error path. Every failure the user can cause (a
   # missing or non-pprof file, an unknown value type, a bad option) is one line on $stderr and
-  # a non-zero exit status, never a Ruby backtrace.
+  # a non-zero exit status, never a Ruby backtrace; any other exception is a bug in the CLI
+  # and is printed with its backtrace.
   class CLI
     # Exit statuses: 1 for a failure, 2 for a usage error (as OptionParser users expect).
     FAILURE = 1
@@ -45,6 +46,10 @@ module DdprofRecorder
     def run(argv)
       argv = argv.dup
       command = argv.shift
+      # OptionParser and the path helpers match argv against regexps, which raise on bytes
+      # that are not valid in the string's encoding (the locale's, for ARGV).
+      bad = argv.find { |arg| !arg.valid_encoding? }
+      raise Failure, "#{bad.inspect}: not valid #{bad.encoding} (the locale's encoding)" if bad
       case command
       when nil
         @err.puts(usage)
@@ -66,16 +71,15 @@ module DdprofRecorder
     rescue OptionParser::ParseError => e
       error("#{command}: #{e.message} (see `ddprof-recorder #{command} --help`)")
       USAGE
-    rescue ArgumentError, TypeError, DdprofRecorder::Error => e
-      error(e.message)
-      FAILURE
     rescue Errno::EPIPE
       0 # the reader went away (`| head`): nothing left to say
     rescue SystemCallError => e
-      error(e.message)
+      error(e.message) # e.g. an output file in a directory that does not exist
       FAILURE
     rescue Interrupt
       130
+    rescue StandardError => e
+      bug(e)
     end
 
     private
@@ -106,5 +110,13 @@ module DdprofRecorder
       @err.puts("ddprof-recorder: #{message}")
     end
 
+    # An exception that no user input explains (NoMethodError, TypeError, an ArgumentError
+    # outside the views' documented ones...): a bug, shown whole, as Ruby shows an uncaught
+    # one, and with its exit status, 1.
+    def bug(exception)
+      error("this is a bug in ddprof-recorder #{DdprofRecorder::VERSION}; please report it with what follows:")
+      @err.puts(exception.full_message(highlight: false, order: :top))
+      FAILURE
+    end
   end
 end

@@ -53,6 +53,44 @@ RSpec.describe "DdprofRecorder::CLI.run" do
       end
   end
 
+  it "rejects an argument that is not valid in its encoding, in one line" do
+    out, err, status = run_cli("top", "caf\xE9.pb.gz")
+    expect([out, status]).to eq(["", 1])
+    expect_one_line(err, /\Addprof-recorder: "caf\\xE9\.pb\.gz": not valid UTF-8 \(the locale's encoding\)$/)
+  end
+
+  # A bug, simulated by making the CLI's own code (or its call of the library) raise: shown
+  # with its backtrace, whatever its class, while a user error stays one line (above).
+  describe "a bug in a command" do
+    before { write_profile("hot.pb.gz", CliHelpers::HOT_SAMPLES) }
+
+    def expect_backtrace(err, message, frame)
+      lines = err.lines
+      expect(lines.first).to eq("ddprof-recorder: this is a bug in ddprof-recorder #{DdprofRecorder::VERSION}; " \
+                                "please report it with what follows:\n")
+      expect(lines[1]).to include(message)
+      expect(lines.drop(2)).to include(a_string_matching(frame))
+    end
+
+    it "a TypeError from the library (a CLI that passes it a wrong type): its backtrace, status 1" do
+      allow(DdprofRecorder).to receive(:top).and_raise(TypeError, "value must be a String or Symbol, got Integer")
+      out, err, status = run_cli("top", "hot.pb.gz")
+      expect([out, status]).to eq(["", 1])
+      expect_backtrace(err, "value must be a String or Symbol, got Integer (TypeError)",
+                       %r{lib/ddprof_recorder/cli/top\.rb:\d+:in `block in run'})
+    end
+
+    it "a NoMethodError or an ArgumentError in the CLI's own code: its backtrace, status 1" do
+      [[NoMethodError, "undefined method `name' for nil:NilClass"], [ArgumentError, "comparison of String with 0 failed"]]
+        .each do |klass, message|
+          allow_any_instance_of(DdprofRecorder::CLI::TopTable).to receive(:print).and_raise(klass, message)
+          out, err, status = run_cli("top", "hot.pb.gz")
+          expect([out, status]).to eq(["", 1])
+          expect_backtrace(err, "#{message} (#{klass})", %r{lib/ddprof_recorder/cli/top\.rb:\d+:in `run'})
+        end
+    end
+  end
+
   it "says nothing more once the reader has gone (EPIPE)" do
     write_profile("hot.pb.gz", CliHelpers::HOT_SAMPLES)
     reader, writer = IO.pipe

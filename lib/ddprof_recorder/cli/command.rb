@@ -6,7 +6,8 @@ require_relative "format"
 
 module DdprofRecorder
   class CLI
-    # A failure to report as one line.
+    # A failure the user caused, to report as one line: a missing or non-pprof file, an unknown
+    # value type, a bad option value. Anything else that a command raises is a bug (CLI#run).
     class Failure < StandardError
       attr_reader :status
 
@@ -138,10 +139,11 @@ module DdprofRecorder
         data.size == 1 ? data.first : data
       end
 
-      # Runs the view or merge, naming the file its errors are about: with one file, the message
-      # of a bad argument (not a pprof, unknown value) after the file's name; with several, each
-      # `pprofs[i]` of a message (not a pprof, other value types) becomes the i-th file's name.
-      # Other errors pass as they are.
+      # Runs the view or merge on the user's files. The errors that the views document for bad
+      # input (ArgumentError: not a pprof, no such value type; DdprofRecorder::Error: nothing to
+      # draw, other value types) become a Failure that names the file: with one file, the
+      # message of an ArgumentError after the file's name; with several, each `pprofs[i]` of a
+      # message becomes the i-th file's name. Other errors (a TypeError...) are bugs: they pass.
       def on_profiles(paths)
         yield
       rescue ArgumentError, DdprofRecorder::Error => e
@@ -149,7 +151,7 @@ module DdprofRecorder
         raise Failure, named unless named == e.message
         raise Failure, "#{paths.first}: #{e.message}" if paths.size == 1 && e.is_a?(ArgumentError)
 
-        raise
+        raise Failure, e.message
       end
     end
   end
