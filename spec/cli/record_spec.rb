@@ -76,6 +76,13 @@ RSpec.describe "ddprof-recorder record" do
                              "            ddprof-recorder flamegraph w.0001.pb -o w.0001.svg")
   end
 
+  it "is not disturbed by a file name in the output directory that is not valid UTF-8" do
+    File.write(File.join(@dir, "caf\xE9.pb".b), "")
+    out, err, status = run_cli("record", "-o", "r.pb", "--", RbConfig.ruby, "-e", "exit 0")
+    expect([err, status]).to eq(["", 0])
+    expect(out).to include("  written   r.pb (")
+  end
+
   it "rejects a missing command or a bad rate or interval with status 2, in one line" do
     { [] => /record: no COMMAND given \(usage: ddprof-recorder record \[-o FILE\]/,
       %w[--hz 0 -- ruby] => /record: --hz must be in 1\.\.1000, got 0$/,
