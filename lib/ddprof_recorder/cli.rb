@@ -61,7 +61,7 @@ module DdprofRecorder
         @out.puts("ddprof-recorder #{DdprofRecorder::VERSION}")
         0
       when *COMMANDS.keys
-        COMMANDS.fetch(command).new(out: @out, err: @err).call(argv)
+        COMMANDS.fetch(command).new(out: @out).call(argv)
       else
         raise Failure.new("unknown command #{command.inspect} (commands: #{COMMANDS.keys.join(', ')})", USAGE)
       end

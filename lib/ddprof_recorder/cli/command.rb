@@ -26,11 +26,10 @@ module DdprofRecorder
 
       DEFAULT_VALUE = "cpu-time"
 
-      # @param out [IO] where the command's output goes (a StringIO in the specs).
-      # @param err [IO] for messages; CLI#run writes the error lines itself.
-      def initialize(out: $stdout, err: $stderr)
+      # @param out [IO] where the command's output goes (a StringIO in the specs). A command
+      # writes no error line: it raises, and CLI#run reports.
+      def initialize(out: $stdout)
         @out = out
-        @err = err
       end
 
       # Parses `argv`, then runs the command.
