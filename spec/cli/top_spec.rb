@@ -37,6 +37,13 @@ RSpec.describe "ddprof-recorder top" do
     expect(out.lines[2].split.values_at(0, 4)).to eq(%w[1.80s crunch])
   end
 
+  it "names a function without a name by its file, and a file inside the current directory relatively" do
+    write_profile("anon.pb", [[[["", "native.so", 0], ["call", File.join(@dir, "lib", "app.rb"), 2]], [5, 1, 5], nil]])
+    out, = run_cli("top", "anon.pb")
+    expect(out.lines.drop(2).map(&:split)).to eq([%w[5ns 100.0% 5ns 100.0% (native.so) native.so],
+                                                  %w[0 0.0% 5ns 100.0% call lib/app.rb]])
+  end
+
   it "prints only the header for a profile without samples" do
     File.binwrite(File.join(@dir, "empty.pb"), DdprofRecorder::StackRecorder.new.serialize!)
     expect(run_cli("top", "empty.pb")).to eq(["empty.pb: cpu-time, 0 in all, 0 functions\n", "", 0])
