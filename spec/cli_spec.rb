@@ -18,12 +18,7 @@ RSpec.describe "exe/ddprof-recorder" do
     [out, err, status.exitstatus]
   end
 
-  # An error the user caused: one line, no Ruby backtrace.
-  def expect_clean_error(err, message)
-    expect(err).to match(message)
-    expect(err.lines.size).to eq(1), err
-    expect(err).not_to match(/\.rb:\d+:in /)
-  end
+  include CliHelpers # expect_one_line
 
   # The function names of `go tool pprof -top` rows, in order.
   def go_pprof_top(file, sample_index)
@@ -108,23 +103,37 @@ RSpec.describe "exe/ddprof-recorder" do
       out, err, status = cli("record", "-o", "none.pb.gz", "--", "true")
       expect(status).to eq(1)
       expect(out).to eq("")
-      expect_clean_error(err, /no profile was written by `true` \(is it a Ruby program\?/)
+      expect_one_line(err, /no profile was written by `true` \(is it a Ruby program\?/)
 
       _, err, status = cli("record", "--", "/nonexistent/program")
       expect(status).to eq(127)
-      expect_clean_error(err, /cannot run \/nonexistent\/program/)
+      expect_one_line(err, /cannot run \/nonexistent\/program/)
+    end
+
+    it "piped to `head`, exits with the program's status and still writes its profile" do
+      # The program writes until the pipe is closed (head has read its line and gone).
+      program = "begin; loop { puts 'line' }; rescue Errno::EPIPE; exit 3; end"
+      reader, writer = IO.pipe
+      pid = Process.spawn(RbConfig.ruby, exe, "record", "-o", "piped.pb", "--", RbConfig.ruby, "-e", program,
+                          out: writer, err: File.join(@dir, "piped.err"), chdir: @dir)
+      writer.close
+      expect(reader.gets).to eq("line\n")
+      reader.close
+      expect(Process.wait2(pid).last.exitstatus).to eq(3)
+      expect(File.read(File.join(@dir, "piped.err"))).to eq("")
+      expect(DdprofRecorder.summary(File.binread(File.join(@dir, "piped.pb")))[:thread_names]).to eq(["main"])
     end
 
     it "rejects a missing command or a bad rate" do
       _, err, status = cli("record", "-o", "x.pb.gz")
       expect(status).to eq(2)
-      expect_clean_error(err, /record: no COMMAND given/)
+      expect_one_line(err, /record: no COMMAND given/)
       _, err, status = cli("record", "--hz", "0", "--", "ruby", "-e", "1")
       expect(status).to eq(2)
-      expect_clean_error(err, /--hz must be in 1\.\.1000/)
+      expect_one_line(err, /--hz must be in 1\.\.1000/)
       _, err, status = cli("record", "--hz", "fast", "--", "ruby", "-e", "1")
       expect(status).to eq(2)
-      expect_clean_error(err, /invalid argument: --hz fast/)
+      expect_one_line(err, /invalid argument: --hz fast/)
     end
   end
 
@@ -215,31 +224,31 @@ RSpec.describe "exe/ddprof-recorder" do
     it "reports a missing file, a non-pprof file and an unknown value type in one line" do
       _, err, status = cli("top", "missing.pb.gz")
       expect(status).to eq(1)
-      expect_clean_error(err, /\Addprof-recorder: missing\.pb\.gz: no such file$/)
+      expect_one_line(err, /\Addprof-recorder: missing\.pb\.gz: no such file$/)
 
       File.write(File.join(@dir, "notes.txt"), "these are not the bytes you are looking for\n" * 20)
       %w[top flamegraph speedscope folded].each do |command|
         _, err, status = cli(command, "notes.txt")
         expect(status).to eq(1)
-        expect_clean_error(err, /\Addprof-recorder: notes\.txt: not a pprof profile: /)
+        expect_one_line(err, /\Addprof-recorder: notes\.txt: not a pprof profile: /)
       end
       File.write(File.join(@dir, "empty.pb"), "")
       _, err, = cli("top", "empty.pb")
-      expect_clean_error(err, /empty\.pb: not a pprof profile: the input is empty/)
+      expect_one_line(err, /empty\.pb: not a pprof profile: the input is empty/)
 
       _, err, status = cli("top", "hot.pb.gz", "--value", "alloc-samples")
       expect(status).to eq(1)
-      expect_clean_error(err, /hot\.pb\.gz: unknown value type "alloc-samples"; this profile has: cpu-time, cpu-samples, wall-time/)
+      expect_one_line(err, /hot\.pb\.gz: unknown value type "alloc-samples"; this profile has: cpu-time, cpu-samples, wall-time/)
       _, err, status = cli("flamegraph", "hot.pb.gz", "--value", "bogus")
       expect(status).to eq(1)
-      expect_clean_error(err, /unknown value type "bogus"/)
+      expect_one_line(err, /unknown value type "bogus"/)
     end
 
     it "reports usage errors with status 2" do
       [["frobnicate"], ["top"], ["merge", "hot.pb.gz"], ["top", "hot.pb.gz", "--bogus"], ["top", "hot.pb.gz", "-n", "0"]].each do |args|
         _, err, status = cli(*args)
         expect(status).to eq(2), "#{args.inspect}: #{err}"
-        expect_clean_error(err, /\Addprof-recorder: /)
+        expect_one_line(err, /\Addprof-recorder: /)
       end
     end
 
@@ -247,7 +256,7 @@ RSpec.describe "exe/ddprof-recorder" do
       File.binwrite(File.join(@dir, "empty.pb.gz"), DdprofRecorder::StackRecorder.new(compression: :gzip).serialize!)
       _, err, status = cli("flamegraph", "empty.pb.gz")
       expect(status).to eq(1)
-      expect_clean_error(err, /\Addprof-recorder: nothing to draw: no sample has a non-zero cpu-time$/)
+      expect_one_line(err, /\Addprof-recorder: nothing to draw: no sample has a non-zero cpu-time$/)
       out, _, status = cli("top", "empty.pb.gz")
       expect(status).to eq(0)
       expect(out).to eq("empty.pb.gz: cpu-time, 0 in all, 0 functions\n")

@@ -124,6 +124,10 @@ module DdprofRecorder
       stem, dot, ext = File.basename(out).partition(".")
       pattern = /\A#{Regexp.escape(stem)}(?:\.pid(\d+))?(?:\.(\d{4,}))?#{Regexp.escape(dot + ext)}\z/
       found = Dir.children(dir).filter_map do |name|
+        # A name that is not valid in the filesystem's encoding is not one of ours (ours are
+        # `out`'s, which `record` checks, plus ASCII), and matching it would raise ArgumentError.
+        next unless name.valid_encoding?
+
         m = pattern.match(name) or next
         [m[1]&.to_i, m[2].to_i, File.join(dir, name)]
       end

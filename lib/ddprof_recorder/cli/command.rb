@@ -1,0 +1,157 @@
+# frozen_string_literal: true
+
+require "optparse"
+
+require_relative "format"
+
+module DdprofRecorder
+  class CLI
+    # A failure the user caused, to report as one line: a missing or non-pprof file, an unknown
+    # value type, a bad option value. Anything else that a command raises is a bug (CLI#run).
+    class Failure < StandardError
+      attr_reader :status
+
+      def initialize(message, status = FAILURE)
+        super(message)
+        @status = status
+      end
+    end
+
+    # What every command shares. A command is two steps, as rbspy's `Args::from_args` and
+    # `SubCmd`: {#parse} turns argv into the command's typed `Options` (a Struct) and checks
+    # what argv alone can tell (usage errors, status 2); {#run} does the work with them. The
+    # subclasses say NAME and DESCRIPTION (for the tool's usage text) and the two steps.
+    class Command
+      include Format
+
+      DEFAULT_VALUE = "cpu-time"
+
+      # @param out [IO] where the command's output goes (a StringIO in the specs). A command
+      # writes no error line: it raises, and CLI#run reports.
+      def initialize(out: $stdout)
+        @out = out
+      end
+
+      # Parses `argv`, then runs the command.
+      #
+      # @param argv [Array<String>] the arguments after the command's name.
+      # @return [Integer] the exit status.
+      # @raise [Failure, OptionParser::ParseError] on a user error.
+      def call(argv)
+        options = parse(argv)
+        options.nil? ? 0 : run(options)
+      end
+
+      private
+
+      def name
+        self.class::NAME
+      end
+
+      # Parses `argv` with `parser`; `--help` prints the parser's help and returns nil.
+      #
+      # @return [Array<String>, nil] the arguments that are not options.
+      def parse_options(parser, argv)
+        help = false
+        parser.on("-h", "--help", "show this help") { help = true }
+        rest = parser.parse(argv)
+        if help
+          @out.puts(parser.help)
+          return nil
+        end
+        rest
+      end
+
+      def usage_error(message)
+        Failure.new(message, USAGE)
+      end
+
+      def value_option(parser, options)
+        parser.on("--value TYPE", "sample type to use (default #{DEFAULT_VALUE}; e.g. wall-time, cpu-samples)") do |v|
+          options.value = v
+        end
+      end
+
+      # --by-thread and --by-process (`options.group_by`), with the help text of each.
+      def group_options(parser, options, by_thread, by_process)
+        parser.on("--by-thread", by_thread) { group_by(options, Profiler::THREAD_NAME_LABEL, "--by-thread") }
+        parser.on("--by-process", by_process) { group_by(options, Profiler::PROCESS_ID_LABEL, "--by-process") }
+      end
+
+      # --by-thread, --by-process and --filenames, shared by `flamegraph` and `folded`.
+      def stack_options(parser, options)
+        group_options(parser, options, "the \"thread name\" label as the root frame (one tower per thread)",
+                      "the \"process id\" label as the root frame (one tower per process)")
+        parser.on("--filenames", "name frames \"function (file)\"") { options.filenames = true }
+      end
+
+      def group_by(options, label, flag)
+        if options.group_by && options.group_by != label
+          raise usage_error("give --by-thread or --by-process, not both (#{flag})")
+        end
+
+        options.group_by = label
+      end
+
+      # Parses `argv` for a command that takes FILE... (a view or `merge`): the block checks the
+      # options first (usage errors), then at least one FILE must be there.
+      #
+      # @return [Struct, nil] `options` with its `paths`, or nil after --help.
+      def parse_with_files(parser, argv, options)
+        rest = parse_options(parser, argv)
+        return nil if rest.nil?
+
+        yield if block_given?
+        raise usage_error("#{name}: give a pprof FILE (see `ddprof-recorder #{name} --help`)") if rest.empty?
+
+        options.paths = rest
+        options
+      end
+
+      # Reads the files, each once, and yields their contents to a view or merge (see
+      # #on_profiles for its errors).
+      #
+      # @return the block's value.
+      def with_profiles(paths)
+        data = paths.map do |path|
+          raise Failure, "#{path}: no such file" unless File.exist?(path)
+          raise Failure, "#{path}: is a directory, not a pprof file" if File.directory?(path)
+
+          File.binread(path)
+        end
+        on_profiles(paths) { yield data }
+      end
+
+      # What a view wrote: its text to `out`, or to @out when `out` is "-". For a file, a line
+      # says so, with what the block returns about the text (its value type, its profiles).
+      def write_view(out, text)
+        if out == "-"
+          @out.write(text)
+        else
+          File.write(out, text)
+          @out.puts("ddprof-recorder: wrote #{out} (#{yield}, #{text.bytesize} bytes)")
+        end
+      end
+
+      # The argument for the views: the one pprof, or the Array of several (which they merge).
+      def view_input(data)
+        data.size == 1 ? data.first : data
+      end
+
+      # Runs the view or merge on the user's files. The errors that the views document for bad
+      # input (ArgumentError: not a pprof, no such value type; DdprofRecorder::Error: nothing to
+      # draw, other value types) become a Failure that names the file: with one file, the
+      # message of an ArgumentError after the file's name; with several, each `pprofs[i]` of a
+      # message becomes the i-th file's name. Other errors (a TypeError...) are bugs: they pass.
+      def on_profiles(paths)
+        yield
+      rescue ArgumentError, DdprofRecorder::Error => e
+        named = e.message.gsub(/pprofs\[(\d+)\]/) { paths.fetch(Regexp.last_match(1).to_i) }
+        raise Failure, named unless named == e.message
+        raise Failure, "#{paths.first}: #{e.message}" if paths.size == 1 && e.is_a?(ArgumentError)
+
+        raise Failure, e.message
+      end
+    end
+  end
+end

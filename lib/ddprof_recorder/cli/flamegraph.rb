@@ -1,0 +1,46 @@
+# frozen_string_literal: true
+
+require_relative "command"
+
+module DdprofRecorder
+  class CLI
+    # `ddprof-recorder flamegraph FILE...`: an SVG flamegraph (DdprofRecorder.flamegraph).
+    class Flamegraph < Command
+      NAME = "flamegraph"
+      DESCRIPTION = "draw a pprof as an SVG flamegraph"
+
+      # @!attribute out [String, nil] the SVG's path, "-" for @out; nil: after the first FILE.
+      # @!attribute group_by [String, nil] the label whose value is the root frame.
+      Options = Struct.new(:paths, :value, :out, :title, :group_by, :filenames, keyword_init: true)
+
+      # @return [Options, nil] nil after --help.
+      def parse(argv)
+        options = Options.new(value: DEFAULT_VALUE, filenames: false)
+        parser = OptionParser.new do |o|
+          o.banner = "Usage: ddprof-recorder flamegraph FILE... [-o out.svg] [--value TYPE] [--by-thread|--by-process]"
+          o.separator ""
+          o.separator "Draws a pprof (raw or gzip) as an SVG flamegraph (open it in a browser: click to zoom,"
+          o.separator "Ctrl-F to search). Several FILEs are merged."
+          o.separator ""
+          o.on("-o", "--output FILE", "where to write the SVG (default: the first FILE with .svg; - for stdout)") do |v|
+            options.out = v
+          end
+          value_option(o, options)
+          o.on("--title TEXT", "the title (default: \"<value> flamegraph\")") { |v| options.title = v }
+          stack_options(o, options)
+        end
+        parse_with_files(parser, argv, options)
+      end
+
+      # @return [Integer] the exit status.
+      def run(options)
+        svg = with_profiles(options.paths) do |data|
+          DdprofRecorder.flamegraph(view_input(data), value: options.value, title: options.title,
+                                                      group_by: options.group_by, filenames: options.filenames)
+        end
+        write_view(options.out || view_name(options.paths.first, ".svg"), svg) { options.value }
+        0
+      end
+    end
+  end
+end

@@ -1,0 +1,40 @@
+# frozen_string_literal: true
+
+require_relative "command"
+
+module DdprofRecorder
+  class CLI
+    # `ddprof-recorder folded FILE...`: folded stacks on @out (DdprofRecorder.folded).
+    class Folded < Command
+      NAME = "folded"
+      DESCRIPTION = "print a pprof as folded stacks (root;...;leaf value)"
+
+      Options = Struct.new(:paths, :value, :group_by, :filenames, keyword_init: true)
+
+      # @return [Options, nil] nil after --help.
+      def parse(argv)
+        options = Options.new(value: DEFAULT_VALUE, filenames: false)
+        parser = OptionParser.new do |o|
+          o.banner = "Usage: ddprof-recorder folded FILE... [--value TYPE] [--by-thread|--by-process] [--filenames]"
+          o.separator ""
+          o.separator "Prints a pprof (raw or gzip) as folded stacks, one `root;...;leaf value` line per stack:"
+          o.separator "the input of flamegraph.pl, inferno-flamegraph and speedscope. Several FILEs are merged."
+          o.separator ""
+          value_option(o, options)
+          stack_options(o, options)
+        end
+        parse_with_files(parser, argv, options)
+      end
+
+      # @return [Integer] the exit status.
+      def run(options)
+        folded = with_profiles(options.paths) do |data|
+          DdprofRecorder.folded(view_input(data), value: options.value, group_by: options.group_by,
+                                                  filenames: options.filenames)
+        end
+        @out.write(folded)
+        0
+      end
+    end
+  end
+end

@@ -1,0 +1,51 @@
+# frozen_string_literal: true
+
+require_relative "command"
+require_relative "../recording"
+
+module DdprofRecorder
+  class CLI
+    # `ddprof-recorder merge -o OUT FILE...`: one pprof of several (DdprofRecorder.merge).
+    class Merge < Command
+      NAME = "merge"
+      DESCRIPTION = "merge pprof files into one"
+
+      # @!attribute out [String] the pprof's path (gzip for a .gz name), or "-" for @out (raw).
+      Options = Struct.new(:paths, :out, keyword_init: true)
+
+      # @return [Options, nil] nil after --help.
+      def parse(argv)
+        options = Options.new
+        parser = OptionParser.new do |o|
+          o.banner = "Usage: ddprof-recorder merge -o OUT FILE..."
+          o.separator ""
+          o.separator "Merges pprof files (raw or gzip, with the same value types) into one, e.g. the"
+          o.separator "profiles of a server's processes that `record` wrote. Samples with the same stack and"
+          o.separator "labels are added up; the \"process id\" label keeps the processes apart."
+          o.separator ""
+          o.on("-o", "--output OUT", "where to write the pprof (gzip if OUT ends in .gz; - for stdout, raw)") do |v|
+            options.out = v
+          end
+        end
+        parse_with_files(parser, argv, options) do
+          raise usage_error("merge: give the output file with -o OUT") unless options.out
+        end
+      end
+
+      # @return [Integer] the exit status.
+      def run(options)
+        out = options.out
+        compression = out != "-" && out.end_with?(".gz") ? :gzip : :none
+        merged = with_profiles(options.paths) { |data| DdprofRecorder.merge(data, compression: compression) }
+        if out == "-"
+          @out.binmode
+          @out.write(merged)
+        else
+          Recording.write(out, merged)
+          @out.puts("ddprof-recorder: merged #{options.paths.size} profiles into #{out} (#{merged.bytesize} bytes)")
+        end
+        0
+      end
+    end
+  end
+end

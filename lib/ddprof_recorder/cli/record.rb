@@ -1,0 +1,127 @@
+# frozen_string_literal: true
+
+require_relative "command"
+require_relative "record_summary"
+require_relative "../recording"
+
+module DdprofRecorder
+  class CLI
+    # `ddprof-recorder record -- COMMAND ...`: runs a Ruby program with the profiler started
+    # by lib/ddprof_recorder/autostart.rb (see Recording), then prints a RecordSummary of the
+    # files it wrote. Exits with the program's exit status.
+    class Record < Command
+      NAME = "record"
+      DESCRIPTION = "profile a Ruby program and write its pprof"
+      DEFAULT_OUT = "profile.pb.gz"
+
+      # @!attribute command [Array<String>] the program and its arguments.
+      # @!attribute out [String] the pprof's path as given (-o).
+      # @!attribute hz [Integer] samples per second and thread.
+      # @!attribute interval [Float, nil] seconds per window, or nil for one file per process.
+      Options = Struct.new(:command, :out, :hz, :interval, keyword_init: true)
+
+      # @return [Options, nil] nil after --help.
+      def parse(argv)
+        options = Options.new(out: DEFAULT_OUT, hz: Profiler::DEFAULT_HZ)
+        parser = OptionParser.new do |o|
+          o.banner = "Usage: ddprof-recorder record [-o FILE] [--hz N] [--interval S] -- COMMAND ..."
+          o.separator ""
+          o.separator "Runs COMMAND, a Ruby program (ruby, bundle exec, rake, ...), profiling its threads;"
+          o.separator "writes the pprof (gzip if FILE ends in .gz) and prints a summary."
+          o.separator "Exits with COMMAND's exit status."
+          o.separator ""
+          o.on("-o", "--output FILE", "where to write the pprof (default #{DEFAULT_OUT})") { |v| options.out = v }
+          o.on("--hz N", Integer, "samples per second and thread (1..1000, default #{Profiler::DEFAULT_HZ})") do |v|
+            options.hz = v
+          end
+          o.on("--interval S", Float, "also cut the profile every S seconds: one file per window,",
+               "FILE with a number (profile.0001.pb.gz, ...)") { |v| options.interval = v }
+          o.separator ""
+          o.separator "Forked children (a server's workers) are profiled too, each into a file of its own:"
+          o.separator "FILE with its pid (profile.pid4242.pb.gz; windows: profile.pid4242.0001.pb.gz)."
+        end
+        command = parse_options(parser, argv)
+        return nil if command.nil?
+        raise usage_error("record: no COMMAND given (usage: #{parser.banner.sub('Usage: ', '')})") if command.empty?
+        unless Profiler::HZ_RANGE.cover?(options.hz)
+          raise usage_error("record: --hz must be in #{Profiler::HZ_RANGE}, got #{options.hz}")
+        end
+        raise usage_error("record: --interval must be positive") if options.interval && !options.interval.positive?
+
+        options.command = command
+        options
+      end
+
+      # @return [Integer] the program's exit status (128 + signal if a signal ended it).
+      def run(options)
+        out = File.expand_path(options.out)
+        raise Failure, "record: #{options.out}: directory does not exist" unless File.directory?(File.dirname(out))
+
+        Recording.profile_files(out).each_value { |stale| stale.each { |f| File.delete(f) if File.file?(f) } }
+
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        status = run_profiled(options.command, env(out, options))
+        elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+        files = Recording.profile_files(out)
+        if files.empty?
+          raise Failure, "record: no profile was written by `#{display_command(options.command)}` " \
+                         "(is it a Ruby program? did it end through exit! or a signal?)"
+        end
+
+        print_summary(RecordSummary.new(options, status, elapsed, files))
+        exit_status(status)
+      end
+
+      private
+
+      # The summary is the last thing `record` says: if its reader went away (`record ... |
+      # head`, once the summary outgrows the pipe's buffer or @out is sync), there is no one
+      # to tell, and `record` still exits with the program's status.
+      def print_summary(summary)
+        summary.print(@out)
+      rescue Errno::EPIPE
+        nil
+      end
+
+      def env(out, options)
+        autostart = File.expand_path("../autostart", __dir__)
+        require_flag =
+          if autostart.match?(/\s/)
+            # RUBYOPT is split on spaces: load it by feature name through RUBYLIB instead.
+            lib = File.expand_path("../..", __dir__)
+            env_lib = { "RUBYLIB" => [lib, ENV["RUBYLIB"]].compact.reject(&:empty?).join(File::PATH_SEPARATOR) }
+            "-rddprof_recorder/autostart"
+          else
+            "-r#{autostart}"
+          end
+        (env_lib || {}).merge(
+          "RUBYOPT" => [ENV["RUBYOPT"], require_flag].compact.reject(&:empty?).join(" "),
+          Recording::OUT => out,
+          Recording::HZ => options.hz.to_s,
+          Recording::INTERVAL => options.interval&.to_s,
+          Recording::OWNER => nil,
+        )
+      end
+
+      # Runs the command and waits, leaving Ctrl-C to it: the program gets the SIGINT (same
+      # process group), writes its profile at exit, and we still print the summary.
+      # Process.spawn reports a failed exec as its errno (ENOENT, EACCES, ...): the exit status
+      # a shell gives for a command it cannot run, 127.
+      def run_profiled(command, env)
+        previous = trap("INT") {}
+        begin
+          pid = Process.spawn(env, *command)
+        rescue SystemCallError => e
+          raise Failure.new("record: cannot run #{command.first}: #{e.message}", 127)
+        end
+        Process.wait2(pid).last
+      ensure
+        trap("INT", previous || "DEFAULT")
+      end
+
+      def exit_status(status)
+        status.exitstatus || (128 + (status.termsig || 0))
+      end
+    end
+  end
+end

@@ -1,0 +1,132 @@
+# frozen_string_literal: true
+
+require_relative "format"
+
+module DdprofRecorder
+  class CLI
+    # `record`'s output: one screen about a recording (duration, samples, threads, the hottest
+    # function, the files by process, how to look at them).
+    class RecordSummary
+      include Format
+
+      # The summary lists this many processes, one per line; the rest are counted.
+      MAX_PROCESS_LINES = 8
+
+      # @param options [Record::Options] what `record` was asked.
+      # @param status [Process::Status] how the program ended.
+      # @param elapsed [Float] seconds from the spawn to the program's end.
+      # @param files [Hash{Integer, nil => Array<String>}] the profile files by process
+      #   (Recording.profile_files), each read once here.
+      def initialize(options, status, elapsed, files)
+        @options = options
+        @status = status
+        @elapsed = elapsed
+        @files = files
+        @processes = files.map { |child_pid, paths| process(child_pid, paths) }
+      end
+
+      # @param io [IO]
+      # @return [nil]
+      def print(io)
+        io.puts(lines)
+      end
+
+      # @return [Array<String>] the summary's lines.
+      def lines
+        summaries = @processes.flat_map { |p| p[:summaries] }
+        totals = Hash.new(0)
+        @processes.each { |p| p[:totals].each { |k, v| totals[k] += v } }
+        duration = summaries.map { |s| s[:finish] }.max - summaries.map { |s| s[:start] }.min
+        threads = summaries.flat_map { |s| s[:thread_names] }.uniq
+        thread_ids = summaries.flat_map { |s| s[:thread_ids] }.uniq
+        samples = totals["cpu-samples"]
+
+        lines = []
+        lines << "ddprof-recorder: recorded `#{display_command(@options.command)}` " \
+                 "(#{status_text(@status)}, #{format('%.2f', @elapsed)} s)"
+        lines << row("duration", format("%.2f s profiled", duration))
+        rate = if thread_ids.empty? || duration <= 0
+                 ""
+               else
+                 format(", about %.0f per second per thread (asked %d)", samples / thread_ids.size / duration, @options.hz)
+               end
+        lines << row("samples", "#{samples}#{rate}")
+        lines << row("threads", "#{thread_ids.size}: #{threads.first(6).join(', ')}#{threads.size > 6 ? ', ...' : ''}")
+        lines << row("cpu-time", format("%.2f s   wall-time %.2f s", totals["cpu-time"] / 1e9, totals["wall-time"] / 1e9))
+        lines.concat(hottest_lines(totals["cpu-time"]))
+        lines.concat(@processes.size == 1 ? written_lines(@processes.first) : process_lines)
+        lines.concat(view_lines(@files.keys, @processes.first[:paths].first))
+      end
+
+      private
+
+      # One process's files, read once, and their summaries (DdprofRecorder.summary).
+      def process(child_pid, paths)
+        data = paths.map { |f| File.binread(f) }
+        summaries = data.map { |d| DdprofRecorder.summary(d) }
+        totals = Hash.new(0)
+        summaries.each { |s| s[:totals].each { |k, v| totals[k] += v } }
+        pid = child_pid || summaries.flat_map { |s| s[:process_ids] }.first
+        { pid: pid, paths: paths, data: data, summaries: summaries, totals: totals, bytes: data.sum(&:bytesize) }
+      end
+
+      # The function with the most cpu-time as a leaf, over every file.
+      def hottest_lines(cpu_time)
+        data = @processes.flat_map { |p| p[:data] }
+        hottest = DdprofRecorder.top(data.size == 1 ? data.first : data, value: "cpu-time", limit: 1)[:rows].first
+        return [] unless hottest && cpu_time.positive?
+
+        [row("hottest", format("%s (%s) %.1f%% of cpu-time", hottest[:name], display_path(hottest[:filename]),
+                               100.0 * hottest[:self] / cpu_time))]
+      end
+
+      # The files of a recording without forked children.
+      def written_lines(process)
+        paths = process[:paths]
+        shown = display_path(paths.first)
+        if paths.size == 1
+          [row("written", "#{shown} (#{process[:bytes]} bytes)")]
+        else
+          [row("written", "#{paths.size} windows of #{@options.interval} s: #{shown} ... #{display_path(paths.last)}")]
+        end
+      end
+
+      # One line per process: pid, samples, cpu-time and its files.
+      def process_lines
+        processes = @processes
+        lines = [row("processes", "#{processes.size}: the command's and #{processes.size - 1} forked")]
+        width = processes.map { |p| p[:pid].to_s.size }.max
+        processes.first(MAX_PROCESS_LINES).each do |p|
+          paths = p[:paths]
+          written = paths.size == 1 ? display_path(paths.first) : "#{display_path(paths.first)} ... #{display_path(paths.last)}"
+          lines << row("", format("%-*s  samples %-6d cpu-time %6.2f s  %s (%d bytes)", width, p[:pid] || "-",
+                                  p[:totals]["cpu-samples"], p[:totals]["cpu-time"] / 1e9, written, p[:bytes]))
+        end
+        rest = processes.drop(MAX_PROCESS_LINES)
+        lines << row("", "... and #{rest.size} more (#{rest.sum { |p| p[:paths].size }} files)") unless rest.empty?
+        lines << row("written", "#{processes.sum { |p| p[:paths].size }} files, " \
+                                "#{processes.sum { |p| p[:bytes] }} bytes in all")
+        lines
+      end
+
+      # How to look at the files: the one file, or, with forked children, shell patterns that
+      # name the files of every process (the views merge them).
+      def view_lines(pids, first)
+        out = display_path(first)
+        if pids == [nil]
+          shown = out.shellescape
+          svg = view_name(out, ".svg").shellescape
+          by = ""
+        else
+          base = display_path(File.expand_path(@options.out))
+          shown = [profile_glob(base, @options.interval ? "[0-9]*" : nil), profile_glob(base, "pid*")].join(" ")
+          svg = view_name(base, ".svg").shellescape
+          by = " --by-process"
+        end
+        [row("view it", "ddprof-recorder top #{shown}"),
+         row("", "ddprof-recorder flamegraph#{by} #{shown} -o #{svg}"),
+         row("", "go tool pprof -top #{shown}")]
+      end
+    end
+  end
+end

@@ -1,0 +1,52 @@
+# frozen_string_literal: true
+
+require_relative "command"
+
+module DdprofRecorder
+  class CLI
+    # `ddprof-recorder speedscope FILE...`: a speedscope JSON file (DdprofRecorder.speedscope).
+    class Speedscope < Command
+      NAME = "speedscope"
+      DESCRIPTION = "write a pprof as a speedscope file (speedscope.app, `speedscope FILE`)"
+
+      # @!attribute values [Array<String>] the value types to write; empty: all of them.
+      # @!attribute out [String, nil] the JSON's path, "-" for @out; nil: after the first FILE.
+      Options = Struct.new(:paths, :values, :out, :group_by, keyword_init: true)
+
+      # @return [Options, nil] nil after --help.
+      def parse(argv)
+        options = Options.new(values: [])
+        parser = OptionParser.new do |o|
+          o.banner = "Usage: ddprof-recorder speedscope FILE... [-o out.speedscope.json] [--value TYPE]... " \
+                     "[--by-thread|--by-process]"
+          o.separator ""
+          o.separator "Writes a pprof (raw or gzip) as a speedscope file: open it at https://www.speedscope.app"
+          o.separator "or with `speedscope FILE` (npm install -g speedscope). One profile per value type"
+          o.separator "(cpu-time first), or per value type and thread/process; speedscope's profile menu"
+          o.separator "switches between them. Several FILEs are merged."
+          o.separator ""
+          o.on("-o", "--output FILE", "where to write the JSON (default: the first FILE with .speedscope.json; - for stdout)") do |v|
+            options.out = v
+          end
+          o.on("--value TYPE", "only this sample type (again for more; default: all of them)") { |v| options.values << v }
+          group_options(o, options, "one profile per value type and \"thread name\" label",
+                        "one profile per value type and \"process id\" label")
+        end
+        parse_with_files(parser, argv, options)
+      end
+
+      # @return [Integer] the exit status.
+      def run(options)
+        json = with_profiles(options.paths) do |data|
+          DdprofRecorder.speedscope(view_input(data), value: options.values.empty? ? nil : options.values,
+                                                      group_by: options.group_by, name: File.basename(options.paths.first))
+        end
+        write_view(options.out || view_name(options.paths.first, ".speedscope.json"), json) do
+          profiles = json.scan('"type":"sampled"').size
+          "#{profiles} profile#{profiles == 1 ? '' : 's'}"
+        end
+        0
+      end
+    end
+  end
+end

@@ -1,0 +1,24 @@
+# frozen_string_literal: true
+
+# `ddprof-recorder folded` in process (lib/ddprof_recorder/cli/folded.rb).
+RSpec.describe "ddprof-recorder folded" do
+  before { write_profile("hot.pb.gz", CliHelpers::HOT_SAMPLES) }
+
+  it "prints one line per stack, root first" do
+    expect(run_cli("folded", "hot.pb.gz")).to eq(["run;work 100000000\nrun;work;crunch 900000000\n", "", 0])
+  end
+
+  it "puts the thread or process at the root, names files, and reads another value type" do
+    out, = run_cli("folded", "hot.pb.gz", "--by-thread", "--value", "wall-time")
+    expect(out.lines).to include("thread name=sleeper;run;sleep 2000000000\n", "thread name=cruncher;run;work;crunch 1000000000\n")
+    out, = run_cli("folded", "hot.pb.gz", "--by-process", "--filenames")
+    expect(out).to eq("process id=11;run (app.rb);work (app.rb) 100000000\n" \
+                      "process id=11;run (app.rb);work (app.rb);crunch (app.rb) 900000000\n")
+  end
+
+  it "takes --by-thread or --by-process, not both" do
+    out, err, status = run_cli("folded", "hot.pb.gz", "--by-thread", "--by-process")
+    expect([out, status]).to eq(["", 2])
+    expect_one_line(err, /\Addprof-recorder: give --by-thread or --by-process, not both \(--by-process\)$/)
+  end
+end

@@ -1,0 +1,108 @@
+# frozen_string_literal: true
+
+require "rbconfig"
+
+# `ddprof-recorder record` in process (lib/ddprof_recorder/cli/record.rb and
+# record_summary.rb). The program runs as a child with this process's stdout; the summary
+# goes to the StringIO. spec/cli_spec.rb and spec/record_forks_spec.rb run it as users do.
+RSpec.describe "ddprof-recorder record" do
+  # A real Process::Status: how a `ruby -e CODE` child ended.
+  def status_of(code)
+    Process.wait2(Process.spawn(RbConfig.ruby, "-e", code)).last
+  end
+
+  it "runs the program, exits with its status and prints the summary of its profile" do
+    out, err, status = run_cli("record", "-o", "r.pb", "--hz", "200", "--",
+                               RbConfig.ruby, "-e", "x = 0; 300_000.times { x += 1 }; exit 3")
+    expect([err, status]).to eq(["", 3])
+    lines = out.lines(chomp: true)
+    expect(lines.first).to match(/\Addprof-recorder: recorded `\S+ -e 'x = 0; 300_000\.times \{ x \+= 1 \}; exit 3'` \(exit status 3, \d+\.\d\d s\)\z/)
+    expect(lines.drop(1).map { |l| l[0, 12].strip }).to eq(["duration", "samples", "threads", "cpu-time", "hottest",
+                                                          "written", "view it", "", ""])
+    expect(lines[3]).to eq("  threads   1: main")
+    expect(lines[6]).to eq("  written   r.pb (#{File.size(File.join(@dir, 'r.pb'))} bytes)")
+    expect(lines.last(3)).to eq(["  view it   ddprof-recorder top r.pb", "            ddprof-recorder flamegraph r.pb -o r.svg",
+                                 "            go tool pprof -top r.pb"])
+    expect(DdprofRecorder.summary(File.binread(File.join(@dir, "r.pb")))[:thread_names]).to eq(["main"])
+  end
+
+  # Process.spawn never raises EPIPE (a failed exec is its errno, ENOENT...): the one EPIPE of
+  # `record` is the summary's, when its reader has gone (`record ... | head`; from a shell the
+  # exe's buffered $stdout only meets it at exit, here the IO is sync).
+  it "still exits with the program's status when the reader of the summary has gone" do
+    reader, writer = IO.pipe
+    reader.close
+    writer.sync = true
+    err = StringIO.new
+    status = Dir.chdir(@dir) do
+      DdprofRecorder::CLI.run(["record", "-o", "r.pb", "--", RbConfig.ruby, "-e", "exit 3"], out: writer, err: err)
+    end
+    expect([err.string, status]).to eq(["", 3])
+    expect(DdprofRecorder.summary(File.binread(File.join(@dir, "r.pb")))[:thread_names]).to eq(["main"])
+  ensure
+    writer&.close
+  end
+
+  it "summarizes the processes of a forking program, one line each, and how to view them together" do
+    one = write_profile("srv.pb.gz", CliHelpers::HOT_SAMPLES)
+    two = write_profile("srv.pid12.pb.gz", [[CliHelpers::CRUNCH, [500_000_000, 50, 500_000_000],
+                                              { "thread name" => "main", "process id" => 12 }]])
+    options = DdprofRecorder::CLI::Record::Options.new(command: ["puma", "-w", "2"], out: "srv.pb.gz", hz: 99)
+    summary = DdprofRecorder::CLI::RecordSummary.new(options, status_of("exit 0"), 2.5, { nil => [one], 12 => [two] })
+    lines = Dir.chdir(@dir) { summary.lines }
+    expect(lines[0]).to eq("ddprof-recorder: recorded `puma -w 2` (exit status 0, 2.50 s)")
+    expect(lines[2]).to start_with("  samples   260") # 90 + 10 + 110 + 50
+    expect(lines[3]).to eq("  threads   0: cruncher, sleeper, main") # no "thread id" labels here
+    expect(lines[4]).to eq("  cpu-time  1.50 s   wall-time 3.60 s")
+    expect(lines[5]).to eq("  hottest   crunch (app.rb) 93.3% of cpu-time")
+    expect(lines.drop(6)).to eq([
+      "  processes 2: the command's and 1 forked",
+      "            11  samples 210    cpu-time   1.00 s  srv.pb.gz (#{File.size(one)} bytes)",
+      "            12  samples 50     cpu-time   0.50 s  srv.pid12.pb.gz (#{File.size(two)} bytes)",
+      "  written   2 files, #{File.size(one) + File.size(two)} bytes in all",
+      "  view it   ddprof-recorder top srv.pb.gz srv.pid*.pb.gz",
+      "            ddprof-recorder flamegraph --by-process srv.pb.gz srv.pid*.pb.gz -o srv.svg",
+      "            go tool pprof -top srv.pb.gz srv.pid*.pb.gz",
+    ])
+  end
+
+  it "says how a signal ended the program, and names windows" do
+    windows = %w[w.0001.pb w.0002.pb].map { |name| write_profile(name, CliHelpers::HOT_SAMPLES) }
+    options = DdprofRecorder::CLI::Record::Options.new(command: ["ruby", "it's.rb"], out: "w.pb", hz: 99, interval: 0.5)
+    summary = DdprofRecorder::CLI::RecordSummary.new(options, status_of("Process.kill(:TERM, $$)"), 1, { nil => windows })
+    lines = Dir.chdir(@dir) { summary.lines }
+    expect(lines[0]).to eq("ddprof-recorder: recorded `ruby 'it'\\''s.rb'` (killed by signal 15, 1.00 s)")
+    expect(lines).to include("  written   2 windows of 0.5 s: w.0001.pb ... w.0002.pb",
+                             "            ddprof-recorder flamegraph w.0001.pb -o w.0001.svg")
+  end
+
+  it "is not disturbed by a file name in the output directory that is not valid UTF-8" do
+    File.write(File.join(@dir, "caf\xE9.pb".b), "")
+    out, err, status = run_cli("record", "-o", "r.pb", "--", RbConfig.ruby, "-e", "exit 0")
+    expect([err, status]).to eq(["", 0])
+    expect(out).to include("  written   r.pb (")
+  end
+
+  it "rejects a missing command or a bad rate or interval with status 2, in one line" do
+    { [] => /record: no COMMAND given \(usage: ddprof-recorder record \[-o FILE\]/,
+      %w[--hz 0 -- ruby] => /record: --hz must be in 1\.\.1000, got 0$/,
+      %w[--hz fast -- ruby] => /record: invalid argument: --hz fast/,
+      %w[--interval 0 -- ruby] => /record: --interval must be positive$/ }.each do |args, message|
+      out, err, status = run_cli("record", *args)
+      expect([out, status]).to eq(["", 2])
+      expect_one_line(err, message)
+    end
+  end
+
+  it "says when it cannot run the command (127) or the command wrote no profile (1)" do
+    _, err, status = run_cli("record", "-o", "x.pb", "--", "/nonexistent/program")
+    expect(status).to eq(127)
+    expect_one_line(err, %r{\Addprof-recorder: record: cannot run /nonexistent/program: No such file or directory})
+    _, err, status = run_cli("record", "-o", "x.pb", "--", "true")
+    expect(status).to eq(1)
+    expect_one_line(err, /no profile was written by `true` \(is it a Ruby program\?/)
+    _, err, status = run_cli("record", "-o", "nowhere/x.pb", "--", "true")
+    expect(status).to eq(1)
+    expect_one_line(err, %r{record: nowhere/x\.pb: directory does not exist$})
+  end
+end

@@ -1,0 +1,103 @@
+# frozen_string_literal: true
+
+# DdprofRecorder::CLI.run (lib/ddprof_recorder/cli.rb): picking the command, --help and
+# --version, and the one error path. spec/cli_spec.rb runs exe/ddprof-recorder as a process.
+RSpec.describe "DdprofRecorder::CLI.run" do
+  it "lists the commands with --help, and on stderr with status 2 when none is given" do
+    out, err, status = run_cli("--help")
+    expect([err, status]).to eq(["", 0])
+    DdprofRecorder::CLI::COMMANDS.each_value do |command|
+      expect(out).to match(/^  #{command::NAME} +#{Regexp.escape(command::DESCRIPTION)}$/)
+    end
+    expect(run_cli("help")).to eq([out, "", 0])
+    expect(run_cli).to eq(["", out, 2])
+    expect(run_cli("-v")).to eq(["ddprof-recorder #{DdprofRecorder::VERSION}\n", "", 0])
+  end
+
+  it "prints each command's help" do
+    DdprofRecorder::CLI::COMMANDS.each_key do |name|
+      out, err, status = run_cli(name, "--help")
+      expect([err, status]).to eq(["", 0])
+      expect(out).to start_with("Usage: ddprof-recorder #{name}").and include("-h, --help")
+    end
+  end
+
+  it "reports an unknown command or option with status 2, in one line" do
+    _, err, status = run_cli("frobnicate")
+    expect(status).to eq(2)
+    expect_one_line(err, /\Addprof-recorder: unknown command "frobnicate" \(commands: record, top, flamegraph, speedscope, folded, merge\)$/)
+    _, err, status = run_cli("folded", "x.pb", "--bogus")
+    expect(status).to eq(2)
+    expect_one_line(err, /\Addprof-recorder: folded: invalid option: --bogus \(see `ddprof-recorder folded --help`\)$/)
+    _, err, status = run_cli("flamegraph")
+    expect(status).to eq(2)
+    expect_one_line(err, /\Addprof-recorder: flamegraph: give a pprof FILE/)
+  end
+
+  it "reports a missing file, a directory, a file that is not a pprof and an output it cannot write, in one line" do
+    write_profile("hot.pb.gz", CliHelpers::HOT_SAMPLES)
+    File.write(File.join(@dir, "notes.txt"), "these are not the bytes you are looking for\n" * 20)
+    File.write(File.join(@dir, "empty.pb"), "")
+    Dir.mkdir(File.join(@dir, "adir"))
+    { %w[top missing.pb.gz] => /\Addprof-recorder: missing\.pb\.gz: no such file$/,
+      %w[folded adir] => /\Addprof-recorder: adir: is a directory, not a pprof file$/,
+      %w[speedscope notes.txt] => /\Addprof-recorder: notes\.txt: not a pprof profile: /,
+      %w[flamegraph hot.pb.gz notes.txt] => /\Addprof-recorder: notes\.txt: not a pprof profile: /,
+      %w[top empty.pb] => /\Addprof-recorder: empty\.pb: not a pprof profile: the input is empty$/,
+      %w[top hot.pb.gz hot.pb.gz --value bogus] => /\Addprof-recorder: unknown value type "bogus"; this profile has: /,
+      %w[flamegraph hot.pb.gz -o nowhere/x.svg] => /\Addprof-recorder: No such file or directory @ rb_sysopen - nowhere\/x\.svg$/ }
+      .each do |argv, message|
+        out, err, status = run_cli(*argv)
+        expect([out, status]).to eq(["", 1]), argv.inspect
+        expect_one_line(err, message)
+      end
+  end
+
+  it "rejects an argument that is not valid in its encoding, in one line" do
+    out, err, status = run_cli("top", "caf\xE9.pb.gz")
+    expect([out, status]).to eq(["", 1])
+    expect_one_line(err, /\Addprof-recorder: "caf\\xE9\.pb\.gz": not valid UTF-8 \(the locale's encoding\)$/)
+  end
+
+  # A bug, simulated by making the CLI's own code (or its call of the library) raise: shown
+  # with its backtrace, whatever its class, while a user error stays one line (above).
+  describe "a bug in a command" do
+    before { write_profile("hot.pb.gz", CliHelpers::HOT_SAMPLES) }
+
+    def expect_backtrace(err, message, frame)
+      lines = err.lines
+      expect(lines.first).to eq("ddprof-recorder: this is a bug in ddprof-recorder #{DdprofRecorder::VERSION}; " \
+                                "please report it with what follows:\n")
+      expect(lines[1]).to include(message)
+      expect(lines.drop(2)).to include(a_string_matching(frame))
+    end
+
+    it "a TypeError from the library (a CLI that passes it a wrong type): its backtrace, status 1" do
+      allow(DdprofRecorder).to receive(:top).and_raise(TypeError, "value must be a String or Symbol, got Integer")
+      out, err, status = run_cli("top", "hot.pb.gz")
+      expect([out, status]).to eq(["", 1])
+      expect_backtrace(err, "value must be a String or Symbol, got Integer (TypeError)",
+                       %r{lib/ddprof_recorder/cli/top\.rb:\d+:in `block in run'})
+    end
+
+    it "a NoMethodError or an ArgumentError in the CLI's own code: its backtrace, status 1" do
+      [[NoMethodError, "undefined method `name' for nil:NilClass"], [ArgumentError, "comparison of String with 0 failed"]]
+        .each do |klass, message|
+          allow_any_instance_of(DdprofRecorder::CLI::TopTable).to receive(:print).and_raise(klass, message)
+          out, err, status = run_cli("top", "hot.pb.gz")
+          expect([out, status]).to eq(["", 1])
+          expect_backtrace(err, "#{message} (#{klass})", %r{lib/ddprof_recorder/cli/top\.rb:\d+:in `run'})
+        end
+    end
+  end
+
+  it "says nothing more once the reader has gone (EPIPE)" do
+    write_profile("hot.pb.gz", CliHelpers::HOT_SAMPLES)
+    reader, writer = IO.pipe
+    reader.close
+    status = DdprofRecorder::CLI.run(["folded", File.join(@dir, "hot.pb.gz")], out: writer, err: (err = StringIO.new))
+    expect([err.string, status]).to eq(["", 0])
+  ensure
+    writer&.close
+  end
+end
