@@ -2,12 +2,14 @@
 //! endpoints) serialized through the public API must equal the files in `tests/golden/`, raw
 //! and gzip, to the byte.
 //!
-//! The files were written by this test before the encoder was split into `pprof/encode.rs`,
-//! so that the split is proven to change no byte. A deliberate change of the output
+//! The files were written by this test before `pprof.rs` and `profile.rs` were split into
+//! modules, so that the split is proven to change no byte. A deliberate change of the output
 //! regenerates them with `GOLDEN_UPDATE=1 cargo test -p ddprof_recorder_core --test golden`
-//! (and says why in its commit). The gzip files also pin flate2's zlib-rs backend: zlib-rs
-//! compresses the same on every platform since 0.5 (its hash no longer depends on the CPU),
-//! but a new version may compress differently, which would show here first.
+//! (and says why in its commit). The gzip files also pin flate2's zlib-rs backend (0.6.8 in
+//! Cargo.lock), which is meant to compress alike on every CPU (it stopped choosing its hash by
+//! CPU feature in 2025, zlib-rs issue 300); another version may compress differently. Only a
+//! `.gz` file differing, with its raw twin equal, is such a case: the raw bytes are what the
+//! encoder must keep.
 use std::path::PathBuf;
 
 use ddprof_recorder_core::pprof::PprofProfile;
