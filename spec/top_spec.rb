@@ -13,14 +13,16 @@ RSpec.describe "DdprofRecorder.top" do
     recorder.serialize!
   end
 
-  # `{name => [self, total]}` of cpu-time, from the decoded samples.
-  def expected_values
-    samples_from(decode_pprof(pprof)).each_with_object(Hash.new { |h, k| h[k] = [0, 0] }) do |s, acc|
+  # `[name, self, total]` of cpu-time per function that has some, from the decoded samples,
+  # sorted by `key` (`[self, total] => [...]`, highest first) and then name.
+  def expected_rows(&key)
+    values = samples_from(decode_pprof(pprof)).each_with_object(Hash.new { |h, k| h[k] = [0, 0] }) do |s, acc|
       cpu = s[:values]["cpu-time"]
       names = s[:frames].map(&:first)
       acc[names.first][0] += cpu
       names.uniq.each { |n| acc[n][1] += cpu }
     end
+    values.reject { |_, v| v == [0, 0] }.sort_by { |name, v| [*key.call(v).map(&:-@), name] }.map { |name, v| [name, *v] }
   end
 
   def ranked(sort)
@@ -28,16 +30,12 @@ RSpec.describe "DdprofRecorder.top" do
   end
 
   it "ranks by self, then total, then name" do
-    values = expected_values.reject { |_, (s, t)| s.zero? && t.zero? }
-    expected = values.sort_by { |name, (s, t)| [-s, -t, name] }.map { |name, (s, t)| [name, s, t] }
-    expect(ranked(:self)).to eq(expected)
+    expect(ranked(:self)).to eq(expected_rows { |self_value, total| [self_value, total] })
     expect(ranked(:self).map(&:first)).to eq(%w[sleep spin work main])
   end
 
   it "ranks by total, then self, then name, with sort: :total" do
-    values = expected_values.reject { |_, (s, t)| s.zero? && t.zero? }
-    expected = values.sort_by { |name, (s, t)| [-t, -s, name] }.map { |name, (s, t)| [name, s, t] }
-    expect(ranked(:total)).to eq(expected)
+    expect(ranked(:total)).to eq(expected_rows { |self_value, total| [total, self_value] })
     expect(ranked(:total).map(&:first)).to eq(%w[work main sleep spin])
     expect(DdprofRecorder.top(pprof, sort: :total, limit: 1)[:rows].map { |r| r[:name] }).to eq(%w[work])
   end

@@ -25,6 +25,17 @@ fn svg_bound(folded: &str, min_width: f64) -> usize {
         .saturating_add(folded.len().saturating_mul(2))
 }
 
+/// The sum inferno adds up of `folded`'s values: the positive ones (it skips a line whose count
+/// does not parse as a `usize`), or `None` past `usize::MAX`, where its `usize` time overflows
+/// (a panic in a debug build, a wrapped, wrong layout in a release one). Found by the
+/// `pprof_reader` fuzz target: three samples of `i64::MAX`.
+fn drawn_total(folded: &str) -> Option<usize> {
+    folded
+        .lines()
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<usize>().ok())
+        .try_fold(0usize, usize::checked_add)
+}
+
 impl StackProfile {
     /// An SVG flamegraph of value `value`, drawn by inferno from [`StackProfile::folded`].
     /// Nanosecond values are shown in milliseconds.
@@ -41,6 +52,12 @@ impl StackProfile {
         let folded = self.folded(value, options)?;
         if folded.is_empty() {
             return Err(ViewError::NothingToDraw(value_name.clone()));
+        }
+        if drawn_total(&folded).is_none() {
+            return Err(ViewError::Render(format!(
+                "the {value_name} values add up to more than {}, which inferno cannot lay out",
+                usize::MAX
+            )));
         }
         let mut opts = inferno::flamegraph::Options::default();
         self.output_budget.check_usize(svg_bound(&folded, opts.min_width), "the flamegraph")?;
@@ -105,6 +122,21 @@ mod tests {
         assert_eq!(p.folded(0, &FoldOptions::default()).unwrap().len(), 2 * 65_536 + 2);
         let e = p.flamegraph(0, None, &FoldOptions::default()).unwrap_err();
         assert!(matches!(e, ViewError::OverBudget { what: "the flamegraph", .. }), "{e}");
+    }
+
+    #[test]
+    fn values_adding_up_past_usize_are_an_error_not_a_panic() {
+        let max = [i64::MAX, i64::MAX];
+        let p = resolve(profile(&[(&[1], max, "t"), (&[2, 1], max, "t"), (&[3, 1], max, "t")]));
+        let e = p.flamegraph(0, None, &FoldOptions::default()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "could not render the flamegraph: the cpu-time values add up to more than \
+             18446744073709551615, which inferno cannot lay out"
+        );
+        // Two of them fit: drawn.
+        let p = resolve(profile(&[(&[1], max, "t"), (&[2, 1], max, "t"), (&[3, 1], [-5, 0], "t")]));
+        assert!(p.flamegraph(0, None, &FoldOptions::default()).is_ok());
     }
 
     #[test]
