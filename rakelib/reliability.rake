@@ -1,7 +1,8 @@
 # frozen_string_literal: true
 
 # Reliability tasks (issue 4; docs/reliability.md):
-#   rake fuzz          libFuzzer on the core for FUZZ_SECONDS (default 60), through cargo fuzz
+#   rake fuzz          libFuzzer on the core's two targets (recorder_ops, pprof_reader), FUZZ_SECONDS
+#                      (default 60) split between them, through cargo fuzz
 #   rake sanitize      the core's tests under valgrind memcheck, AddressSanitizer (+ LeakSanitizer),
 #                      ThreadSanitizer, and Miri for the slot protocol where nightly has it
 #   rake reliability   bench/reliability: every figure of the issue in one summary
@@ -10,7 +11,13 @@ require "json"
 require "open3"
 
 FUZZ_DIR = "crates/core/fuzz"
-FUZZ_TARGET = "recorder_ops"
+# Each target with its share of FUZZ_SECONDS, the test file of its stable driver (which also
+# replays its kept inputs) and the driver's test name; seeds are extra corpus directories.
+FUZZ_TARGETS = {
+  "recorder_ops" => { share: 0.5, regressions: "regressions", test: "fuzz_regressions", seeds: [] },
+  "pprof_reader" => { share: 0.5, regressions: "pprof_regressions", test: "pprof_reader_fuzz",
+                      seeds: ["seeds/pprof_reader"] },
+}.freeze
 HOST_TARGET = "x86_64-unknown-linux-gnu"
 
 # How to run cargo with unstable flags here: nightly if rustup has it, else stable with
@@ -26,52 +33,61 @@ def cargo_fuzz_installed?
   system("cargo fuzz --version", out: File::NULL, err: File::NULL)
 end
 
-desc "Fuzz the core (cargo fuzz, libFuzzer + ASan) for FUZZ_SECONDS (60); new crashes go to fuzz/regressions"
+# Runs libFuzzer on `target` for `seconds`; keeps new crash inputs. Returns whether it passed.
+def libfuzzer_run(env, cargo, target, settings, seconds)
+  artifacts = File.join(FUZZ_DIR, "artifacts", target)
+  before = Dir[File.join(artifacts, "*")]
+  corpus = File.join(FUZZ_DIR, "corpus", target)
+  FileUtils.mkdir_p(corpus)
+  seeds = settings[:seeds].map { |dir| File.join("fuzz", dir) }
+  ok = Dir.chdir("crates/core") do
+    system(env, *cargo, "fuzz", "run", target, File.join("fuzz", "corpus", target), *seeds, "--",
+           "-max_total_time=#{seconds}", "-rss_limit_mb=4096", "-print_final_stats=1")
+  end
+  crashes = Dir[File.join(artifacts, "*")] - before
+  crashes.each do |crash|
+    dir = File.join(FUZZ_DIR, settings[:regressions])
+    FileUtils.mkdir_p(dir)
+    kept = File.join(dir, File.basename(crash))
+    cp crash, kept
+    puts "kept #{kept}: it now runs in `cargo test -p ddprof_recorder_core --test #{settings[:test]}`"
+  end
+  return true if ok && crashes.empty?
+
+  message = "fuzz: the #{target} target failed (#{crashes.size} new crash input(s))"
+  # In CI a time-bounded random search is reported, not fatal: what it finds is kept above
+  # and becomes a deterministic regression test (which does fail CI) once committed.
+  abort message unless ENV["CI"]
+  warn "#{message}: NOT failing CI; commit the kept input and fix it"
+  false
+end
+
+desc "Fuzz the core (cargo fuzz, libFuzzer + ASan): recorder_ops and pprof_reader share FUZZ_SECONDS (60)"
 task :fuzz do
   seconds = Integer(ENV.fetch("FUZZ_SECONDS", "60"))
+  share = ->(settings) { [(seconds * settings[:share]).round, 1].max }
   unless cargo_fuzz_installed?
     puts "cargo-fuzz is missing: installing it from crates.io"
     system("cargo install cargo-fuzz --locked") || puts("cargo install cargo-fuzz failed")
   end
   env, cargo = unstable_cargo
-  ran = false
-  if cargo_fuzz_installed?
-    artifacts = File.join(FUZZ_DIR, "artifacts", FUZZ_TARGET)
-    before = Dir[File.join(artifacts, "*")]
-    corpus = File.join(FUZZ_DIR, "corpus", FUZZ_TARGET)
-    FileUtils.mkdir_p(corpus)
-    # Build first: a toolchain that cannot build it is a reason to fall back, not a failure.
-    built = Dir.chdir("crates/core") { system(env, *cargo, "fuzz", "build", FUZZ_TARGET) }
-    if built
-      ok = Dir.chdir("crates/core") do
-        system(env, *cargo, "fuzz", "run", FUZZ_TARGET, "--", "-max_total_time=#{seconds}",
-               "-rss_limit_mb=4096", "-print_final_stats=1")
-      end
-      ran = true
-      crashes = Dir[File.join(artifacts, "*")] - before
-      crashes.each do |crash|
-        kept = File.join(FUZZ_DIR, "regressions", File.basename(crash))
-        cp crash, kept
-        puts "kept #{kept}: it now runs in `cargo test -p ddprof_recorder_core --test fuzz_regressions`"
-      end
-      unless ok && crashes.empty?
-        message = "fuzz: the recorder_ops target failed (#{crashes.size} new crash input(s))"
-        # In CI a time-bounded random search is reported, not fatal: what it finds is kept above
-        # and becomes a deterministic regression test (which does fail CI) once committed.
-        abort message unless ENV["CI"]
-        warn "#{message}: NOT failing CI; commit the kept input and fix it"
-        next
-      end
-      puts "fuzz: libFuzzer ran #{seconds} s without a failure"
-    else
-      puts "cargo fuzz could not build the target here: falling back to the stable driver"
+  # Build both first (one build of the fuzz crate): a toolchain that cannot build them is a
+  # reason to fall back, not a failure.
+  built = cargo_fuzz_installed? && Dir.chdir("crates/core") { system(env, *cargo, "fuzz", "build") }
+  if built
+    FUZZ_TARGETS.each do |target, settings|
+      passed = libfuzzer_run(env, cargo, target, settings, share.call(settings))
+      puts "fuzz: libFuzzer ran #{target} #{share.call(settings)} s without a failure" if passed
     end
+    next
   end
-  next if ran
+  puts "cargo fuzz could not build the targets here: falling back to the stable drivers"
 
-  # Fallback: the same harness driven by a deterministic PRNG, for the same time.
-  sh({ "FUZZ_SECONDS" => seconds.to_s }, "cargo", "test", "--release", "-p", "ddprof_recorder_core",
-     "--test", "fuzz_regressions", "--", "--nocapture", "pseudo_random")
+  # Fallback: the same harnesses driven by a deterministic PRNG, for the same time.
+  FUZZ_TARGETS.each_value do |settings|
+    sh({ "FUZZ_SECONDS" => share.call(settings).to_s }, "cargo", "test", "--release", "-p", "ddprof_recorder_core",
+       "--test", settings[:test], "--", "--nocapture", "pseudo_random")
+  end
 end
 
 namespace :sanitize do

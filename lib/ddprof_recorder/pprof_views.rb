@@ -4,12 +4,20 @@ module DdprofRecorder
   # Views of a pprof for people: folded stacks, a flamegraph, a speedscope file, the hottest
   # functions and a summary; the merge of several pprofs into one, and the samples of some
   # label values. All of them read any pprof (raw or gzip, ours or another tool's) natively
-  # (see crates/core/src/folded.rs, speedscope.rs, merge.rs and filter.rs); the Ruby methods
-  # below only check keywords.
+  # (see crates/core/src/views/); the Ruby methods below only check keywords.
   #
   # Each view takes one pprof String or an Array of them, which it sees as their merge (see
   # {.merge}): e.g. the profiles of a server's processes, or the windows of one. Errors about
   # one of an Array's pprofs name it `pprofs[i]`.
+  #
+  # A pprof is untrusted input: each one is read only up to `max_decompressed_bytes` of
+  # protobuf (after gunzip, or as given), and reading it, like the folded or flamegraph text
+  # made from it, may take at most 8 times that in memory (crates/core/src/views/reader.rs).
+  # A pprof over these limits raises DdprofRecorder::Error naming the keyword.
+
+  # The default `max_decompressed_bytes:` of the views: 1 GiB, far above any real profile.
+  DEFAULT_MAX_DECOMPRESSED_BYTES = 1 << 30
+
   class << self
     # Folded stacks: one line per distinct stack, `root;...;leaf value`, sorted, the input of
     # flamegraph.pl, inferno and speedscope. Stacks whose value is 0 are left out.
@@ -19,12 +27,17 @@ module DdprofRecorder
     # @param filenames [Boolean] write frames as `name (file)` instead of `name`.
     # @param group_by [String, nil] a label key (e.g. `"thread name"`) whose value becomes the
     #   root frame, `key=value`: one tower per thread in a flamegraph.
+    # @param max_decompressed_bytes [Integer] most bytes of protobuf each pprof may have once
+    #   decompressed (default {DEFAULT_MAX_DECOMPRESSED_BYTES}, 1 GiB).
     # @return [String] UTF-8 text, one line per stack.
     # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type (the message
     #   lists the ones it has).
-    # @raise [DdprofRecorder::Error] if several pprofs have different value types.
-    def folded(pprof, value: "cpu-time", filenames: false, group_by: nil)
-      _native_folded(pprof, value_name(value), filenames ? true : false, label_key(group_by))
+    # @raise [DdprofRecorder::Error] if several pprofs have different value types, or a pprof
+    #   is over the read limits.
+    def folded(pprof, value: "cpu-time", filenames: false, group_by: nil,
+               max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
+      _native_folded(pprof, value_name(value), filenames ? true : false, label_key(group_by),
+                     read_limit(max_decompressed_bytes))
     end
 
     # A flamegraph of the profile as an SVG document, drawn by the inferno crate (the Rust
@@ -36,16 +49,19 @@ module DdprofRecorder
     # @param title [String, nil] defaults to `"<value> flamegraph"`.
     # @param filenames [Boolean] label frames `name (file)`.
     # @param group_by [String, nil] a label key whose value becomes the root frame.
+    # @param max_decompressed_bytes [Integer] see {.folded}.
     # @return [String] the SVG (UTF-8).
     # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type.
-    # @raise [DdprofRecorder::Error] if no sample has a non-zero `value` (nothing to draw), or
-    #   several pprofs have different value types.
-    def flamegraph(pprof, value: "cpu-time", title: nil, filenames: false, group_by: nil)
+    # @raise [DdprofRecorder::Error] if no sample has a non-zero `value` (nothing to draw),
+    #   several pprofs have different value types, or a pprof is over the read limits.
+    def flamegraph(pprof, value: "cpu-time", title: nil, filenames: false, group_by: nil,
+                   max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
       unless title.nil? || title.is_a?(String)
         raise TypeError, "title must be a String or nil, got #{title.class}"
       end
 
-      _native_flamegraph(pprof, value_name(value), title, filenames ? true : false, label_key(group_by))
+      _native_flamegraph(pprof, value_name(value), title, filenames ? true : false, label_key(group_by),
+                         read_limit(max_decompressed_bytes))
     end
 
     # The profile as a speedscope file (https://www.speedscope.app; also what stackprof and
@@ -54,7 +70,7 @@ module DdprofRecorder
     # thread), the heaviest first. speedscope opens the first and lists the others in its
     # profile menu. The stacks are sorted by name, root first: a pprof has no time order, so
     # speedscope's "Time Order" view reads like a flamegraph. Details:
-    # crates/core/src/speedscope.rs.
+    # crates/core/src/views/speedscope.rs.
     #
     # @param pprof [String, Array<String>] a pprof, raw or gzip-compressed, or several.
     # @param value [String, Symbol, Array<String, Symbol>, nil] the value type(s) to include,
@@ -63,17 +79,21 @@ module DdprofRecorder
     # @param group_by [String, Symbol, nil] a label key (e.g. `"thread name"`): one profile per
     #   value of it.
     # @param name [String] the file's name in speedscope's title bar.
+    # @param max_decompressed_bytes [Integer] see {.folded}.
     # @return [String] the JSON document (UTF-8).
     # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type.
     # @raise [DdprofRecorder::Error] if no sample has a positive value of the value types
-    #   (nothing to draw), or several pprofs have different value types.
-    def speedscope(pprof, value: nil, group_by: nil, name: "ddprof_recorder profile")
+    #   (nothing to draw), several pprofs have different value types, or a pprof is over the
+    #   read limits.
+    def speedscope(pprof, value: nil, group_by: nil, name: "ddprof_recorder profile",
+                   max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
       raise TypeError, "name must be a String, got #{name.class}" unless name.is_a?(String)
 
       values = value.nil? ? nil : Array(value).map { |v| value_name(v) }
       raise ArgumentError, "value must name at least one value type" if values&.empty?
 
-      _native_speedscope(pprof, values, label_key(group_by), name, "ddprof_recorder #{VERSION}")
+      _native_speedscope(pprof, values, label_key(group_by), name, "ddprof_recorder #{VERSION}",
+                         read_limit(max_decompressed_bytes))
     end
 
     # The pprof with only the samples that have every label of `labels` (the same key with the
@@ -83,10 +103,12 @@ module DdprofRecorder
     # @param pprof [String, Array<String>] a pprof, raw or gzip-compressed, or several (merged).
     # @param labels [Hash{String, Symbol => String, Integer}]
     # @param compression [Symbol] `:gzip` (default) or `:none`.
+    # @param max_decompressed_bytes [Integer] see {.folded}.
     # @return [String] the pprof (binary).
     # @raise [ArgumentError] if `pprof` is not a pprof.
-    # @raise [DdprofRecorder::Error] if several pprofs have different value types.
-    def filter(pprof, labels:, compression: :gzip)
+    # @raise [DdprofRecorder::Error] if several pprofs have different value types, or a pprof
+    #   is over the read limits.
+    def filter(pprof, labels:, compression: :gzip, max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
       raise TypeError, "labels must be a Hash, got #{labels.class}" unless labels.is_a?(Hash)
       raise ArgumentError, "compression must be :none or :gzip, got #{compression.inspect}" unless %i[gzip none].include?(compression)
 
@@ -102,7 +124,7 @@ module DdprofRecorder
         else raise TypeError, "label #{key.inspect} must be a String or an Integer, got #{value.class}"
         end
       end
-      _native_filter(pprof, strings, numbers, compression)
+      _native_filter(pprof, strings, numbers, compression, read_limit(max_decompressed_bytes))
     end
 
     # The functions holding the most of one value: self (as the leaf of a sample) and total
@@ -110,14 +132,20 @@ module DdprofRecorder
     #
     # @param pprof [String, Array<String>] a pprof, raw or gzip-compressed, or several.
     # @param value [String, Symbol] which sample type to rank by.
+    # @param sort [Symbol] `:self` (default) or `:total`: the value rows are sorted by, highest
+    #   first; ties by the other value (highest first), then name, then file.
     # @param limit [Integer, nil] keep only the first `limit` rows.
-    # @return [Hash] `{value:, unit:, total:, rows: [{name:, filename:, self:, total:}, ...]}`,
-    #   rows sorted by self value, highest first.
-    # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type.
-    # @raise [DdprofRecorder::Error] if several pprofs have different value types.
-    def top(pprof, value: "cpu-time", limit: nil)
+    # @param max_decompressed_bytes [Integer] see {.folded}.
+    # @return [Hash] `{value:, unit:, total:, rows: [{name:, filename:, self:, total:}, ...]}`.
+    # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type, or `sort`
+    #   is neither `:self` nor `:total`.
+    # @raise [DdprofRecorder::Error] if several pprofs have different value types, or a pprof
+    #   is over the read limits.
+    def top(pprof, value: "cpu-time", sort: :self, limit: nil, max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
       value = value_name(value)
-      unit, total, rows = _native_top(pprof, value)
+      raise ArgumentError, "sort must be :self or :total, got #{sort.inspect}" unless %i[self total].include?(sort)
+
+      unit, total, rows = _native_top(pprof, value, sort, read_limit(max_decompressed_bytes))
       rows = rows.first(limit) if limit
       rows = rows.map { |name, filename, self_value, total_value| { name: name, filename: filename, self: self_value, total: total_value } }
       { value: value, unit: unit, total: total, rows: rows }
@@ -131,10 +159,12 @@ module DdprofRecorder
     #   pprof samples), `:functions`, `:thread_ids`, `:thread_names` and `:process_ids`
     #   (distinct values of the profiler's `"thread id"` / `"thread name"` / `"process id"`
     #   labels).
+    # @param max_decompressed_bytes [Integer] see {.folded}.
     # @raise [ArgumentError] if `pprof` is not a pprof.
-    # @raise [DdprofRecorder::Error] if several pprofs have different value types.
-    def summary(pprof)
-      s = _native_summary(pprof)
+    # @raise [DdprofRecorder::Error] if several pprofs have different value types, or a pprof
+    #   is over the read limits.
+    def summary(pprof, max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
+      s = _native_summary(pprof, read_limit(max_decompressed_bytes))
       start = Time.at(0, s[:time_nanos], :nanosecond).utc
       {
         value_types: s[:value_types],
@@ -158,18 +188,29 @@ module DdprofRecorder
     # @param pprofs [Array<String>] pprofs, raw or gzip-compressed, with the same value types
     #   (types and units, in the same order).
     # @param compression [Symbol] `:gzip` (default, the usual `.pb.gz`) or `:none`.
+    # @param max_decompressed_bytes [Integer] see {.folded}; for each of `pprofs`.
     # @return [String] the merged pprof (binary).
     # @raise [ArgumentError] if `pprofs` is empty or one of them is not a pprof (the message
     #   names it `pprofs[i]`).
-    # @raise [DdprofRecorder::Error] if their value types differ.
-    def merge(pprofs, compression: :gzip)
+    # @raise [DdprofRecorder::Error] if their value types differ, or one is over the read
+    #   limits.
+    def merge(pprofs, compression: :gzip, max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
       raise TypeError, "pprofs must be an Array of Strings, got #{pprofs.class}" unless pprofs.is_a?(Array)
       raise ArgumentError, "compression must be :none or :gzip, got #{compression.inspect}" unless %i[gzip none].include?(compression)
 
-      _native_merge(pprofs, compression)
+      _native_merge(pprofs, compression, read_limit(max_decompressed_bytes))
     end
 
     private
+
+    def read_limit(bytes)
+      raise TypeError, "max_decompressed_bytes must be an Integer, got #{bytes.class}" unless bytes.is_a?(Integer)
+      unless bytes.positive? && bytes < 2**64
+        raise ArgumentError, "max_decompressed_bytes must be positive and below 2**64, got #{bytes}"
+      end
+
+      bytes
+    end
 
     def value_name(value)
       case value

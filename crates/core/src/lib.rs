@@ -8,17 +8,14 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod error;
-pub mod filter;
-pub mod folded;
 mod hash;
-pub mod merge;
 pub mod pprof;
 mod profile;
 mod recorder;
 mod sample;
-pub mod speedscope;
 mod strings;
 mod time;
+pub mod views;
 
 pub use error::{ConfigError, RecordError, SerializeError};
 pub use pprof::Compression;

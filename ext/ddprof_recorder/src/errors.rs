@@ -3,8 +3,8 @@
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use ddprof_recorder_core::folded::FoldedError;
-use ddprof_recorder_core::merge::MergeError;
+use ddprof_recorder_core::views::merge::MergeError;
+use ddprof_recorder_core::views::ViewError;
 use ddprof_recorder_core::{ConfigError, RecordError};
 use magnus::{prelude::*, Error, ExceptionClass, RModule, Ruby};
 
@@ -74,17 +74,19 @@ impl IntoRubyError for RecordError {
     }
 }
 
-/// A view of a bad pprof or of a value name it does not have is a bad argument; the rest is
-/// our failure.
-impl IntoRubyError for FoldedError {
+/// A view of a bad pprof or of a value name it does not have is a bad argument; a pprof over
+/// the read limits, and the rest, a `DdprofRecorder::Error`.
+impl IntoRubyError for ViewError {
     fn into_ruby_error(self, ruby: &Ruby) -> Error {
         match self {
-            FoldedError::NotPprof(_) | FoldedError::Gzip(_) | FoldedError::UnknownValue { .. } => {
+            ViewError::NotPprof(_) | ViewError::Gzip(_) | ViewError::UnknownValue { .. } => {
                 arg_error(ruby, self.to_string())
             }
-            FoldedError::NothingToDraw(_) | FoldedError::Render(_) => {
-                gem_error(ruby, self.to_string())
-            }
+            ViewError::NothingToDraw(_)
+            | ViewError::Render(_)
+            | ViewError::TooLarge { .. }
+            | ViewError::OverBudget { .. }
+            | ViewError::StackTooDeep { .. } => gem_error(ruby, self.to_string()),
         }
     }
 }
@@ -96,8 +98,8 @@ pub struct MergeInputError {
     pub array: bool,
 }
 
-/// A profile that cannot be read is a bad argument; profiles that cannot be merged (their
-/// value types differ) are a `DdprofRecorder::Error`.
+/// A profile that cannot be read is a bad argument; one over the read limits, and profiles
+/// that cannot be merged (their value types differ), are a `DdprofRecorder::Error`.
 impl IntoRubyError for MergeInputError {
     fn into_ruby_error(self, ruby: &Ruby) -> Error {
         let Self { error, array } = self;
@@ -106,6 +108,7 @@ impl IntoRubyError for MergeInputError {
         match error {
             MergeError::Input { error, .. } if !array => error.into_ruby_error(ruby),
             MergeError::NoInput => arg_error(ruby, "pprofs is empty: give at least one pprof"),
+            MergeError::Input { error, .. } if error.is_limit() => gem_error(ruby, message),
             MergeError::Input { .. } => arg_error(ruby, message),
             MergeError::ValueTypes { .. } => gem_error(ruby, message),
         }

@@ -1,19 +1,23 @@
 //! `DdprofRecorder._native_folded`, `_native_flamegraph`, `_native_speedscope`, `_native_top`,
 //! `_native_summary`, `_native_merge` and `_native_filter`: views of pprof profiles (raw or
-//! gzip) for people, computed by the core's [`folded`](ddprof_recorder_core::folded) and
-//! [`speedscope`](ddprof_recorder_core::speedscope) modules, their merge
-//! ([`merge`](ddprof_recorder_core::merge)) and the samples of some label values
-//! ([`filter`](ddprof_recorder_core::filter)). The Ruby methods with keywords and docs are in
-//! `lib/ddprof_recorder/pprof_views.rb`.
+//! gzip) for people, computed by the core's [`views`](ddprof_recorder_core::views) module,
+//! their merge ([`merge`](ddprof_recorder_core::views::merge)) and the samples of some label
+//! values ([`filter`](ddprof_recorder_core::views::filter)). The Ruby methods with keywords and
+//! docs are in `lib/ddprof_recorder/pprof_views.rb`.
+//!
+//! Every entry point takes `max_decompressed_bytes` last: the [`ReadLimits`] each pprof is
+//! read within.
 //!
 //! Each view takes one pprof String or an Array of them, merged into one profile first.
 //! Each entry point copies the pprofs out of their Ruby Strings, then decodes, merges and
 //! renders without the GVL (a large profile takes milliseconds), and builds Ruby objects from
 //! plain Rust data once the GVL is back.
-use ddprof_recorder_core::filter;
-use ddprof_recorder_core::folded::{FoldOptions, FoldedError, LabelValue, StackProfile};
-use ddprof_recorder_core::merge::{self, MergeError};
-use ddprof_recorder_core::speedscope::SpeedscopeOptions;
+use ddprof_recorder_core::views::merge::{self, MergeError};
+use ddprof_recorder_core::views::speedscope::SpeedscopeOptions;
+use ddprof_recorder_core::views::{
+    filter, FoldOptions, ReadLimits, ResolvedLabelValue as LabelValue, StackProfile, TopSort,
+    ViewError as CoreError,
+};
 use ddprof_recorder_core::Compression;
 use magnus::{function, prelude::*, Error, RArray, RHash, RModule, RString, Ruby, Symbol, Value};
 
@@ -27,13 +31,13 @@ const THREAD_NAME_LABEL: &str = "thread name";
 const PROCESS_ID_LABEL: &str = "process id";
 
 pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
-    module.define_singleton_method("_native_folded", function!(native_folded, 4))?;
-    module.define_singleton_method("_native_flamegraph", function!(native_flamegraph, 5))?;
-    module.define_singleton_method("_native_top", function!(native_top, 2))?;
-    module.define_singleton_method("_native_summary", function!(native_summary, 1))?;
-    module.define_singleton_method("_native_merge", function!(native_merge, 2))?;
-    module.define_singleton_method("_native_speedscope", function!(native_speedscope, 5))?;
-    module.define_singleton_method("_native_filter", function!(native_filter, 4))?;
+    module.define_singleton_method("_native_folded", function!(native_folded, 5))?;
+    module.define_singleton_method("_native_flamegraph", function!(native_flamegraph, 6))?;
+    module.define_singleton_method("_native_top", function!(native_top, 4))?;
+    module.define_singleton_method("_native_summary", function!(native_summary, 2))?;
+    module.define_singleton_method("_native_merge", function!(native_merge, 3))?;
+    module.define_singleton_method("_native_speedscope", function!(native_speedscope, 6))?;
+    module.define_singleton_method("_native_filter", function!(native_filter, 5))?;
     Ok(())
 }
 
@@ -48,12 +52,12 @@ struct Inputs {
 /// encoding the merged profile.
 enum ViewError {
     Merge(MergeError),
-    View(FoldedError),
+    View(CoreError),
     Encode(String),
 }
 
-impl From<FoldedError> for ViewError {
-    fn from(e: FoldedError) -> Self {
+impl From<CoreError> for ViewError {
+    fn from(e: CoreError) -> Self {
         Self::View(e)
     }
 }
@@ -103,11 +107,12 @@ fn with_profile<R: Send>(
     ruby: &Ruby,
     inputs: Inputs,
     value: String,
-    view: impl Send + FnOnce(&StackProfile, usize) -> Result<R, FoldedError>,
+    limits: ReadLimits,
+    view: impl Send + FnOnce(&StackProfile, usize) -> Result<R, CoreError>,
 ) -> Result<R, Error> {
     let Inputs { bytes, array } = inputs;
     nogvl(ruby, move || -> Result<R, ViewError> {
-        let profile = merge::stack_profile(&bytes).map_err(ViewError::Merge)?;
+        let profile = merge::stack_profile(&bytes, &limits).map_err(ViewError::Merge)?;
         let index = profile.value_index(&value)?;
         Ok(view(&profile, index)?)
     })?
@@ -118,33 +123,38 @@ fn with_profile<R: Send>(
 fn with_whole_profile<R: Send>(
     ruby: &Ruby,
     inputs: Inputs,
-    view: impl Send + FnOnce(&StackProfile) -> Result<R, FoldedError>,
+    limits: ReadLimits,
+    view: impl Send + FnOnce(&StackProfile) -> Result<R, CoreError>,
 ) -> Result<R, Error> {
     let Inputs { bytes, array } = inputs;
     nogvl(ruby, move || -> Result<R, ViewError> {
-        let profile = merge::stack_profile(&bytes).map_err(ViewError::Merge)?;
+        let profile = merge::stack_profile(&bytes, &limits).map_err(ViewError::Merge)?;
         Ok(view(&profile)?)
     })?
     .map_err(|e| to_ruby_error(ruby, e, array))
 }
 
-/// `_native_folded(pprof, value, filenames, root_label)` → String of folded stack lines.
+/// `_native_folded(pprof, value, filenames, root_label, max_decompressed_bytes)` → String of
+/// folded stack lines.
 fn native_folded(
     ruby: &Ruby,
     pprof: Value,
     value: String,
     filenames: bool,
     root_label: Option<String>,
+    max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let inputs = pprof_inputs(ruby, pprof)?;
         let opts = options(filenames, root_label);
-        let folded = with_profile(ruby, inputs, value, move |p, i| Ok(p.folded(i, &opts)))?;
+        let limits = ReadLimits::new(max_decompressed_bytes);
+        let folded = with_profile(ruby, inputs, value, limits, move |p, i| p.folded(i, &opts))?;
         Ok(ruby.str_new(&folded))
     })
 }
 
-/// `_native_flamegraph(pprof, value, title, filenames, root_label)` → SVG String.
+/// `_native_flamegraph(pprof, value, title, filenames, root_label, max_decompressed_bytes)`
+/// → SVG String.
 fn native_flamegraph(
     ruby: &Ruby,
     pprof: Value,
@@ -152,20 +162,22 @@ fn native_flamegraph(
     title: Option<String>,
     filenames: bool,
     root_label: Option<String>,
+    max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let inputs = pprof_inputs(ruby, pprof)?;
         let opts = options(filenames, root_label);
-        let svg = with_profile(ruby, inputs, value, move |p, i| {
+        let limits = ReadLimits::new(max_decompressed_bytes);
+        let svg = with_profile(ruby, inputs, value, limits, move |p, i| {
             p.flamegraph(i, title.as_deref(), &opts)
         })?;
         Ok(ruby.str_new(&svg))
     })
 }
 
-/// `_native_speedscope(pprof, values, group_by, name, exporter)` → the speedscope JSON
-/// String: one profile per value type named in `values` (nil: every value type of the pprof),
-/// or one per value type and value of the label `group_by`.
+/// `_native_speedscope(pprof, values, group_by, name, exporter, max_decompressed_bytes)` →
+/// the speedscope JSON String: one profile per value type named in `values` (nil: every value
+/// type of the pprof), or one per value type and value of the label `group_by`.
 fn native_speedscope(
     ruby: &Ruby,
     pprof: Value,
@@ -173,11 +185,13 @@ fn native_speedscope(
     group_by: Option<String>,
     name: String,
     exporter: String,
+    max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let inputs = pprof_inputs(ruby, pprof)?;
         let options = SpeedscopeOptions { name, exporter, group_by };
-        let json = with_whole_profile(ruby, inputs, move |p| {
+        let limits = ReadLimits::new(max_decompressed_bytes);
+        let json = with_whole_profile(ruby, inputs, limits, move |p| {
             let indices = match values {
                 None => (0..p.value_types.len()).collect(),
                 Some(names) => {
@@ -190,17 +204,20 @@ fn native_speedscope(
     })
 }
 
-/// `_native_filter(pprof, string_labels, number_labels, compression)` → one pprof String
-/// (`:gzip` or `:none`) with the samples that have every `[key, value]` label of both Arrays.
+/// `_native_filter(pprof, string_labels, number_labels, compression, max_decompressed_bytes)`
+/// → one pprof String (`:gzip` or `:none`) with the samples that have every `[key, value]`
+/// label of both Arrays.
 fn native_filter(
     ruby: &Ruby,
     pprof: Value,
     string_labels: Vec<(String, String)>,
     number_labels: Vec<(String, i64)>,
     compression: Symbol,
+    max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let compression = compression_of(ruby, compression)?;
+        let limits = ReadLimits::new(max_decompressed_bytes);
         let labels: Vec<(String, LabelValue)> = string_labels
             .into_iter()
             .map(|(k, v)| (k, LabelValue::Str(v)))
@@ -209,7 +226,7 @@ fn native_filter(
         let Inputs { bytes, array } = pprof_inputs(ruby, pprof)?;
         let filtered = nogvl(ruby, move || {
             // One pprof is copied as the merge of itself: its errors are named as a view's.
-            let mut profile = merge::merge_bytes(&bytes).map_err(ViewError::Merge)?;
+            let mut profile = merge::merge_bytes(&bytes, &limits).map_err(ViewError::Merge)?;
             filter::filter(&mut profile, &labels)?;
             merge::encode(&profile, compression).map_err(|e| ViewError::Encode(e.to_string()))
         })?
@@ -230,18 +247,29 @@ fn compression_of(ruby: &Ruby, compression: Symbol) -> Result<Compression, Error
 /// One row of `_native_top`: `[name, filename, self, total]`.
 type TopRow = (String, String, i64, i64);
 
-/// `_native_top(pprof, value)` → `[unit, total, [[name, filename, self, total], ...]]`,
-/// every function with some of the value, highest self first.
+/// `_native_top(pprof, value, sort, max_decompressed_bytes)` → `[unit, total, [[name,
+/// filename, self, total], ...]]`, every function with some of the value, highest `sort`
+/// (`:self` or `:total`) first.
 fn native_top(
     ruby: &Ruby,
     pprof: Value,
     value: String,
+    sort: Symbol,
+    max_decompressed_bytes: u64,
 ) -> Result<(String, i64, Vec<TopRow>), Error> {
     entry(ruby, || {
+        let sort = match sort.name()?.as_ref() {
+            "self" => TopSort::SelfValue,
+            "total" => TopSort::TotalValue,
+            other => {
+                return Err(arg_error(ruby, format!("sort must be :self or :total, got :{other}")))
+            }
+        };
         let inputs = pprof_inputs(ruby, pprof)?;
-        with_profile(ruby, inputs, value, |p, i| {
+        let limits = ReadLimits::new(max_decompressed_bytes);
+        with_profile(ruby, inputs, value, limits, move |p, i| {
             let rows = p
-                .top(i)
+                .top(i, sort)
                 .into_iter()
                 .map(|r| (r.function.name, r.function.filename, r.self_value, r.total_value))
                 .collect();
@@ -263,15 +291,16 @@ struct Summary {
     process_ids: Vec<LabelValue>,
 }
 
-/// `_native_summary(pprof)` → Hash with Symbol keys: `:value_types` (`[[type, unit], ...]`),
+/// `_native_summary(pprof, max_decompressed_bytes)` → Hash with Symbol keys: `:value_types` (`[[type, unit], ...]`),
 /// `:totals` (one per value type), `:time_nanos`, `:duration_nanos`, `:samples` (distinct
 /// pprof samples), `:functions`, `:thread_ids`, `:thread_names` and `:process_ids` (distinct
 /// label values).
-fn native_summary(ruby: &Ruby, pprof: Value) -> Result<RHash, Error> {
+fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Result<RHash, Error> {
     entry(ruby, || {
         let Inputs { bytes, array } = pprof_inputs(ruby, pprof)?;
+        let limits = ReadLimits::new(max_decompressed_bytes);
         let summary = nogvl(ruby, move || {
-            let p = merge::stack_profile(&bytes)?;
+            let p = merge::stack_profile(&bytes, &limits)?;
             Ok(Summary {
                 totals: (0..p.value_types.len()).map(|i| p.total(i)).collect(),
                 value_types: p.value_types.clone(),
@@ -306,14 +335,20 @@ fn native_summary(ruby: &Ruby, pprof: Value) -> Result<RHash, Error> {
     })
 }
 
-/// `_native_merge(pprofs, compression)` → one pprof String (`:gzip` or `:none`) holding the
-/// samples of every pprof of the Array `pprofs`.
-fn native_merge(ruby: &Ruby, pprofs: RArray, compression: Symbol) -> Result<RString, Error> {
+/// `_native_merge(pprofs, compression, max_decompressed_bytes)` → one pprof String (`:gzip`
+/// or `:none`) holding the samples of every pprof of the Array `pprofs`.
+fn native_merge(
+    ruby: &Ruby,
+    pprofs: RArray,
+    compression: Symbol,
+    max_decompressed_bytes: u64,
+) -> Result<RString, Error> {
     entry(ruby, || {
         let compression = compression_of(ruby, compression)?;
+        let limits = ReadLimits::new(max_decompressed_bytes);
         let Inputs { bytes, array } = pprof_inputs(ruby, pprofs.as_value())?;
         let merged = nogvl(ruby, move || {
-            let profile = merge::merge_bytes(&bytes).map_err(ViewError::Merge)?;
+            let profile = merge::merge_bytes(&bytes, &limits).map_err(ViewError::Merge)?;
             merge::encode(&profile, compression).map_err(|e| ViewError::Encode(e.to_string()))
         })?
         .map_err(|e| to_ruby_error(ruby, e, array))?;

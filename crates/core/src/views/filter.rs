@@ -4,17 +4,19 @@
 //!
 //! Only samples go: locations, functions and strings stay as they were, used or not (pprof
 //! allows that, and every reader ignores them), so the output is the input with fewer samples.
-use crate::folded::{decode, FoldedError, LabelValue};
+use super::reader::{decode, ReadLimits, ResolvedLabelValue};
+use super::ViewError;
 use crate::pprof::PprofProfile;
 
-/// Decodes `bytes` (a pprof, raw or gzip) and keeps the samples that have every label of
-/// `labels`: the same key with the same value, a string label for [`LabelValue::Str`] and a
-/// numeric one for [`LabelValue::Num`].
+/// Decodes `bytes` (a pprof, raw or gzip, within `limits`) and keeps the samples that have
+/// every label of `labels`: the same key with the same value, a string label for
+/// [`ResolvedLabelValue::Str`] and a numeric one for [`ResolvedLabelValue::Num`].
 pub fn filter_bytes(
     bytes: &[u8],
-    labels: &[(String, LabelValue)],
-) -> Result<PprofProfile, FoldedError> {
-    let mut profile = decode(bytes)?;
+    labels: &[(String, ResolvedLabelValue)],
+    limits: &ReadLimits,
+) -> Result<PprofProfile, ViewError> {
+    let mut profile = decode(bytes, limits)?;
     filter(&mut profile, labels)?;
     Ok(profile)
 }
@@ -22,12 +24,12 @@ pub fn filter_bytes(
 /// Keeps the samples of `profile` that have every label of `labels` (see [`filter_bytes`]).
 pub fn filter(
     profile: &mut PprofProfile,
-    labels: &[(String, LabelValue)],
-) -> Result<(), FoldedError> {
+    labels: &[(String, ResolvedLabelValue)],
+) -> Result<(), ViewError> {
     let strings = &profile.string_table;
-    let string = |index: i64, what: &str| -> Result<&str, FoldedError> {
+    let string = |index: i64, what: &str| -> Result<&str, ViewError> {
         usize::try_from(index).ok().and_then(|i| strings.get(i)).map(String::as_str).ok_or_else(
-            || FoldedError::NotPprof(format!("{what} refers to string {index}, past the table")),
+            || ViewError::NotPprof(format!("{what} refers to string {index}, past the table")),
         )
     };
     let mut keep = Vec::with_capacity(profile.sample.len());
@@ -39,10 +41,10 @@ pub fn filter(
                     continue;
                 }
                 let equal = match value {
-                    LabelValue::Str(s) => {
+                    ResolvedLabelValue::Str(s) => {
                         label.str != 0 && string(label.str, "a label value")? == s
                     }
-                    LabelValue::Num(n) => label.str == 0 && label.num == *n,
+                    ResolvedLabelValue::Num(n) => label.str == 0 && label.num == *n,
                 };
                 if equal {
                     matched += 1;
@@ -60,10 +62,10 @@ pub fn filter(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::folded::{FoldOptions, StackProfile};
     use crate::pprof::{
         PprofFunction, PprofLabel, PprofLine, PprofLocation, PprofSample, PprofValueType,
     };
+    use crate::views::{FoldOptions, StackProfile};
     use prost::Message as _;
 
     /// Samples `(function name, value, thread id, pid)` on one-frame stacks.
@@ -105,33 +107,37 @@ mod tests {
     }
 
     fn folded(p: &PprofProfile) -> String {
-        StackProfile::from_bytes(&p.encode_to_vec()).unwrap().folded(0, &FoldOptions::default())
+        let p = StackProfile::from_bytes(&p.encode_to_vec(), &ReadLimits::default()).unwrap();
+        p.folded(0, &FoldOptions::default()).unwrap()
     }
 
     #[test]
     fn keeps_the_samples_with_every_label() {
         let bytes = profile(&[("a", 1, "7 (1)", 10), ("b", 2, "8 (2)", 10), ("c", 4, "7 (1)", 11)])
             .encode_to_vec();
-        let thread = |t: &str| ("thread id".to_string(), LabelValue::Str(t.to_string()));
-        let pid = |n| ("process id".to_string(), LabelValue::Num(n));
+        let thread = |t: &str| ("thread id".to_string(), ResolvedLabelValue::Str(t.to_string()));
+        let pid = |n| ("process id".to_string(), ResolvedLabelValue::Num(n));
+        let keep = |labels: &[(String, ResolvedLabelValue)]| {
+            folded(&filter_bytes(&bytes, labels, &ReadLimits::default()).unwrap())
+        };
 
-        assert_eq!(folded(&filter_bytes(&bytes, &[thread("7 (1)")]).unwrap()), "a 1\nc 4\n");
-        assert_eq!(folded(&filter_bytes(&bytes, &[thread("7 (1)"), pid(11)]).unwrap()), "c 4\n");
-        assert_eq!(folded(&filter_bytes(&bytes, &[pid(10)]).unwrap()), "a 1\nb 2\n");
-        assert_eq!(folded(&filter_bytes(&bytes, &[]).unwrap()), "a 1\nb 2\nc 4\n");
+        assert_eq!(keep(&[thread("7 (1)")]), "a 1\nc 4\n");
+        assert_eq!(keep(&[thread("7 (1)"), pid(11)]), "c 4\n");
+        assert_eq!(keep(&[pid(10)]), "a 1\nb 2\n");
+        assert_eq!(keep(&[]), "a 1\nb 2\nc 4\n");
         // A string never equals a number, nor a missing label anything.
-        let as_string = ("process id".to_string(), LabelValue::Str("10".to_string()));
-        assert_eq!(folded(&filter_bytes(&bytes, &[as_string]).unwrap()), "");
-        let other = ("span".to_string(), LabelValue::Num(1));
-        assert_eq!(folded(&filter_bytes(&bytes, &[other]).unwrap()), "");
+        let as_string = ("process id".to_string(), ResolvedLabelValue::Str("10".to_string()));
+        assert_eq!(keep(&[as_string]), "");
+        let other = ("span".to_string(), ResolvedLabelValue::Num(1));
+        assert_eq!(keep(&[other]), "");
     }
 
     #[test]
     fn rejects_labels_past_the_string_table() {
         let mut p = profile(&[("a", 1, "7 (1)", 10)]);
         p.sample[0].label[0].key = 99;
-        let thread = ("thread id".to_string(), LabelValue::Str("7 (1)".to_string()));
-        let e = filter_bytes(&p.encode_to_vec(), &[thread]).unwrap_err();
+        let thread = ("thread id".to_string(), ResolvedLabelValue::Str("7 (1)".to_string()));
+        let e = filter_bytes(&p.encode_to_vec(), &[thread], &ReadLimits::default()).unwrap_err();
         assert_eq!(
             e.to_string(),
             "not a pprof profile: a label key refers to string 99, past the table"

@@ -19,8 +19,9 @@ use std::fmt;
 
 use prost::Message as _;
 
+use super::reader::{decode_within, Budget, ReadLimits, StackProfile};
+use super::ViewError;
 use crate::error::SerializeError;
-use crate::folded::{decode, FoldedError, StackProfile};
 use crate::pprof::{
     gzip, Compression, PprofFunction, PprofLabel, PprofLine, PprofLocation, PprofMapping,
     PprofProfile, PprofSample, PprofValueType,
@@ -32,7 +33,7 @@ pub enum MergeError {
     /// No profile was given.
     NoInput,
     /// Input `index` (from 0) cannot be read.
-    Input { index: usize, error: FoldedError },
+    Input { index: usize, error: ViewError },
     /// Input `index` has other value types than input 0 (`type/unit` each).
     ValueTypes { index: usize, first: Vec<String>, got: Vec<String> },
 }
@@ -63,13 +64,18 @@ impl fmt::Display for MergeError {
 
 impl std::error::Error for MergeError {}
 
-/// Decodes `inputs` (each a pprof, raw or gzip) and merges them into one profile.
-pub fn merge_bytes<B: AsRef<[u8]>>(inputs: &[B]) -> Result<PprofProfile, MergeError> {
+/// Decodes `inputs` (each a pprof, raw or gzip, within `limits`) and merges them into one
+/// profile.
+pub fn merge_bytes<B: AsRef<[u8]>>(
+    inputs: &[B],
+    limits: &ReadLimits,
+) -> Result<PprofProfile, MergeError> {
     let profiles = inputs
         .iter()
         .enumerate()
         .map(|(index, bytes)| {
-            decode(bytes.as_ref()).map_err(|error| MergeError::Input { index, error })
+            decode_within(bytes.as_ref(), limits, &mut Budget::new(limits, 1))
+                .map_err(|error| MergeError::Input { index, error })
         })
         .collect::<Result<Vec<_>, _>>()?;
     merge(&profiles)
@@ -93,14 +99,19 @@ pub fn merge(profiles: &[PprofProfile]) -> Result<PprofProfile, MergeError> {
 }
 
 /// `inputs` as one resolved profile, for the views: the input itself when there is one (its
-/// errors are then those of [`StackProfile::from_bytes`], as input 0), else their merge.
-pub fn stack_profile<B: AsRef<[u8]>>(inputs: &[B]) -> Result<StackProfile, MergeError> {
+/// errors are then those of [`StackProfile::from_bytes`], as input 0), else their merge. Each
+/// input is read within `limits`; the merge, and each view of it, within the budget of all.
+pub fn stack_profile<B: AsRef<[u8]>>(
+    inputs: &[B],
+    limits: &ReadLimits,
+) -> Result<StackProfile, MergeError> {
     if let [only] = inputs {
-        return StackProfile::from_bytes(only.as_ref())
+        return StackProfile::from_bytes(only.as_ref(), limits)
             .map_err(|error| MergeError::Input { index: 0, error });
     }
-    // The merge checked every reference: resolving cannot fail, but says so if it does.
-    StackProfile::resolve(merge_bytes(inputs)?)
+    // The merge checked every reference: resolving fails only on a limit, named as input 0's.
+    let budget = Budget::new(limits, inputs.len());
+    StackProfile::resolve(merge_bytes(inputs, limits)?, budget, budget)
         .map_err(|error| MergeError::Input { index: 0, error })
 }
 
@@ -113,12 +124,12 @@ pub fn encode(profile: &PprofProfile, compression: Compression) -> Result<Vec<u8
     }
 }
 
-fn not_pprof(detail: String) -> FoldedError {
-    FoldedError::NotPprof(detail)
+fn not_pprof(detail: String) -> ViewError {
+    ViewError::NotPprof(detail)
 }
 
 /// The value types of `p` as `type/unit` strings, checking their references.
-fn value_type_names(p: &PprofProfile) -> Result<Vec<String>, FoldedError> {
+fn value_type_names(p: &PprofProfile) -> Result<Vec<String>, ViewError> {
     if p.sample_type.is_empty() {
         return Err(not_pprof("it has no sample types".into()));
     }
@@ -134,7 +145,7 @@ fn value_type_names(p: &PprofProfile) -> Result<Vec<String>, FoldedError> {
         .collect()
 }
 
-fn input_string<'a>(p: &'a PprofProfile, index: i64, what: &str) -> Result<&'a str, FoldedError> {
+fn input_string<'a>(p: &'a PprofProfile, index: i64, what: &str) -> Result<&'a str, ViewError> {
     usize::try_from(index)
         .ok()
         .and_then(|i| p.string_table.get(i))
@@ -182,13 +193,13 @@ impl Merger {
     }
 
     /// Copies `p` in. `first`: `p` is the first input, whose unsummable fields are kept.
-    fn add(&mut self, p: &PprofProfile, first: bool) -> Result<(), FoldedError> {
+    fn add(&mut self, p: &PprofProfile, first: bool) -> Result<(), ViewError> {
         if p.string_table.first().map(String::as_str) != Some("") {
             return Err(not_pprof("the string table does not start with an empty string".into()));
         }
         // The input's string indices in the output's table, interned when first used.
         let mut string_map: Vec<Option<i64>> = vec![None; p.string_table.len()];
-        let mut s = |merger: &mut Self, index: i64, what: &str| -> Result<i64, FoldedError> {
+        let mut s = |merger: &mut Self, index: i64, what: &str| -> Result<i64, ViewError> {
             let i =
                 usize::try_from(index).ok().filter(|&i| i < string_map.len()).ok_or_else(|| {
                     not_pprof(format!("{what} refers to string {index}, past the table"))
@@ -211,7 +222,7 @@ impl Merger {
                         unit: s(self, vt.unit, "a unit")?,
                     })
                 })
-                .collect::<Result<_, FoldedError>>()?;
+                .collect::<Result<_, ViewError>>()?;
         }
         if self.out.period_type.is_none() {
             if let Some(vt) = &p.period_type {
@@ -308,7 +319,7 @@ impl Merger {
                     })?;
                     Ok((*function, line.line))
                 })
-                .collect::<Result<Vec<_>, FoldedError>>()?;
+                .collect::<Result<Vec<_>, ViewError>>()?;
             let key: LocationKey = (mapping_id, l.address, lines, l.is_folded);
             let next = self.out.location.len() as u64 + 1;
             let id = match self.locations.get(&key) {
@@ -350,7 +361,7 @@ impl Merger {
                         ))
                     })
                 })
-                .collect::<Result<Vec<_>, FoldedError>>()?;
+                .collect::<Result<Vec<_>, ViewError>>()?;
             let labels = sample
                 .label
                 .iter()
@@ -360,7 +371,7 @@ impl Merger {
                         if l.num_unit == 0 { 0 } else { s(self, l.num_unit, "a label unit")? };
                     Ok((s(self, l.key, "a label key")?, str, l.num, num_unit))
                 })
-                .collect::<Result<Vec<_>, FoldedError>>()?;
+                .collect::<Result<Vec<_>, ViewError>>()?;
             let key: SampleKey = (locations, labels);
             match self.samples.get(&key) {
                 Some(&i) => {
@@ -403,7 +414,7 @@ impl Merger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::folded::FoldOptions;
+    use crate::views::{decode, FoldOptions};
     use crate::{Config, Frame, Label, LabelValue, Recorder, Sample, Timestamp, ValueType};
 
     const TYPES: [(&str, &str); 3] =
@@ -426,7 +437,7 @@ mod tests {
     }
 
     fn decoded(bytes: &[u8]) -> PprofProfile {
-        decode(bytes).unwrap()
+        decode(bytes, &ReadLimits::default()).unwrap()
     }
 
     fn totals(p: &StackProfile) -> Vec<i64> {
@@ -442,17 +453,16 @@ mod tests {
         let b =
             recorded(&[(&["spin", "main"], [300, 1, 350], 11), (&["work", "main"], [5, 1, 5], 11)]);
         let c = recorded(&[(&["spin", "main"], [1, 1, 1], 10)]);
-        let merged = stack_profile(&[&a, &b, &c]).unwrap();
+        let merged = stack_profile(&[&a, &b, &c], &ReadLimits::default()).unwrap();
         assert_eq!(totals(&merged), [1006, 6, 2056]);
         assert_eq!(
-            merged.folded(
-                0,
-                &FoldOptions { filenames: false, root_label: Some("process id".into()) }
-            ),
+            merged
+                .folded(0, &FoldOptions { filenames: false, root_label: Some("process id".into()) })
+                .unwrap(),
             "process id=10;main;spin 701\nprocess id=11;main;spin 300\nprocess id=11;main;work 5\n"
         );
         // a's and c's spin stacks are one sample; every function and location is stored once.
-        let p = merge_bytes(&[&a, &b, &c]).unwrap();
+        let p = merge_bytes(&[&a, &b, &c], &ReadLimits::default()).unwrap();
         assert_eq!(p.sample.len(), 4);
         assert_eq!(p.function.len(), 4);
         assert_eq!(p.location.len(), 4);
@@ -473,9 +483,9 @@ mod tests {
         for compression in [Compression::None, Compression::Gzip] {
             let bytes = encode(&merged, compression).unwrap();
             assert_eq!(bytes.starts_with(&[0x1f, 0x8b]), compression == Compression::Gzip);
-            let back = StackProfile::from_bytes(&bytes).unwrap();
+            let back = StackProfile::from_bytes(&bytes, &ReadLimits::default()).unwrap();
             assert_eq!(totals(&back), [3, 2, 3]);
-            assert_eq!(back.folded(0, &FoldOptions::default()), "x 1\ny 2\n");
+            assert_eq!(back.folded(0, &FoldOptions::default()).unwrap(), "x 1\ny 2\n");
         }
     }
 
@@ -508,7 +518,9 @@ mod tests {
         assert!(merged.mapping[1].has_functions);
         assert_eq!(merged.comment.len(), 1);
         assert_eq!(merged.period, 10);
-        let folded = StackProfile::resolve(merged).unwrap().folded(0, &FoldOptions::default());
+        let budget = Budget::new(&ReadLimits::default(), 1);
+        let merged = StackProfile::resolve(merged, budget, budget).unwrap();
+        let folded = merged.folded(0, &FoldOptions::default()).unwrap();
         assert_eq!(folded, "0xabc 8\nx 2\n");
     }
 
@@ -518,19 +530,23 @@ mod tests {
         let mut other = decoded(&a);
         other.sample_type.swap(0, 2);
         let other = other.encode_to_vec();
-        let e = merge_bytes(&[&a[..], &other[..]]).unwrap_err();
+        let e = merge_bytes(&[&a[..], &other[..]], &ReadLimits::default()).unwrap_err();
         assert_eq!(
             e.to_string(),
             "profile 0 has the value types cpu-time/nanoseconds, cpu-samples/count, \
              wall-time/nanoseconds and profile 1 has wall-time/nanoseconds, cpu-samples/count, \
              cpu-time/nanoseconds: only profiles of the same value types merge"
         );
-        let e = merge_bytes(&[&a[..], b"not a profile at all"]).unwrap_err();
+        let e =
+            merge_bytes(&[&a[..], b"not a profile at all"], &ReadLimits::default()).unwrap_err();
         assert!(matches!(e, MergeError::Input { index: 1, .. }), "{e}");
         assert!(e.describe(|i| format!("f{i}.pb")).starts_with("f1.pb: not a pprof profile"));
-        let e = stack_profile(&[b"".as_slice()]).unwrap_err();
+        let e = stack_profile(&[b"".as_slice()], &ReadLimits::default()).unwrap_err();
         assert_eq!(e.describe(|_| "x".into()), "x: not a pprof profile: the input is empty");
-        assert!(matches!(merge_bytes::<&[u8]>(&[]), Err(MergeError::NoInput)));
+        assert!(matches!(
+            merge_bytes::<&[u8]>(&[], &ReadLimits::default()),
+            Err(MergeError::NoInput)
+        ));
     }
 
     #[test]

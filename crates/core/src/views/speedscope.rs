@@ -21,7 +21,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use crate::folded::{FoldedError, StackProfile, NO_STACK};
+use super::reader::{StackProfile, NO_STACK};
+use super::ViewError;
 
 /// The `$schema` that speedscope checks to recognize its own format.
 const SCHEMA: &str = "https://www.speedscope.app/file-format-schema.json";
@@ -56,16 +57,16 @@ impl StackProfile {
     /// [`SpeedscopeOptions::group_by`]). Stacks whose value is 0 are left out, and so are
     /// negative values, which speedscope cannot lay out; so is a profile left without stacks.
     ///
-    /// Fails with [`FoldedError::NothingToDraw`] if no profile is left.
+    /// Fails with [`ViewError::NothingToDraw`] if no profile is left.
     pub fn speedscope(
         &self,
         values: &[usize],
         options: &SpeedscopeOptions,
-    ) -> Result<String, FoldedError> {
+    ) -> Result<String, ViewError> {
         let parts = self.parts(values, options.group_by.as_deref());
         if parts.is_empty() {
             let names: Vec<&str> = values.iter().map(|&v| self.value_types[v].0.as_str()).collect();
-            return Err(FoldedError::NothingToDraw(names.join(" or ")));
+            return Err(ViewError::NothingToDraw(names.join(" or ")));
         }
 
         // The frames that some stack uses, numbered in the order of their names (then files),
@@ -244,12 +245,14 @@ fn json_string(out: &mut String, s: &str) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::reader::{
+        Budget, ReadLimits, ResolvedFunction, ResolvedLabelValue, StackSample,
+    };
     use super::*;
-    use crate::folded::{Function, LabelValue, StackSample};
     use serde_json::{json, Value};
 
-    fn label(key: &str, value: &str) -> (String, LabelValue) {
-        (key.to_string(), LabelValue::Str(value.to_string()))
+    fn label(key: &str, value: &str) -> (String, ResolvedLabelValue) {
+        (key.to_string(), ResolvedLabelValue::Str(value.to_string()))
     }
 
     /// Functions main (0), work (1), spin (2), sleep (3) in a.rb; samples `(frames leaf
@@ -257,7 +260,7 @@ mod tests {
     fn profile(samples: &[(&[usize], [i64; 2], &str)]) -> StackProfile {
         let functions = ["main", "work", "spin", "sleep"]
             .iter()
-            .map(|n| Function { name: n.to_string(), filename: "a.rb".to_string() })
+            .map(|n| ResolvedFunction { name: n.to_string(), filename: "a.rb".to_string() })
             .collect();
         StackProfile {
             value_types: vec![
@@ -275,6 +278,7 @@ mod tests {
                     labels: vec![label("thread name", thread)],
                 })
                 .collect(),
+            output_budget: Budget::new(&ReadLimits::default(), 1),
         }
     }
 
@@ -416,7 +420,7 @@ mod tests {
         p.functions[0].name = "quote \" back \\ nl \n tab \t bell \u{7} é <main>".to_string();
         p.functions[1].name = String::new(); // "N frames omitted": only a file
         p.functions[1].filename = "12 frames omitted".to_string();
-        p.functions[2] = Function { name: String::new(), filename: String::new() };
+        p.functions[2] = ResolvedFunction { name: String::new(), filename: String::new() };
         let json = p.speedscope(&[0], &options(None)).unwrap();
         assert!(json.contains(r#"quote \" back \\ nl \n tab \t bell \u0007 é <main>"#), "{json}");
         let (_, profiles) = parse(&json);
