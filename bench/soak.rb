@@ -66,27 +66,35 @@ module Soak
   def self.run(size:, cycles:, early: 10, warm: 50, progress: nil)
     workload = workload(size)
     # Held only in this Array, never in a local, so that the final measurement can drop it.
-    box = [DdprofRecorder::StackRecorder.new(value_types: workload[:value_types])]
+    box = []
     rss = {}
     memsize = {}
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     bytes_out = 0
-    cycles.times do |i|
-      cycle = i + 1
-      record_cycle(box[0], workload)
-      bytes_out += box[0].serialize!.bytesize
-      if cycle == early || cycle == warm || cycle == cycles
-        GC.start
-        rss[cycle] = rss_bytes
-        memsize[cycle] = ObjectSpace.memsize_of(box[0])
+    stats = seconds = nil
+    # In a thread of its own, whose machine stack is gone when the recorder is measured: a
+    # stale copy of the recorder's VALUE left in a live frame of the measuring thread would keep
+    # it alive for the conservative GC (it did in RSpec's thread, and in a thread of its own
+    # measuring itself).
+    Thread.new do
+      box << DdprofRecorder::StackRecorder.new(value_types: workload[:value_types])
+      cycles.times do |i|
+        cycle = i + 1
+        record_cycle(box[0], workload)
+        bytes_out += box[0].serialize!.bytesize
+        if cycle == early || cycle == warm || cycle == cycles
+          GC.start
+          rss[cycle] = rss_bytes
+          memsize[cycle] = ObjectSpace.memsize_of(box[0])
+        end
+        progress&.call(cycle, rss_bytes, ObjectSpace.memsize_of(box[0])) if (cycle % 50).zero?
       end
-      progress&.call(cycle, rss_bytes, ObjectSpace.memsize_of(box[0])) if (cycle % 50).zero?
-    end
-    seconds = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
-    stats = box[0].stats
-    # The soak's recorder, full once more (a window recorded, not serialized), is then measured
-    # by dropping it.
-    record_cycle(box[0], workload)
+      seconds = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+      stats = box[0].stats
+      # The soak's recorder, full once more (a window recorded, not serialized), is then measured
+      # by dropping it.
+      record_cycle(box[0], workload)
+    end.join
     held = measure_and_drop(box)
     growth = rss[early] && rss[cycles] ? (rss[cycles] - rss[early]).fdiv(rss[early]) * 100 : nil
     {

@@ -69,7 +69,10 @@ module DdprofRecorder
       _native_record_endpoint(local_root_span_id, endpoint)
     end
 
-    # Ends the current window and returns it.
+    # Ends the current window and returns it. Waits for a serialization in progress through
+    # this method, {#serialize!} or {#clear} (on the recorder's Mutex, without the GVL); a direct
+    # `_native_serialize` call in progress makes it fail instead ("another serialization of this
+    # recorder is in progress").
     #
     # @return [Array(Time, Time, String), nil] `[start, finish, pprof]` (pprof is a binary
     #   String, gzip-compressed if the recorder was built with `compression: :gzip`), or nil
@@ -112,9 +115,11 @@ module DdprofRecorder
     # whatever state a fork left the recorder in. A forked child need not call it: the
     # recorder notices the fork by itself and does the same before its first use there. The
     # counters of {#stats} are kept: they are over the recorder's life, the parent's part
-    # included.
+    # included. It never waits: a serialization in progress in another thread finishes with the
+    # window it took.
     #
     # @return [true]
+    # @raise [DdprofRecorder::Error] on an internal error (a native panic); nothing is changed.
     def reset_after_fork
       self.class._native_reset_after_fork(self)
     end

@@ -59,14 +59,17 @@
 //! through parking_lot's global parking table, whose own locks a vanished thread may have held
 //! at the fork, and once the waiter has waited about 0.5 ms (parking_lot's eventual fairness)
 //! hands the lock over to it: in the child that thread does not exist, so the lock stays held
-//! for ever. The in-place reset this recorder had before (`force_unlock` of what the parent
-//! held) hung the child that way in the first round of `tests/fork.rs`. So [`Recorder::after_fork`] never unlocks, and never waits for, a lock of the
-//! inherited recorder (it only reads whether they are held, one atomic load each, which does not
-//! touch the parking table): the child gets fresh locks and fresh profiles, with the counters
-//! copied. The inherited recorder is dropped only if no thread was inside it at the fork (no
-//! lock held but the inactive slot's, no other reference); otherwise it is leaked, since dropping
-//! it would unlock locks with parked waiters and free profiles a parent thread may have been
-//! changing. (dd-trace-rb likewise re-initializes its pthread mutexes in the child.)
+//! for ever. (The in-place reset this recorder had until 2026-12, a `force_unlock` of what the
+//! parent held, hung the child that way in the first round of `tests/fork.rs`.)
+//!
+//! So [`Recorder::after_fork`] never unlocks, and never waits for, a lock of the inherited
+//! recorder (it only reads whether they are held, one atomic load each, which does not touch
+//! the parking table): the child gets fresh locks and fresh profiles, with the counters copied.
+//! The inherited recorder is dropped only if no thread was inside it at the fork (no lock held
+//! but the inactive slot's, no other reference); otherwise it is kept, never touched again,
+//! since dropping it would unlock locks with parked waiters and free profiles a parent thread
+//! may have been changing. (dd-trace-rb likewise re-initializes its pthread mutexes in the
+//! child.)
 //!
 //! # Memory
 //!
