@@ -53,6 +53,27 @@ RSpec.describe "DdprofRecorder::CLI.run" do
       end
   end
 
+  it "reads each FILE within --max-decompressed BYTES: over it, one line naming the file and the flag" do
+    path = write_profile("hot.pb", CliHelpers::HOT_SAMPLES)
+    size = File.size(path)
+    [%w[top], %w[flamegraph -o -], %w[speedscope -o -], %w[folded], %w[merge -o -]].each do |command, *args|
+      out, err, status = run_cli(command, "hot.pb", *args, "--max-decompressed", (size - 1).to_s)
+      expect([out, status]).to eq(["", 1]), command
+      expect_one_line(err, /\Addprof-recorder: hot\.pb: the pprof is more than #{size - 1} bytes \(--max-decompressed: #{size - 1}\); raise --max-decompressed to read it$/)
+      out, err, status = run_cli(command, "hot.pb", *args, "--max-decompressed", size.to_s)
+      expect([err, status]).to eq(["", 0]), command
+      expect(out).not_to be_empty
+    end
+    _, err, status = run_cli("top", "hot.pb", "hot.pb", "--max-decompressed", (size - 1).to_s)
+    expect(status).to eq(1)
+    expect_one_line(err, /\Addprof-recorder: hot\.pb: the pprof is more than/)
+    %w[0 -5 many].each do |bytes|
+      _, err, status = run_cli("folded", "hot.pb", "--max-decompressed", bytes)
+      expect(status).to eq(2)
+      expect_one_line(err, /\Addprof-recorder: folded: (--max-decompressed must be positive|invalid argument: --max-decompressed)/)
+    end
+  end
+
   it "rejects an argument that is not valid in its encoding, in one line" do
     out, err, status = run_cli("top", "caf\xE9.pb.gz")
     expect([out, status]).to eq(["", 1])

@@ -22,6 +22,17 @@ RSpec.describe "ddprof-recorder top" do
     expect(out.lines.drop(2).map { |l| l.split[4] }).to eq(%w[work run crunch])
   end
 
+  it "with --sort total, orders ties as the core does: by self value, then name, then file" do
+    samples = (0...20).map { |i| [[["f", format("f%02d.rb", 19 - i), 1], ["main", "app.rb", 1]], [7, 1, 7], nil] }
+    write_profile("ties.pb", samples)
+    out, = run_cli("top", "ties.pb", "--sort", "total", "-n", "100")
+    rows = out.lines.drop(2).map(&:split)
+    expect(rows.first.values_at(4, 5)).to eq(%w[main app.rb])
+    expect(rows.drop(1).map { |r| r[5] }).to eq((0...20).map { |i| format("f%02d.rb", i) })
+    expect(rows.map { |r| [r[4], r[5]] }).to eq(DdprofRecorder.top(File.binread(File.join(@dir, "ties.pb")), sort: :total)[:rows]
+                                                       .map { |r| [r[:name], r[:filename]] })
+  end
+
   it "keeps -n rows of another value type, and says how many there are" do
     out, = run_cli("top", "hot.pb.gz", "--value", "wall-time", "-n", "2")
     expect(out.lines(chomp: true)).to eq(["hot.pb.gz: wall-time, 3.10s in all, 4 functions (top 2)",

@@ -72,6 +72,21 @@ module DdprofRecorder
         end
       end
 
+      # --max-decompressed BYTES (`options.max_decompressed`, which this sets to the default):
+      # how much each pprof may be once decompressed, the views' read limit (see
+      # DdprofRecorder::DEFAULT_MAX_DECOMPRESSED_BYTES).
+      def max_decompressed_option(parser, options)
+        options.max_decompressed = DdprofRecorder::DEFAULT_MAX_DECOMPRESSED_BYTES
+        parser.on("--max-decompressed BYTES", Integer, "read pprofs of at most BYTES once decompressed " \
+                                                       "(default #{options.max_decompressed}, 1 GiB)") do |v|
+          unless v.positive? && v < 2**64
+            raise usage_error("#{name}: --max-decompressed must be positive and below 2**64, got #{v}")
+          end
+
+          options.max_decompressed = v
+        end
+      end
+
       # --by-thread and --by-process (`options.group_by`), with the help text of each.
       def group_options(parser, options, by_thread, by_process)
         parser.on("--by-thread", by_thread) { group_by(options, Profiler::THREAD_NAME_LABEL, "--by-thread") }
@@ -140,17 +155,21 @@ module DdprofRecorder
 
       # Runs the view or merge on the user's files. The errors that the views document for bad
       # input (ArgumentError: not a pprof, no such value type; DdprofRecorder::Error: nothing to
-      # draw, other value types) become a Failure that names the file: with one file, the
-      # message of an ArgumentError after the file's name; with several, each `pprofs[i]` of a
-      # message becomes the i-th file's name. Other errors (a TypeError...) are bugs: they pass.
+      # draw, other value types, over the read limit) become a Failure that names the file:
+      # with one file, the message of an ArgumentError or of a read-limit error after the file's
+      # name; with several, each `pprofs[i]` of a message becomes the i-th file's name. The
+      # read-limit errors name the views' keyword: here it is --max-decompressed. Other errors
+      # (a TypeError...) are bugs: they pass.
       def on_profiles(paths)
         yield
       rescue ArgumentError, DdprofRecorder::Error => e
-        named = e.message.gsub(/pprofs\[(\d+)\]/) { paths.fetch(Regexp.last_match(1).to_i) }
-        raise Failure, named unless named == e.message
-        raise Failure, "#{paths.first}: #{e.message}" if paths.size == 1 && e.is_a?(ArgumentError)
+        read_limit = e.message.include?("max_decompressed_bytes")
+        message = e.message.gsub("max_decompressed_bytes", "--max-decompressed")
+        named = message.gsub(/pprofs\[(\d+)\]/) { paths.fetch(Regexp.last_match(1).to_i) }
+        raise Failure, named unless named == message
+        raise Failure, "#{paths.first}: #{message}" if paths.size == 1 && (e.is_a?(ArgumentError) || read_limit)
 
-        raise Failure, e.message
+        raise Failure, message
       end
     end
   end

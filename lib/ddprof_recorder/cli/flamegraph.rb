@@ -11,7 +11,8 @@ module DdprofRecorder
 
       # @!attribute out [String, nil] the SVG's path, "-" for @out; nil: after the first FILE.
       # @!attribute group_by [String, nil] the label whose value is the root frame.
-      Options = Struct.new(:paths, :value, :out, :title, :group_by, :filenames, keyword_init: true)
+      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
+      Options = Struct.new(:paths, :value, :out, :title, :group_by, :filenames, :max_decompressed, keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
@@ -28,6 +29,7 @@ module DdprofRecorder
           value_option(o, options)
           o.on("--title TEXT", "the title (default: \"<value> flamegraph\")") { |v| options.title = v }
           stack_options(o, options)
+          max_decompressed_option(o, options)
         end
         parse_with_files(parser, argv, options)
       end
@@ -36,7 +38,8 @@ module DdprofRecorder
       def run(options)
         svg = with_profiles(options.paths) do |data|
           DdprofRecorder.flamegraph(view_input(data), value: options.value, title: options.title,
-                                                      group_by: options.group_by, filenames: options.filenames)
+                                                      group_by: options.group_by, filenames: options.filenames,
+                                                      max_decompressed_bytes: options.max_decompressed)
         end
         write_view(options.out || view_name(options.paths.first, ".svg"), svg) { options.value }
         0

@@ -9,7 +9,8 @@ module DdprofRecorder
       NAME = "folded"
       DESCRIPTION = "print a pprof as folded stacks (root;...;leaf value)"
 
-      Options = Struct.new(:paths, :value, :group_by, :filenames, keyword_init: true)
+      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
+      Options = Struct.new(:paths, :value, :group_by, :filenames, :max_decompressed, keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
@@ -22,6 +23,7 @@ module DdprofRecorder
           o.separator ""
           value_option(o, options)
           stack_options(o, options)
+          max_decompressed_option(o, options)
         end
         parse_with_files(parser, argv, options)
       end
@@ -30,7 +32,7 @@ module DdprofRecorder
       def run(options)
         folded = with_profiles(options.paths) do |data|
           DdprofRecorder.folded(view_input(data), value: options.value, group_by: options.group_by,
-                                                  filenames: options.filenames)
+                                                  filenames: options.filenames, max_decompressed_bytes: options.max_decompressed)
         end
         @out.write(folded)
         0

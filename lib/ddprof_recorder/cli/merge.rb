@@ -11,13 +11,14 @@ module DdprofRecorder
       DESCRIPTION = "merge pprof files into one"
 
       # @!attribute out [String] the pprof's path (gzip for a .gz name), or "-" for @out (raw).
-      Options = Struct.new(:paths, :out, keyword_init: true)
+      # @!attribute max_decompressed [Integer] the views' read limit, in bytes, for each FILE.
+      Options = Struct.new(:paths, :out, :max_decompressed, keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new
         parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder merge -o OUT FILE..."
+          o.banner = "Usage: ddprof-recorder merge -o OUT FILE... [--max-decompressed BYTES]"
           o.separator ""
           o.separator "Merges pprof files (raw or gzip, with the same value types) into one, e.g. the"
           o.separator "profiles of a server's processes that `record` wrote. Samples with the same stack and"
@@ -26,6 +27,7 @@ module DdprofRecorder
           o.on("-o", "--output OUT", "where to write the pprof (gzip if OUT ends in .gz; - for stdout, raw)") do |v|
             options.out = v
           end
+          max_decompressed_option(o, options)
         end
         parse_with_files(parser, argv, options) do
           raise usage_error("merge: give the output file with -o OUT") unless options.out
@@ -36,7 +38,9 @@ module DdprofRecorder
       def run(options)
         out = options.out
         compression = out != "-" && out.end_with?(".gz") ? :gzip : :none
-        merged = with_profiles(options.paths) { |data| DdprofRecorder.merge(data, compression: compression) }
+        merged = with_profiles(options.paths) do |data|
+          DdprofRecorder.merge(data, compression: compression, max_decompressed_bytes: options.max_decompressed)
+        end
         if out == "-"
           @out.binmode
           @out.write(merged)

@@ -11,7 +11,8 @@ module DdprofRecorder
 
       # @!attribute values [Array<String>] the value types to write; empty: all of them.
       # @!attribute out [String, nil] the JSON's path, "-" for @out; nil: after the first FILE.
-      Options = Struct.new(:paths, :values, :out, :group_by, keyword_init: true)
+      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
+      Options = Struct.new(:paths, :values, :out, :group_by, :max_decompressed, keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
@@ -31,6 +32,7 @@ module DdprofRecorder
           o.on("--value TYPE", "only this sample type (again for more; default: all of them)") { |v| options.values << v }
           group_options(o, options, "one profile per value type and \"thread name\" label",
                         "one profile per value type and \"process id\" label")
+          max_decompressed_option(o, options)
         end
         parse_with_files(parser, argv, options)
       end
@@ -39,7 +41,8 @@ module DdprofRecorder
       def run(options)
         json = with_profiles(options.paths) do |data|
           DdprofRecorder.speedscope(view_input(data), value: options.values.empty? ? nil : options.values,
-                                                      group_by: options.group_by, name: File.basename(options.paths.first))
+                                                      group_by: options.group_by, name: File.basename(options.paths.first),
+                                                      max_decompressed_bytes: options.max_decompressed)
         end
         write_view(options.out || view_name(options.paths.first, ".speedscope.json"), json) do
           profiles = json.scan('"type":"sampled"').size

@@ -15,13 +15,14 @@ module DdprofRecorder
       # @!attribute value [String] the value type to rank by.
       # @!attribute limit [Integer] how many rows to print.
       # @!attribute sort [Symbol] :self or :total.
-      Options = Struct.new(:paths, :value, :limit, :sort, keyword_init: true)
+      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
+      Options = Struct.new(:paths, :value, :limit, :sort, :max_decompressed, keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new(value: DEFAULT_VALUE, limit: DEFAULT_LIMIT, sort: :self)
         parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder top FILE... [--value TYPE] [-n N] [--sort self|total]"
+          o.banner = "Usage: ddprof-recorder top FILE... [--value TYPE] [-n N] [--sort self|total] [--max-decompressed BYTES]"
           o.separator ""
           o.separator "The hottest functions of a pprof (raw or gzip): self (as the leaf of a stack) and"
           o.separator "total (anywhere in it), with their share of the whole. Several FILEs are merged."
@@ -29,6 +30,7 @@ module DdprofRecorder
           value_option(o, options)
           o.on("-n", "--limit N", Integer, "how many functions (default #{DEFAULT_LIMIT})") { |v| options.limit = v }
           o.on("--sort KEY", %i[self total], "order by self (default) or total") { |v| options.sort = v }
+          max_decompressed_option(o, options)
         end
         parse_with_files(parser, argv, options) do
           raise usage_error("top: -n must be positive") unless options.limit.positive?
@@ -37,18 +39,13 @@ module DdprofRecorder
 
       # @return [Integer] the exit status.
       def run(options)
-        top = with_profiles(options.paths) { |data| DdprofRecorder.top(view_input(data), value: options.value) }
-        rows = options.sort == :total ? by_total(top[:rows]) : top[:rows]
+        top = with_profiles(options.paths) do |data|
+          DdprofRecorder.top(view_input(data), value: options.value, sort: options.sort,
+                                               max_decompressed_bytes: options.max_decompressed)
+        end
+        rows = top[:rows]
         TopTable.new(files_title(options.paths), top, rows.first(options.limit), rows.size).print(@out)
         0
-      end
-
-      private
-
-      # The rows by total value. The core sorts by self value only: this is the one place
-      # that orders them otherwise, until DdprofRecorder.top can sort by total itself.
-      def by_total(rows)
-        rows.sort_by { |r| [-r[:total], -r[:self], r[:name]] }
       end
     end
   end
