@@ -98,7 +98,7 @@ RSpec.describe "DdprofRecorder::CLI.run" do
       out, err, status = run_cli("top", "hot.pb.gz")
       expect([out, status]).to eq(["", 1])
       expect_backtrace(err, "value must be a String or Symbol, got Integer (TypeError)",
-                       %r{lib/ddprof_recorder/cli/top\.rb:\d+:in `block in run'})
+                       %r{lib/ddprof_recorder/cli/top\.rb:\d+:in `run'})
     end
 
     it "a NoMethodError or an ArgumentError in the CLI's own code: its backtrace, status 1" do

@@ -148,9 +148,15 @@ module DdprofRecorder
         end
       end
 
-      # The argument for the views: the one pprof, or the Array of several (which they merge).
-      def view_input(data)
-        data.size == 1 ? data.first : data
+      # Runs the view `method` of DdprofRecorder (:top, :folded...) on the FILEs: the one pprof,
+      # or the Array of several (which it merges), within the --max-decompressed read limit.
+      #
+      # @return the view's result.
+      def view(method, options, **keywords)
+        with_profiles(options.paths) do |data|
+          DdprofRecorder.public_send(method, data.size == 1 ? data.first : data, **keywords,
+                                     max_decompressed_bytes: options.max_decompressed)
+        end
       end
 
       # Runs the view or merge on the user's files. The errors that the views document for bad

@@ -36,11 +36,8 @@ module DdprofRecorder
 
       # @return [Integer] the exit status.
       def run(options)
-        svg = with_profiles(options.paths) do |data|
-          DdprofRecorder.flamegraph(view_input(data), value: options.value, title: options.title,
-                                                      group_by: options.group_by, filenames: options.filenames,
-                                                      max_decompressed_bytes: options.max_decompressed)
-        end
+        svg = view(:flamegraph, options, value: options.value, title: options.title, group_by: options.group_by,
+                                         filenames: options.filenames)
         write_view(options.out || view_name(options.paths.first, ".svg"), svg) { options.value }
         0
       end

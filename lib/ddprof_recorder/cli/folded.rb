@@ -30,11 +30,7 @@ module DdprofRecorder
 
       # @return [Integer] the exit status.
       def run(options)
-        folded = with_profiles(options.paths) do |data|
-          DdprofRecorder.folded(view_input(data), value: options.value, group_by: options.group_by,
-                                                  filenames: options.filenames, max_decompressed_bytes: options.max_decompressed)
-        end
-        @out.write(folded)
+        @out.write(view(:folded, options, value: options.value, group_by: options.group_by, filenames: options.filenames))
         0
       end
     end

@@ -39,11 +39,8 @@ module DdprofRecorder
 
       # @return [Integer] the exit status.
       def run(options)
-        json = with_profiles(options.paths) do |data|
-          DdprofRecorder.speedscope(view_input(data), value: options.values.empty? ? nil : options.values,
-                                                      group_by: options.group_by, name: File.basename(options.paths.first),
-                                                      max_decompressed_bytes: options.max_decompressed)
-        end
+        json = view(:speedscope, options, value: options.values.empty? ? nil : options.values,
+                                          group_by: options.group_by, name: File.basename(options.paths.first))
         write_view(options.out || view_name(options.paths.first, ".speedscope.json"), json) do
           profiles = json.scan('"type":"sampled"').size
           "#{profiles} profile#{profiles == 1 ? '' : 's'}"

@@ -39,10 +39,7 @@ module DdprofRecorder
 
       # @return [Integer] the exit status.
       def run(options)
-        top = with_profiles(options.paths) do |data|
-          DdprofRecorder.top(view_input(data), value: options.value, sort: options.sort,
-                                               max_decompressed_bytes: options.max_decompressed)
-        end
+        top = view(:top, options, value: options.value, sort: options.sort)
         rows = top[:rows]
         TopTable.new(files_title(options.paths), top, rows.first(options.limit), rows.size).print(@out)
         0
