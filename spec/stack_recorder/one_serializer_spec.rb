@@ -45,6 +45,7 @@ RSpec.describe DdprofRecorder::StackRecorder, "one serializer at a time" do
       expect { recorder.serialize! }
         .to raise_error(DdprofRecorder::Error, "Failed to serialize profiling data: #{busy}")
       expect { recorder.clear }.to raise_error(DdprofRecorder::Error, "Failed to clear profiling data: #{busy}")
+      expect(DdprofRecorder.logger).to receive(:error).with("Failed to serialize profiling data: #{busy}")
       expect(recorder.serialize).to be_nil
     end
     expect(released).to be(true)
