@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# DESIGN.md, "The two-slot protocol" from Ruby: the GVL is released while a profile is encoded,
+# docs/design.md, section 5 (the two-slot protocol), from Ruby: the GVL is released while a profile is encoded,
 # samplers keep recording while another thread serializes, interrupts sent to a serializing
 # thread leave the recorder consistent, and a forked child can use the recorder after
 # reset_after_fork. No timing assertions: only "made progress" checks with generous bounds.
@@ -131,7 +131,7 @@ RSpec.describe DdprofRecorder::StackRecorder, "across threads and processes" do
   end
 
   describe "Ruby code run while converting a sample (before any slot is taken)" do
-    # DESIGN.md: arguments are converted, and Location methods called, before the slot lock is
+    # docs/design.md, section 5: arguments are converted, and Location methods called, before the slot lock is
     # taken; otherwise another thread running meanwhile would find both slots taken.
     def location_calling(method_name, &block)
       location = caller_locations(0, 1).first

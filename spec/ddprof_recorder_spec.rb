@@ -3,7 +3,7 @@
 require "logger"
 require "stringio"
 
-# DESIGN.md, Ruby API: the module's logger and error class.
+# docs/design.md, section 3 (the contract): the module's logger and error class.
 RSpec.describe DdprofRecorder do
   describe ".logger" do
     it "defaults to a Logger on $stderr at WARN" do

@@ -3,7 +3,7 @@
 require "open3"
 require "tmpdir"
 
-# DESIGN.md, "pprof output": raw and gzip profiles must be readable by the pprof tool
+# docs/design.md, section 4 (pprof output): raw and gzip profiles must be readable by the pprof tool
 # (`go tool pprof -raw FILE`) with identical sample totals; merged ones too.
 RSpec.describe "go tool pprof on the recorder's output" do
   before(:context) do

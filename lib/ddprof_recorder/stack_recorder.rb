@@ -9,7 +9,7 @@ module DdprofRecorder
   #
   # The native half (`_native_*`) lives in ext/ddprof_recorder/src/stack_recorder.rs.
   class StackRecorder
-    # The seed's enabled value types, in value order.
+    # dd-trace-rb 1.9.0's enabled value types, in value order.
     DEFAULT_VALUE_TYPES = [
       ["cpu-time", "nanoseconds"],
       ["cpu-samples", "count"],
@@ -136,7 +136,7 @@ module DdprofRecorder
 
     private
 
-    # Only one serializer at a time (the seed's guard): serialize, serialize! and clear. The
+    # Only one serializer at a time (dd-trace-rb's guard; docs/design.md, section 3): serialize, serialize! and clear. The
     # native side keeps it in @serialize_mutex and hands out a new one after a fork or a reset,
     # since a serializer thread of the parent may have held the old one.
     def serializer_mutex

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# DESIGN.md, "Errors and bad input": every bad argument raises ArgumentError or TypeError with a
+# docs/design.md, section 3 (all or nothing): every bad argument raises ArgumentError or TypeError with a
 # message naming it, and records nothing (all-or-nothing).
 RSpec.describe DdprofRecorder::StackRecorder, "bad input" do
   subject(:stack_recorder) { described_class.new }

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# DESIGN.md, Ruby API: `StackRecorder.new(value_types:, max_frames:, compression:)`.
+# docs/design.md, section 3 (construction): `StackRecorder.new(value_types:, max_frames:, compression:)`.
 RSpec.describe DdprofRecorder::StackRecorder, ".new" do
   def sample_types_of(recorder)
     profile = decode_pprof(recorder.serialize!)
@@ -8,7 +8,7 @@ RSpec.describe DdprofRecorder::StackRecorder, ".new" do
   end
 
   describe "DEFAULT_VALUE_TYPES" do
-    it "is the seed's enabled types, in order" do
+    it "is dd-trace-rb 1.9.0's enabled types, in order" do
       expect(described_class::DEFAULT_VALUE_TYPES)
         .to eq [["cpu-time", "nanoseconds"], ["cpu-samples", "count"], ["wall-time", "nanoseconds"]]
     end

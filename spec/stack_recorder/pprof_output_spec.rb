@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# DESIGN.md, "pprof output": the shape of the perftools.profiles.Profile the recorder emits,
+# docs/design.md, section 4 (pprof output): the shape of the perftools.profiles.Profile the recorder emits,
 # decoded with google-protobuf.
 RSpec.describe DdprofRecorder::StackRecorder, "pprof output" do
   subject(:stack_recorder) { described_class.new }
@@ -81,7 +81,7 @@ RSpec.describe DdprofRecorder::StackRecorder, "pprof output" do
   end
 
   describe "the mapping" do
-    it "is exactly one, id 1, with every other field 0 or false (as the seed emits)", gc_stress: true do
+    it "is exactly one, id 1, with every other field 0 or false (as dd-trace-rb emits)", gc_stress: true do
       expect(profile.mapping.size).to eq 1
       expect(profile.mapping.first.to_h).to eq(
         id: 1, memory_start: 0, memory_limit: 0, file_offset: 0, filename: 0, build_id: 0,

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# DESIGN.md, Ruby API: `record_endpoint(local_root_span_id, endpoint)` and the
+# docs/design.md, section 3 (endpoints): `record_endpoint(local_root_span_id, endpoint)` and the
 # "trace endpoint" label it puts on samples at serialization.
 RSpec.describe DdprofRecorder::StackRecorder, "#record_endpoint" do
   subject(:stack_recorder) { described_class.new }
@@ -159,7 +159,7 @@ RSpec.describe DdprofRecorder::StackRecorder, "#record_endpoint" do
     expect(labels_by_name["sample"]).to include("trace endpoint" => "GET /caf\u{FFFD}")
   end
 
-  it "is also reachable as Testing._native_record_endpoint, which returns true (the seed's hook)" do
+  it "is also reachable as Testing._native_record_endpoint, which returns true (dd-trace-rb's hook)" do
     record("sample", 11)
 
     expect(described_class::Testing._native_record_endpoint(stack_recorder, 11, "GET /testing")).to be true

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# DESIGN.md, Ruby API: `record_sample(locations, values, labels = nil)` and what it puts into
+# docs/design.md, section 3 (a sample): `record_sample(locations, values, labels = nil)` and what it puts into
 # the pprof (values, labels, aggregation, truncation, encodings).
 RSpec.describe DdprofRecorder::StackRecorder, "#record_sample" do
   subject(:stack_recorder) { described_class.new }

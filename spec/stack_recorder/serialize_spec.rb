@@ -3,7 +3,7 @@
 require "logger"
 require "stringio"
 
-# DESIGN.md, Ruby API: `serialize`, `serialize!`, `clear`, their timestamps, logging and error
+# docs/design.md, section 3 (windows): `serialize`, `serialize!`, `clear`, their timestamps, logging and error
 # paths, and the one-serializer guard.
 RSpec.describe DdprofRecorder::StackRecorder do
   subject(:stack_recorder) { described_class.new }
@@ -78,7 +78,7 @@ RSpec.describe DdprofRecorder::StackRecorder do
       expect(profile.duration_nanos).to eq unix_ns(finish) - unix_ns(start)
     end
 
-    it "logs the seed's debug line with the profile's start and finish" do
+    it "logs dd-trace-rb's debug line with the profile's start and finish" do
       log = StringIO.new
       DdprofRecorder.logger = Logger.new(log, level: Logger::DEBUG)
 

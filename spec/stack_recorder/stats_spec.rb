@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# DESIGN.md, Ruby API: `stats`, counters over the recorder's life.
+# docs/design.md, section 3 (honest accounting): `stats`, counters over the recorder's life.
 RSpec.describe DdprofRecorder::StackRecorder, "#stats" do
   subject(:stack_recorder) { described_class.new }
 

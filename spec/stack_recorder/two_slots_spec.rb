@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
-# DESIGN.md, "The two-slot protocol": the observable state, read through the Testing module, as
-# the seed's spec checks it.
+# docs/design.md, section 5 (observable state), read through the Testing module, as
+# dd-trace-rb's spec checks it.
 RSpec.describe DdprofRecorder::StackRecorder do
   subject(:stack_recorder) { described_class.new }
 
@@ -24,7 +24,7 @@ RSpec.describe DdprofRecorder::StackRecorder do
   end
 
   describe "Testing module" do
-    it "exposes the seed's test-only hooks" do
+    it "exposes dd-trace-rb's test-only hooks" do
       expect(testing).to be_a(Module)
       expect(testing).to respond_to(
         :_native_active_slot, :_native_slot_one_mutex_locked?, :_native_slot_two_mutex_locked?,

@@ -37,7 +37,7 @@
 //!
 //! Before the flip, [`Recorder::start_next_profile`] resets the inactive profile with
 //! `start = finish` so that each window starts exactly where the previous one ended. The
-//! binding calls it while holding the GVL (like the seed): it never blocks, since the serializer
+//! binding calls it while holding the GVL (as dd-trace-rb does): it never blocks, since the serializer
 //! lock is only `try_lock`ed. It runs [`PendingFlip::flip`] without the GVL, so Ruby keeps
 //! running while the profile is encoded; the only blocking lock of the protocol, step 2, waits
 //! there for a sampler that holds the GVL.
@@ -53,14 +53,10 @@
 //! ([`Recorder::renewed`]) shares the counters with the old recorder, which a serialization in
 //! progress finishes with undisturbed (its window is the old recorder's).
 //!
-//! A fork copies the recorder in whatever state the parent's threads left it: the serializer
-//! lock or a slot may be held by a thread that does not exist in the child, with that
-//! serializer parked on a slot. Unlocking a parking_lot lock that has a parked waiter goes
-//! through parking_lot's global parking table, whose own locks a vanished thread may have held
-//! at the fork, and once the waiter has waited about 0.5 ms (parking_lot's eventual fairness)
-//! hands the lock over to it: in the child that thread does not exist, so the lock stays held
-//! for ever. (The in-place reset this recorder had until 2026-12, a `force_unlock` of what the
-//! parent held, hung the child that way in the first round of `tests/fork.rs`.)
+//! A fork copies the recorder in whatever state the parent's threads left it: a lock may be
+//! held by a thread that does not exist in the child, with a serializer parked on a slot, and
+//! unlocking a parking_lot lock with a parked waiter can hang the child (docs/design.md,
+//! section 6, tells why; `tests/fork.rs` hung in its first round with the old in-place reset).
 //!
 //! So [`Recorder::after_fork`] never unlocks, and never waits for, a lock of the inherited
 //! recorder (it only reads whether they are held, one atomic load each, which does not touch

@@ -1,7 +1,7 @@
 //! Converting Ruby arguments into the core's borrowed sample types.
 //!
 //! Everything that can raise, call Ruby or allocate Ruby objects happens here, *before* the
-//! recorder takes a slot (DESIGN.md: otherwise a second Ruby thread could run while a slot is
+//! recorder takes a slot (docs/design.md, section 5: otherwise a second Ruby thread could run while a slot is
 //! held and lose its sample). String bytes are copied into a per-thread scratch buffer, so the
 //! sample borrows nothing from the Ruby heap and the GC may run freely meanwhile. The copy is
 //! also where non-UTF-8 bytes become U+FFFD: pprof strings must be valid UTF-8.

@@ -53,7 +53,7 @@ pub fn panic_error(ruby: &Ruby, panic: Box<dyn Any + Send>) -> Error {
 
 /// The one mapping of the core's errors to Ruby exceptions: the caller's bad input is an
 /// `ArgumentError`; a failure of ours is a `DdprofRecorder::Error` (not finding a slot stays a
-/// `RuntimeError`, as in the seed). (A failed serialization is not raised: `_native_serialize`
+/// `RuntimeError`, as in dd-trace-rb). (A failed serialization is not raised: `_native_serialize`
 /// and `_native_clear` return `[:error, message]`.)
 pub trait IntoRubyError {
     fn into_ruby_error(self, ruby: &Ruby) -> Error;

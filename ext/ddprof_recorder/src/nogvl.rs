@@ -26,7 +26,7 @@ where
 
 /// Runs `work` without the GVL and returns its result.
 ///
-/// The seed's loop: process pending interrupts (`Thread#raise`, `Thread#kill`, signals)
+/// dd-trace-rb's loop: process pending interrupts (`Thread#raise`, `Thread#kill`, signals)
 /// first, while nothing has been computed, then `rb_thread_call_without_gvl2`, which returns
 /// without running `work` when an interrupt is pending and, unlike
 /// `rb_thread_call_without_gvl`, never raises after `work` ran, so its result (owned Rust
