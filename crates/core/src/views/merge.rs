@@ -176,6 +176,32 @@ struct Merger {
     span: Option<(i64, i64)>,
 }
 
+/// One input's string indices in the output's table, interned when first used.
+struct StringMap<'p> {
+    input: &'p [String],
+    mapped: Vec<Option<i64>>,
+}
+
+impl<'p> StringMap<'p> {
+    fn new(p: &'p PprofProfile) -> Self {
+        Self { input: &p.string_table, mapped: vec![None; p.string_table.len()] }
+    }
+
+    /// The output's index of the input's string `index`; `what` names the field for the error.
+    fn get(&mut self, merger: &mut Merger, index: i64, what: &str) -> Result<i64, ViewError> {
+        let i = usize::try_from(index)
+            .ok()
+            .filter(|&i| i < self.input.len())
+            .ok_or_else(|| not_pprof(format!("{what} refers to string {index}, past the table")))?;
+        if let Some(mapped) = self.mapped[i] {
+            return Ok(mapped);
+        }
+        let mapped = merger.intern(&self.input[i]);
+        self.mapped[i] = Some(mapped);
+        Ok(mapped)
+    }
+}
+
 impl Merger {
     /// The output's index of `s`.
     fn intern(&mut self, s: &str) -> i64 {
@@ -197,29 +223,30 @@ impl Merger {
         if p.string_table.first().map(String::as_str) != Some("") {
             return Err(not_pprof("the string table does not start with an empty string".into()));
         }
-        // The input's string indices in the output's table, interned when first used.
-        let mut string_map: Vec<Option<i64>> = vec![None; p.string_table.len()];
-        let mut s = |merger: &mut Self, index: i64, what: &str| -> Result<i64, ViewError> {
-            let i =
-                usize::try_from(index).ok().filter(|&i| i < string_map.len()).ok_or_else(|| {
-                    not_pprof(format!("{what} refers to string {index}, past the table"))
-                })?;
-            if let Some(mapped) = string_map[i] {
-                return Ok(mapped);
-            }
-            let mapped = merger.intern(&p.string_table[i]);
-            string_map[i] = Some(mapped);
-            Ok(mapped)
-        };
+        let mut strings = StringMap::new(p);
+        self.add_header(p, first, &mut strings)?;
+        let mappings = self.add_mappings(p, &mut strings)?;
+        let functions = self.add_functions(p, &mut strings)?;
+        let locations = self.add_locations(p, &mappings, &functions)?;
+        self.add_samples(p, &locations, &mut strings)
+    }
 
+    /// The profile-wide fields: sample types (from the first input), the first period type,
+    /// default sample type, drop and keep frames seen, every distinct comment, the time span.
+    fn add_header(
+        &mut self,
+        p: &PprofProfile,
+        first: bool,
+        s: &mut StringMap<'_>,
+    ) -> Result<(), ViewError> {
         if first {
             self.out.sample_type = p
                 .sample_type
                 .iter()
                 .map(|vt| {
                     Ok(PprofValueType {
-                        r#type: s(self, vt.r#type, "a sample type")?,
-                        unit: s(self, vt.unit, "a unit")?,
+                        r#type: s.get(self, vt.r#type, "a sample type")?,
+                        unit: s.get(self, vt.unit, "a unit")?,
                     })
                 })
                 .collect::<Result<_, ViewError>>()?;
@@ -227,23 +254,24 @@ impl Merger {
         if self.out.period_type.is_none() {
             if let Some(vt) = &p.period_type {
                 self.out.period_type = Some(PprofValueType {
-                    r#type: s(self, vt.r#type, "the period type")?,
-                    unit: s(self, vt.unit, "the period unit")?,
+                    r#type: s.get(self, vt.r#type, "the period type")?,
+                    unit: s.get(self, vt.unit, "the period unit")?,
                 });
                 self.out.period = p.period;
             }
         }
         if self.out.default_sample_type == 0 && p.default_sample_type != 0 {
-            self.out.default_sample_type = s(self, p.default_sample_type, "default_sample_type")?;
+            self.out.default_sample_type =
+                s.get(self, p.default_sample_type, "default_sample_type")?;
         }
         if self.out.drop_frames == 0 && p.drop_frames != 0 {
-            self.out.drop_frames = s(self, p.drop_frames, "drop_frames")?;
+            self.out.drop_frames = s.get(self, p.drop_frames, "drop_frames")?;
         }
         if self.out.keep_frames == 0 && p.keep_frames != 0 {
-            self.out.keep_frames = s(self, p.keep_frames, "keep_frames")?;
+            self.out.keep_frames = s.get(self, p.keep_frames, "keep_frames")?;
         }
         for &c in &p.comment {
-            let c = s(self, c, "a comment")?;
+            let c = s.get(self, c, "a comment")?;
             if self.comments.insert(c) {
                 self.out.comment.push(c);
             }
@@ -255,15 +283,23 @@ impl Merger {
                 Some((start, finish)) => (start.min(p.time_nanos), finish.max(end)),
             });
         }
+        Ok(())
+    }
 
-        let mut mapping_ids: HashMap<u64, u64> = HashMap::with_capacity(p.mapping.len());
+    /// Each mapping of `p` stored once; returns the input's mapping ids in the output's.
+    fn add_mappings(
+        &mut self,
+        p: &PprofProfile,
+        s: &mut StringMap<'_>,
+    ) -> Result<HashMap<u64, u64>, ViewError> {
+        let mut ids = HashMap::with_capacity(p.mapping.len());
         for m in &p.mapping {
             let key: MappingKey = (
                 m.memory_start,
                 m.memory_limit,
                 m.file_offset,
-                s(self, m.filename, "a mapping filename")?,
-                s(self, m.build_id, "a mapping build id")?,
+                s.get(self, m.filename, "a mapping filename")?,
+                s.get(self, m.build_id, "a mapping build id")?,
                 [m.has_functions, m.has_filenames, m.has_line_numbers, m.has_inline_frames],
             );
             let next = self.out.mapping.len() as u64 + 1;
@@ -271,15 +307,23 @@ impl Merger {
             if id == next {
                 self.out.mapping.push(PprofMapping { id, filename: key.3, build_id: key.4, ..*m });
             }
-            mapping_ids.insert(m.id, id);
+            ids.insert(m.id, id);
         }
+        Ok(ids)
+    }
 
-        let mut function_ids: HashMap<u64, u64> = HashMap::with_capacity(p.function.len());
+    /// Each function of `p` stored once; returns the input's function ids in the output's.
+    fn add_functions(
+        &mut self,
+        p: &PprofProfile,
+        s: &mut StringMap<'_>,
+    ) -> Result<HashMap<u64, u64>, ViewError> {
+        let mut ids = HashMap::with_capacity(p.function.len());
         for f in &p.function {
             let key: FunctionKey = (
-                s(self, f.name, "a function name")?,
-                s(self, f.system_name, "a function system name")?,
-                s(self, f.filename, "a function filename")?,
+                s.get(self, f.name, "a function name")?,
+                s.get(self, f.system_name, "a function system name")?,
+                s.get(self, f.filename, "a function filename")?,
                 f.start_line,
             );
             let next = self.out.function.len() as u64 + 1;
@@ -293,10 +337,19 @@ impl Merger {
                     start_line: key.3,
                 });
             }
-            function_ids.insert(f.id, id);
+            ids.insert(f.id, id);
         }
+        Ok(ids)
+    }
 
-        let mut location_ids: HashMap<u64, u64> = HashMap::with_capacity(p.location.len());
+    /// Each location of `p` stored once; returns the input's location ids in the output's.
+    fn add_locations(
+        &mut self,
+        p: &PprofProfile,
+        mapping_ids: &HashMap<u64, u64>,
+        function_ids: &HashMap<u64, u64>,
+    ) -> Result<HashMap<u64, u64>, ViewError> {
+        let mut ids = HashMap::with_capacity(p.location.len());
         for l in &p.location {
             let mapping_id = match l.mapping_id {
                 0 => 0,
@@ -340,9 +393,18 @@ impl Merger {
                     next
                 }
             };
-            location_ids.insert(l.id, id);
+            ids.insert(l.id, id);
         }
+        Ok(ids)
+    }
 
+    /// The samples of `p`, added to the output's sample of the same stack and labels.
+    fn add_samples(
+        &mut self,
+        p: &PprofProfile,
+        location_ids: &HashMap<u64, u64>,
+        s: &mut StringMap<'_>,
+    ) -> Result<(), ViewError> {
         let value_count = self.out.sample_type.len();
         for sample in &p.sample {
             if sample.value.len() != value_count {
@@ -366,10 +428,10 @@ impl Merger {
                 .label
                 .iter()
                 .map(|l| {
-                    let str = if l.str == 0 { 0 } else { s(self, l.str, "a label value")? };
+                    let str = if l.str == 0 { 0 } else { s.get(self, l.str, "a label value")? };
                     let num_unit =
-                        if l.num_unit == 0 { 0 } else { s(self, l.num_unit, "a label unit")? };
-                    Ok((s(self, l.key, "a label key")?, str, l.num, num_unit))
+                        if l.num_unit == 0 { 0 } else { s.get(self, l.num_unit, "a label unit")? };
+                    Ok((s.get(self, l.key, "a label key")?, str, l.num, num_unit))
                 })
                 .collect::<Result<Vec<_>, ViewError>>()?;
             let key: SampleKey = (locations, labels);
