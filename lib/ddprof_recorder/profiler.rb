@@ -2,6 +2,7 @@
 
 require_relative "profiler/thread_sampler"
 require_relative "profiler/exporter"
+require_relative "profiler/allocation_recorder"
 
 module DdprofRecorder
   # A sampling profiler built on {StackRecorder}. It records, for every live Ruby thread,
@@ -23,6 +24,22 @@ module DdprofRecorder
   # native half: ext/ddprof_recorder/src/trigger.rs (the trigger thread),
   # sampling_job.rs (the job) and thread_cpu.rs (per-thread CPU clocks).
   #
+  # Memory, on request (docs/profiler.md, "Memory"):
+  #
+  # - `allocations: true`: one allocation in about every `allocation_interval` is sampled by
+  #   a native NEWOBJ hook, with its stack: `alloc-samples` (samples) and `alloc-count` (the
+  #   allocations they stand for), labelled `"allocation class"`;
+  # - `heap: true` (implies allocations): the sampled objects the GC has not freed, reported
+  #   per allocating stack and class at each window: `heap-live-samples` and `heap-live-size`
+  #   (bytes, estimated: each object's `ObjectSpace.memsize_of` times its sample's weight);
+  # - `gc: true`: the CPU and wall time threads spend in the GC, on a `(garbage collection)`
+  #   frame under `(marking)` or `(sweeping)`, labelled `"gc kind"` (minor or major), taken
+  #   out of the CPU of the code that triggered it.
+  #
+  # The value types are the three above, then `alloc-samples`, `alloc-count` (with
+  # allocations or heap), then `heap-live-samples`, `heap-live-size` (with heap): a profile
+  # without these options is the same as before them.
+  #
   # Known bias: the job runs at the GVL holder's next interrupt check, so CPU spent inside a
   # C method that does not call back into Ruby or check interrupts (a big `Array#sort`,
   # `JSON.generate`) is seen when that method returns, at its caller's next check: such time
@@ -39,8 +56,18 @@ module DdprofRecorder
   class Profiler
     DEFAULT_HZ = 99
     HZ_RANGE = (1..1000).freeze
-    # Value types of the profiles made, in value order (StackRecorder's defaults).
+    # Value types of the profiles made, in value order (StackRecorder's defaults), without
+    # the memory options; see {#value_types}.
     VALUE_TYPES = StackRecorder::DEFAULT_VALUE_TYPES
+    ALLOCATION_VALUE_TYPES = [%w[alloc-samples count], %w[alloc-count count]].map { |t| t.map(&:freeze).freeze }.freeze
+    HEAP_VALUE_TYPES = [%w[heap-live-samples count], %w[heap-live-size bytes]].map { |t| t.map(&:freeze).freeze }.freeze
+    # One allocation sampled in about this many. Measured on bench/allocations.rb (see
+    # bench/RESULTS.md): the cost of a sample is a few microseconds, so this keeps the
+    # slowdown of an allocation-heavy program small.
+    DEFAULT_ALLOCATION_INTERVAL = 4096
+    ALLOCATION_INTERVAL_RANGE = (1..MAX_ALLOCATION_INTERVAL).freeze
+    ALLOCATION_CLASS_LABEL = AllocationRecorder::CLASS_LABEL
+    GC_KIND_LABEL = ThreadSampler::GC_KIND_LABEL
     THREAD_ID_LABEL = ThreadSampler::THREAD_ID_LABEL
     THREAD_NAME_LABEL = ThreadSampler::THREAD_NAME_LABEL
     # The pid, a number: tells apart the processes of a forking server once their profiles
@@ -116,10 +143,24 @@ module DdprofRecorder
     #   it raises is logged and forgotten.
     # @param max_frames [Integer] deepest stack kept (see {StackRecorder.new}).
     # @param compression [Symbol] `:gzip` (default, the usual `.pb.gz`) or `:none`.
+    # @param allocations [Boolean] sample allocations (see the class doc).
+    # @param allocation_interval [Integer] sample one allocation in about this many
+    #   (1: every one), in {ALLOCATION_INTERVAL_RANGE}.
+    # @param heap [Boolean] report the live heap at each window (samples allocations too).
+    # @param gc [Boolean] charge GC time to a `(garbage collection)` frame.
     # @raise [ArgumentError] on a bad option.
     def initialize(hz: DEFAULT_HZ, interval: nil, exporter: nil, max_frames: StackRecorder::DEFAULT_MAX_FRAMES,
-                   compression: :gzip, &block)
+                   compression: :gzip, allocations: false, allocation_interval: DEFAULT_ALLOCATION_INTERVAL,
+                   heap: false, gc: false, &block)
       raise ArgumentError, "hz must be an Integer in #{HZ_RANGE}, got #{hz.inspect}" unless hz.is_a?(Integer) && HZ_RANGE.cover?(hz)
+
+      { allocations: allocations, heap: heap, gc: gc }.each do |name, value|
+        raise ArgumentError, "#{name} must be true or false, got #{value.inspect}" unless [true, false].include?(value)
+      end
+      unless allocation_interval.is_a?(Integer) && ALLOCATION_INTERVAL_RANGE.cover?(allocation_interval)
+        raise ArgumentError,
+              "allocation_interval must be an Integer in #{ALLOCATION_INTERVAL_RANGE}, got #{allocation_interval.inspect}"
+      end
       raise ArgumentError, "give an exporter or a block, not both" if exporter && block
       unless interval.nil? || (interval.is_a?(Numeric) && interval.positive?)
         raise ArgumentError, "interval must be a positive number of seconds, got #{interval.inspect}"
@@ -135,6 +176,10 @@ module DdprofRecorder
       @interval = interval || (@exporter ? 60 : nil)
       @max_frames = max_frames
       @compression = compression
+      @allocations = allocations || heap
+      @allocation_interval = allocation_interval
+      @heap = heap
+      @gc = gc
       # Fails now, not in start, on a bad max_frames / compression.
       @recorder = new_recorder
       @lifecycle = Mutex.new
@@ -159,7 +204,8 @@ module DdprofRecorder
         @next_window_ns = @interval && (@started_ns + (@interval * 1e9).to_i)
         @sampler = ThreadSampler.new(@recorder, internal: method(:internal_thread?),
                                                 extra_labels: [[PROCESS_ID_LABEL, @pid]],
-                                                forked_thread: @forked_thread)
+                                                forked_thread: @forked_thread,
+                                                extra_values: value_types.size - VALUE_TYPES.size, gc: @gc)
         @exporting = @exporter && Exporter.new(@exporter).start
         @started = @running = true
         wake, @wake_writer = IO.pipe
@@ -169,8 +215,17 @@ module DdprofRecorder
         @sampler_thread.report_on_exception = false
         @sampler.baseline(Profiler._native_task_ids, Thread.list)
         Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno)
+        start_memory
       end
       self
+    end
+
+    # @return [Array<Array(String, String)>] the value types of this profiler's profiles.
+    def value_types
+      types = VALUE_TYPES
+      types += ALLOCATION_VALUE_TYPES if @allocations
+      types += HEAP_VALUE_TYPES if @heap
+      types
     end
 
     # Stops sampling and returns the last window.
@@ -179,6 +234,8 @@ module DdprofRecorder
     #   exporter, if any), or nil if not started (or in a forked child, where the profiler's
     #   threads do not exist: start a new profiler there).
     def stop
+      # The stopping work's own allocations are not the program's.
+      Profiler._native_allocations_stop if @allocations && @started && Process.pid == @pid
       # Where this thread runs now, and its CPU: if the profiler samples it, what it carries
       # goes there, and the stopping work below is not charged to it.
       caller_cpu_ns = Profiler._native_current_thread_cpu_time_ns
@@ -194,6 +251,7 @@ module DdprofRecorder
         return nil unless Process.pid == @pid
 
         Profiler._native_sampling_stop
+        stop_memory
         { thread: @sampler_thread, wake: @wake_writer, exporting: @exporting, sampler: @sampler,
           recorder: @recorder }
       end
@@ -252,7 +310,11 @@ module DdprofRecorder
     #   (passes per second really reached), `:on_cpu_hz` (on-CPU samples per second),
     #   `:sampler_cpu_ns` (CPU of the profiler's Ruby thread and of the jobs' own work, which
     #   the program's threads pay), `:trigger_cpu_ns` (CPU of the native trigger thread),
-    #   `:recorder` ({StackRecorder#stats}).
+    #   `:recorder` ({StackRecorder#stats}); with allocations or heap, `:allocations`
+    #   (`:sampled`, `:recorded`, `:dropped` when too many waited for their job, and
+    #   `:heap_tracked`, `:heap_freed`, `:heap_skipped` past {MAX_HEAP_TRACKED},
+    #   `:heap_live_tracked`); with gc, `:gc_lost_ns` (GC CPU of threads past the native
+    #   table's 64).
     def stats
       return {} unless @sampler
 
@@ -272,13 +334,59 @@ module DdprofRecorder
         sampler_cpu_ns: (thread_cpu || 0) + counts[:job_cpu_ns],
         trigger_cpu_ns: @started ? Profiler._native_sampling_stats[:trigger_cpu_ns] : @trigger_cpu_ns,
         recorder: @recorder.stats,
-      }
+      }.merge(memory_stats)
     end
 
     private
 
     def new_recorder
-      StackRecorder.new(value_types: VALUE_TYPES, max_frames: @max_frames, compression: @compression)
+      StackRecorder.new(value_types: value_types, max_frames: @max_frames, compression: @compression)
+    end
+
+    # With the lifecycle lock, after the sampling started.
+    def start_memory
+      Profiler._native_gc_start if @gc
+      return unless @allocations
+
+      recorder = AllocationRecorder.new(@recorder, labels_for: @sampler.method(:labels_for),
+                                                   value_count: value_types.size,
+                                                   samples_index: VALUE_TYPES.size)
+      Profiler._native_allocations_start(@allocation_interval, recorder, @heap)
+    end
+
+    # With the lifecycle lock: no allocation is sampled after this; the live heap goes into
+    # the last window first (it can only be read while the free hook runs).
+    def stop_memory
+      Profiler._native_gc_stop if @gc
+      return unless @allocations
+
+      Profiler._native_allocations_stop
+      @allocation_stats = Profiler._native_allocations_stats
+      record_heap
+      Profiler._native_heap_stop
+    end
+
+    def memory_stats
+      stats = {}
+      stats[:allocations] = @started ? Profiler._native_allocations_stats : @allocation_stats if @allocations
+      stats[:gc_lost_ns] = Profiler._native_gc_lost_ns if @gc
+      stats
+    end
+
+    # The live objects of the sampled allocations, per allocating stack and class, into the
+    # current window.
+    def record_heap
+      return unless @heap
+
+      values = Array.new(value_types.size, 0)
+      samples_index = VALUE_TYPES.size + ALLOCATION_VALUE_TYPES.size
+      Profiler._native_heap_live.each do |frames, class_name, samples, size|
+        values[samples_index] = samples
+        values[samples_index + 1] = size
+        @recorder.record_sample(frames, values, [[ALLOCATION_CLASS_LABEL, class_name], [PROCESS_ID_LABEL, @pid]])
+      end
+    rescue StandardError => e
+      DdprofRecorder.logger.error("profiler: could not record the live heap: #{e.class}: #{e.message}")
     end
 
     def now_ns
@@ -335,6 +443,7 @@ module DdprofRecorder
     def cut_window
       @next_window_ns += (@interval * 1e9).to_i
       @sampler.flush
+      record_heap
       result = @recorder.serialize
       @exporting << result if result
     end

@@ -2,8 +2,11 @@
 //! around the pure-Rust core in `crates/core`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+mod allocation_sampler;
 mod convert;
 mod errors;
+mod gc_events;
+mod heap_tracker;
 mod interrupt_mask;
 mod nogvl;
 mod pprof_views;
@@ -22,5 +25,8 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     pprof_views::init(ruby, module)?;
     thread_cpu::init(ruby, module)?;
     sampling_job::init(ruby, module)?;
-    stack_capture::init(ruby, module)
+    stack_capture::init(ruby, module)?;
+    allocation_sampler::init(ruby, module)?;
+    heap_tracker::init(ruby, module)?;
+    gc_events::init(ruby, module)
 }

@@ -54,6 +54,14 @@ thread_local! {
     /// This thread's Linux id, read once per process (`gettid` is a system call), with the
     /// fork generation it was read in: the thread that forks has a new id in the child.
     static TID: Cell<(u64, i32)> = const { Cell::new((u64::MAX, 0)) };
+    /// The job runs on this thread (possibly switched out in its handler).
+    static JOB_HERE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is running the job: the memory hooks leave its allocations
+/// and GC out (see `allocation_sampler`, `gc_events`).
+pub fn in_job_here() -> bool {
+    JOB_HERE.with(Cell::get)
 }
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
@@ -159,7 +167,8 @@ fn native_current_thread_cpu_time_ns(ruby: &Ruby) -> Result<i64, Error> {
     entry(ruby, || Ok(own_cpu_ns()))
 }
 
-fn own_tid() -> i32 {
+/// The calling thread's Linux id (cached per thread and fork generation).
+pub fn own_tid() -> i32 {
     let generation = crate::stack_recorder::fork_generation();
     TID.with(|cached| {
         let (read_in, tid) = cached.get();
@@ -210,6 +219,7 @@ fn run_job() {
         // that they reach the program's code, not the handler (see `interrupt_mask`).
         // SAFETY: in a postponed job with the GVL; dropped before the job returns.
         let deferred = unsafe { crate::interrupt_mask::defer_async_interrupts() };
+        JOB_HERE.with(|here| here.set(true));
         // magnus calls through `rb_protect` and clears `$!`: an exception comes back as an
         // `Err`, which the handler (it rescues everything) should never produce anyway.
         let sampled = !handler.is_nil()
@@ -219,6 +229,7 @@ fn run_job() {
                     (timely, cpu_ns, now_ns),
                 )
                 .unwrap_or(false);
+        JOB_HERE.with(|here| here.set(false));
         drop(deferred);
         // Only jobs that sampled count: one on the profiler's own thread (the GVL holder when
         // the tick came) must not keep the trigger from waking that thread.

@@ -125,11 +125,16 @@ fn native_capture_stack(ruby: &Ruby, key: i64) -> Result<usize, Error> {
 /// `Profiler._native_forget_stack(key)`: drops what is kept under `key`.
 fn native_forget_stack(ruby: &Ruby, key: i64) -> Result<(), Error> {
     crate::errors::entry(ruby, || {
-        if let Some(cache) = cache().as_mut() {
-            cache.captured.remove(&key);
-        }
+        forget(key);
         Ok(())
     })
+}
+
+/// Drops what is kept under `key`.
+pub fn forget(key: i64) {
+    if let Some(cache) = cache().as_mut() {
+        cache.captured.remove(&key);
+    }
 }
 
 /// Runs `f` with the stack kept under `key` as the core's frames, if any. `f` must not call
@@ -166,63 +171,102 @@ fn capture(key: i64) -> usize {
             rb_sys::rb_profile_frames(0, MAX_DEPTH as i32, frames.as_mut_ptr(), lines.as_mut_ptr())
         };
         let n = usize::try_from(n).unwrap_or(0).min(MAX_DEPTH);
-        let (frames, lines) = (&frames[..n], &lines[..n]);
-        slots.clear();
-        let mut unknown = Vec::new();
-        {
-            let guard = cache();
-            for &frame in frames {
-                let slot = guard.as_ref().and_then(|c| c.slot_of.get(&(frame as usize)).copied());
-                if slot.is_none() {
-                    unknown.push(frame);
-                }
-                slots.push(slot.unwrap_or(UNKNOWN));
-            }
-        }
-        let mut guard = cache();
-        if !unknown.is_empty() {
-            // Named outside the lock: reading names may allocate (a method name's String is
-            // made on first use), so a GC may run, and mark the cache.
-            drop(guard);
-            let named: Vec<(rb_sys::VALUE, Names)> =
-                unknown.into_iter().map(|f| (f, names_of(f))).collect();
-            guard = cache();
-            let cache = guard.get_or_insert_with(Cache::default);
-            if cache.slots.len() + named.len() > MAX_CACHED_FRAMES {
-                *cache = Cache::default();
-                // Everything must be named again: start this capture over next time.
-                return 0;
-            }
-            for (frame, names) in named {
-                let flag = if names.path.is_some() { RUBY_FRAME } else { 0 };
-                let next = cache.slots.len() as u32;
-                let slot = *cache.slot_of.entry(frame as usize).or_insert(next | flag);
-                if slot & !RUBY_FRAME == next {
-                    cache.slots.push(names);
-                }
-            }
-            for (slot, &frame) in slots.iter_mut().zip(frames) {
-                if *slot == UNKNOWN {
-                    *slot = cache.slot_of.get(&(frame as usize)).copied().unwrap_or(UNKNOWN);
-                }
-            }
-        }
-        let cache = guard.get_or_insert_with(Cache::default);
-        let mut stack = cache.captured.remove(&key).unwrap_or_default();
-        resolve(cache, slots, lines, &mut stack);
-        let depth = stack.len();
-        cache.captured.insert(key, stack);
-        depth
+        store_frames(key, &frames[..n], &lines[..n], slots, Skip::OwnFrames)
     })
 }
 
+/// Keeps under `key` a stack that `rb_profile_frames` read earlier (leaf first), whole:
+/// the allocation sampler's, read in the NEWOBJ hook where frames cannot be named (see
+/// `allocation_sampler`). Returns its depth (0: nothing kept).
+///
+/// # Safety
+///
+/// GVL held, and every frame object is still alive (marked since it was read).
+pub unsafe fn store_read_frames(key: i64, frames: &[rb_sys::VALUE], lines: &[i32]) -> usize {
+    let mut slots = Vec::with_capacity(frames.len());
+    store_frames(key, frames, lines, &mut slots, Skip::Nothing)
+}
+
+/// Which leaf-side frames a stored stack leaves out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Skip {
+    /// `_native_capture_stack` and the Ruby method that called it.
+    OwnFrames,
+    Nothing,
+}
+
+/// Names the frames (caching them) and keeps them under `key`; returns the depth.
+fn store_frames(
+    key: i64,
+    frames: &[rb_sys::VALUE],
+    lines: &[i32],
+    slots: &mut Vec<u32>,
+    skip: Skip,
+) -> usize {
+    slots.clear();
+    let mut unknown = Vec::new();
+    {
+        let guard = cache();
+        for &frame in frames {
+            let slot = guard.as_ref().and_then(|c| c.slot_of.get(&(frame as usize)).copied());
+            if slot.is_none() {
+                unknown.push(frame);
+            }
+            slots.push(slot.unwrap_or(UNKNOWN));
+        }
+    }
+    let mut guard = cache();
+    if !unknown.is_empty() {
+        // Named outside the lock: reading names may allocate (a method name's String is
+        // made on first use), so a GC may run, and mark the cache.
+        drop(guard);
+        let named: Vec<(rb_sys::VALUE, Names)> =
+            unknown.into_iter().map(|f| (f, names_of(f))).collect();
+        guard = cache();
+        let cache = guard.get_or_insert_with(Cache::default);
+        if cache.slots.len() + named.len() > MAX_CACHED_FRAMES {
+            *cache = Cache::default();
+            // Everything must be named again: start this capture over next time.
+            return 0;
+        }
+        for (frame, names) in named {
+            let flag = if names.path.is_some() { RUBY_FRAME } else { 0 };
+            let next = cache.slots.len() as u32;
+            let slot = *cache.slot_of.entry(frame as usize).or_insert(next | flag);
+            if slot & !RUBY_FRAME == next {
+                cache.slots.push(names);
+            }
+        }
+        for (slot, &frame) in slots.iter_mut().zip(frames) {
+            if *slot == UNKNOWN {
+                *slot = cache.slot_of.get(&(frame as usize)).copied().unwrap_or(UNKNOWN);
+            }
+        }
+    }
+    let cache = guard.get_or_insert_with(Cache::default);
+    let mut stack = cache.captured.remove(&key).unwrap_or_default();
+    resolve(cache, slots, lines, &mut stack, skip);
+    let depth = stack.len();
+    cache.captured.insert(key, stack);
+    depth
+}
+
 /// Fills `stack` from the frames read (as slots, flagged [`RUBY_FRAME`]): leaves out this
-/// method's own frames, and gives each C method its caller's path and line.
-fn resolve(cache: &Cache, slots: &[u32], lines: &[i32], stack: &mut Vec<CapturedFrame>) {
+/// method's own frames (if asked), and gives each C method its caller's path and line.
+fn resolve(
+    cache: &Cache,
+    slots: &[u32],
+    lines: &[i32],
+    stack: &mut Vec<CapturedFrame>,
+    skip: Skip,
+) {
     stack.clear();
     let is_ruby = |slot: u32| slot != UNKNOWN && slot & RUBY_FRAME != 0;
     // Leading C frames are `_native_capture_stack` itself; the first Ruby frame is its caller.
-    let skip = slots.iter().position(|&s| is_ruby(s)).map_or(slots.len(), |i| i + 1);
+    let skip = match skip {
+        Skip::OwnFrames => slots.iter().position(|&s| is_ruby(s)).map_or(slots.len(), |i| i + 1),
+        Skip::Nothing => 0,
+    };
     let mut end = slots.len();
     // The main thread's root: `rb_profile_frames` sees the program's `<main>` twice (the
     // top-level frame and the one that evaluates the script), where Locations show it once.

@@ -81,6 +81,11 @@ struct DecoyObjspace(UnsafeCell<[u64; 8192]>);
 unsafe impl Sync for DecoyObjspace {}
 static DECOY_OBJSPACE: DecoyObjspace = DecoyObjspace(UnsafeCell::new([0; 8192]));
 
+/// The data pointer to register any postponed job with (bug #19991, see the module doc).
+pub fn decoy_data() -> *mut c_void {
+    DECOY_OBJSPACE.0.get().cast()
+}
+
 /// What the trigger saw at its latest tick, for the job to judge how late it runs. A seqlock:
 /// `seq` is odd while the trigger writes.
 pub struct TickInfo {
@@ -218,20 +223,25 @@ pub fn is_running() -> bool {
 }
 
 /// xorshift64*: enough to spread the ticks, seeded from the clock.
-struct Jitter(u64);
+/// A xorshift64* generator: the ticks' jitter, and the allocation sampler's random steps.
+pub struct Jitter(u64);
 
 impl Jitter {
-    fn new() -> Self {
+    pub fn new() -> Self {
         Self((monotonic_ns() as u64) | 1)
+    }
+
+    /// A number uniformly drawn from [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// A duration uniformly drawn from 0.5 to 1.5 times `period`.
     fn around(&mut self, period: Duration) -> Duration {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let unit = (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
-        period.mul_f64(0.5 + unit)
+        period.mul_f64(0.5 + self.unit())
     }
 }
 
@@ -290,7 +300,7 @@ fn tick(job: unsafe extern "C" fn(*mut c_void)) {
     // SAFETY: callable from a thread Ruby does not know since Ruby 3.1 (module doc); `job` is
     // an `extern "C"` function that never unwinds; the data pointer is the bug #19991 decoy.
     unsafe {
-        rb_sys::rb_postponed_job_register_one(0, Some(job), DECOY_OBJSPACE.0.get().cast());
+        rb_sys::rb_postponed_job_register_one(0, Some(job), decoy_data());
     }
     TICKS.fetch_add(1, Ordering::Relaxed);
 }

@@ -39,6 +39,13 @@ module DdprofRecorder
       # A sampling pass or job that raises is logged and skipped; this many in a row stop
       # sampling rather than flood the log of a program that would keep failing the same way.
       MAX_CONSECUTIVE_ERRORS = 10
+      GC_FRAME = ["(garbage collection)", "", 0].freeze
+      GC_KIND_LABEL = "gc kind"
+      # The GC's phases and kinds, in the order Profiler._native_take_gc gives their times.
+      GC_BUCKETS = [["(marking)", "minor"], ["(marking)", "major"], ["(sweeping)", "minor"],
+                    ["(sweeping)", "major"]].map do |phase, kind|
+        [[[phase, "", 0].freeze, GC_FRAME].freeze, [GC_KIND_LABEL, kind].freeze].freeze
+      end.freeze
 
       # The real clocks.
       module Clock
@@ -83,9 +90,15 @@ module DdprofRecorder
       # @param extra_labels [Array<Array>] labels added to every sample (e.g. the process id).
       # @param forked_thread [Thread, nil] in a forked child, the thread that forked (see
       #   #native_id).
+      # @param extra_values [Integer] value types the recorder has after the three it records
+      #   (they get 0).
+      # @param gc [Boolean] charge the GC time that ext/ddprof_recorder/src/gc_events.rs
+      #   measures to a `(garbage collection)` frame, out of the thread's CPU.
       def initialize(recorder, internal:, clock: Clock, extra_labels: [], forked_thread: nil,
-                     logger: DdprofRecorder.logger)
+                     logger: DdprofRecorder.logger, extra_values: 0, gc: false)
         @forked_thread = forked_thread
+        @padding = Array.new(extra_values, 0).freeze
+        @gc = gc
         @recorder = recorder
         @internal = internal
         @clock = clock
@@ -199,6 +212,18 @@ module DdprofRecorder
         end
       end
 
+      # The labels of `thread`'s samples, or nil for the profiler's own threads.
+      #
+      # @return [Array<Array>, nil] frozen; the same object while the thread's name and id stay.
+      def labels_for(thread)
+        return nil if @internal.call(thread)
+
+        state = @threads[thread]
+        return state.labels if state&.labels && same_labels?(state, thread)
+
+        build_labels(thread, native_id(thread))
+      end
+
       # Writes the messages of failed jobs and passes to the logger. Not from a job.
       def write_log
         @logger.public_send(*@messages.shift) until @messages.empty?
@@ -238,6 +263,7 @@ module DdprofRecorder
         tid = state.native_id
         cpu_used = 0
         if on_time
+          take_gc(state, now_ns)
           cpu_used = uncharged_cpu(tid, cpu_ns)
           @charged_cpu[tid] = cpu_ns if tid
           state.on_cpu_locations = stack
@@ -308,12 +334,44 @@ module DdprofRecorder
         # "run": runnable but not the GVL holder, i.e. preempted while running Ruby: its stack
         # is where it ran. "sleep": blocked; its CPU is carried (see the class doc).
         if cpu && status == "run"
+          take_gc(state, now_ns)
           cpu_used = uncharged_cpu(state.native_id, cpu)
           @charged_cpu[state.native_id] = cpu
           state.on_cpu_locations = locations
         end
         record(state, locations, cpu_used, 1, now_ns)
         looked(state, cpu)
+      end
+
+      def values(cpu_ns, count, wall_ns)
+        values = [cpu_ns, count, wall_ns]
+        @padding.empty? ? values : values.concat(@padding)
+      end
+
+      # Before the thread's CPU is charged: the GC time it spent since, on the GC's frames
+      # (its CPU then no longer counts as the thread's own; its wall time, up to `now_ns`,
+      # neither).
+      def take_gc(state, now_ns)
+        tid = state.native_id
+        return unless @gc && tid
+
+        times = Profiler._native_take_gc(tid)
+        return unless times
+
+        gc_cpu = 0
+        GC_BUCKETS.each_with_index do |(stack, kind), i|
+          cpu = times[2 * i]
+          wall = times[(2 * i) + 1]
+          next unless cpu.positive? || wall.positive?
+
+          if now_ns
+            wall = wall.clamp(0, [now_ns - state.wall_ns, 0].max)
+            state.wall_ns += wall
+          end
+          @recorder.record_sample(stack, values(cpu, 0, now_ns ? wall : 0), [*state.labels, kind])
+          gc_cpu += cpu
+        end
+        @charged_cpu[tid] = (@charged_cpu[tid] || 0) + gc_cpu
       end
 
       # CPU the native thread `tid` used since it was last charged, given its clock `cpu`.
@@ -329,7 +387,7 @@ module DdprofRecorder
       def record(state, stack, cpu_ns, count, now_ns)
         wall = now_ns - state.wall_ns
         wall = 0 if wall.negative?
-        record_stack(stack, [cpu_ns, count, wall], state.labels)
+        record_stack(stack, values(cpu_ns, count, wall), state.labels)
         state.wall_ns = now_ns
         state.locations = stack.is_a?(Integer) ? nil : stack
         # Its passes after this one are idle ones (a sample in a job comes before its pass).
@@ -353,7 +411,7 @@ module DdprofRecorder
 
         wall = @last_pass_ns - state.wall_ns
         wall = 0 if wall.negative?
-        @recorder.record_sample(state.locations, [0, idle, wall], state.labels)
+        @recorder.record_sample(state.locations, values(0, idle, wall), state.labels)
         @counts[:samples] += idle
         state.wall_ns += wall
         state.sample_mark = @counts[:passes]
@@ -366,6 +424,7 @@ module DdprofRecorder
         return unless tid
 
         cpu ||= @clock.thread_cpu_ns(tid) || state.seen_cpu_ns
+        take_gc(state, nil)
         carried = uncharged_cpu(tid, cpu)
         return unless carried.positive?
 
@@ -374,7 +433,7 @@ module DdprofRecorder
         stack = state.locations if no_stack?(stack)
         return if no_stack?(stack)
 
-        record_stack(stack, [carried, 0, 0], state.labels)
+        record_stack(stack, values(carried, 0, 0), state.labels)
         @charged_cpu[tid] = cpu
       end
 
@@ -436,9 +495,12 @@ module DdprofRecorder
         state.name = thread.name
         state.native_id = native_id(thread)
         @scan_tids[state.index] = state.native_id
-        id = ThreadSampler.thread_id(thread, state.native_id)
-        state.labels = [[THREAD_ID_LABEL, id].freeze, [THREAD_NAME_LABEL, display_name(thread)].freeze,
-                        *@extra_labels].freeze
+        state.labels = build_labels(thread, state.native_id)
+      end
+
+      def build_labels(thread, native_id)
+        id = ThreadSampler.thread_id(thread, native_id)
+        [[THREAD_ID_LABEL, id].freeze, [THREAD_NAME_LABEL, display_name(thread)].freeze, *@extra_labels].freeze
       end
 
       # `Thread#name`, or "main", or where the thread was created (from `Thread#inspect`,

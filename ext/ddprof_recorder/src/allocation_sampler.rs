@@ -1,0 +1,477 @@
+//! Allocation sampling: a native internal tracepoint on `RUBY_INTERNAL_EVENT_NEWOBJ` that
+//! takes one allocation in about every `interval`, reads its stack, and has the allocating
+//! thread record it in a postponed job (`Profiler::AllocationRecorder#call` in
+//! `lib/ddprof_recorder/profiler/allocation_recorder.rb`). Relies on Ruby 3.1's internal
+//! events (`ruby/debug.h`, `vm_trace.c`).
+//!
+//! # What the hook may do
+//!
+//! Ruby calls a NEWOBJ hook from `newobj_of` (Ruby 3.1 `gc.c`, `gc_event_hook_prep`) right
+//! after it took a slot for the object and wrote its flags and class, before the caller
+//! initialized it. `rb_tracepoint_new`'s documentation (`ruby/debug.h`) says what an internal
+//! hook must not do: use any Ruby API, "even object creations". An allocation there would
+//! re-enter `newobj_of` and could start a GC in the middle of the caller's allocation. So the
+//! hook only:
+//!
+//! - counts down to the next sample (a step drawn uniformly from 1 to `2 * interval - 1`, so
+//!   the mean is `interval` and a loop that allocates with a fixed period does not alias with
+//!   it; the step is the sample's weight, the number of allocations it stands for);
+//! - reads the object's type and class from its `RBasic` header (plain memory reads): objects
+//!   whose class field is not a class (`T_IMEMO`, `T_NODE`: internal objects keep other data
+//!   there) or is 0 (hidden objects) get no class;
+//! - calls `rb_profile_frames` into a preallocated buffer: it walks the control frames and
+//!   copies frame objects (iseqs, method entries) without allocating (`vm_backtrace.c`);
+//! - registers the postponed job (`rb_postponed_job_register_one`, which only claims a slot
+//!   of the VM's job buffer and sets an interrupt flag, `vm_trace.c`).
+//!
+//! No Ruby object is made and no Ruby method is called. Naming the frames does allocate (a
+//! method name's String is made on first use), so it waits for the job.
+//!
+//! # Why the stack is read in the hook
+//!
+//! The job runs at the thread's next interrupt check; by then the allocating method may have
+//! returned. Reading the stack in the hook is what makes it the allocating stack. The frames
+//! read are kept alive, and pinned against `GC.compact`, until the job has named them: the
+//! pending samples are marked by [`PendingRoot`], a GC root, with `rb_gc_mark` (which pins).
+//! The sample's thread, class and (for the heap profile) object are marked the same way.
+//! The lock on the pending samples is never held across anything that can allocate, so a GC
+//! (which runs only at an allocation) never finds it held.
+//!
+//! # Postponed-job data (Ruby bug #19991)
+//!
+//! The job is registered with the trigger's decoy data pointer (see `trigger`'s module doc):
+//! a racing register may hand our data to the GC's finalizer job.
+//!
+//! # Reentrancy, fork and exit
+//!
+//! The job's own allocations, and those of the sampling job, are not sampled: each job marks
+//! the thread it runs on ([`JOB_HERE`], `sampling_job::in_job_here`), so that a job switched
+//! out in its Ruby handler does not hide the other threads' allocations. Any thread's job
+//! records the pending samples of every thread, each taking the next one not taken; they
+//! stay pending (marked) until none is being recorded. A forked child inherits the enabled tracepoint, but the hook and
+//! the job do nothing in a process other than the one that started sampling (the fork
+//! generation of `stack_recorder`), until sampling is started again there. An end proc
+//! (registered at load, run after every `at_exit` block) disables the tracepoint before the
+//! VM is torn down.
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, Once};
+
+use magnus::{
+    function, gc, prelude::*, rb_sys::AsRawValue, rb_sys::FromRawValue, value::LazyId,
+    DataTypeFunctions, Error, RHash, RModule, RString, Ruby, TypedData, Value,
+};
+
+use crate::trigger::Jitter;
+
+/// The keys under which a sampled allocation's stack is kept in `stack_capture` while it is
+/// recorded are this plus the recording thread's id: the sampler's keys, native thread ids
+/// and their negations, are never that small.
+pub const ALLOCATION_KEY: i64 = i64::MIN;
+/// Deepest allocating stack read (the recorder's `max_frames` then cuts it further).
+const DEPTH: usize = 512;
+/// Samples that can wait for their job. The job runs at the next interrupt check; a C method
+/// that allocates many objects without one (`String#split` of a long string) fills it at a
+/// small `interval`, and the samples past it are counted in `dropped`.
+const MAX_PENDING: usize = 256;
+/// Largest `interval`.
+pub const MAX_INTERVAL: u64 = 1 << 40;
+
+// Ruby 3.1 `ruby/internal/value_type.h`.
+const T_MASK: usize = 0x1f;
+const T_SYMBOL: usize = 0x14;
+
+/// A sampled allocation waiting for the job; its frames are at `index * DEPTH` in the buffers.
+struct Pending {
+    thread: rb_sys::VALUE,
+    /// 0: none (a hidden or internal object).
+    klass: rb_sys::VALUE,
+    /// Kept (and marked) only for the heap profile; else 0.
+    object: rb_sys::VALUE,
+    weight: u64,
+    depth: usize,
+}
+
+struct State {
+    frames: Vec<rb_sys::VALUE>,
+    lines: Vec<i32>,
+    pending: Vec<Pending>,
+    /// Pending samples taken by a job (from the front), and of those, not recorded yet.
+    taken: usize,
+    in_flight: usize,
+    interval: u64,
+    step: u64,
+    countdown: u64,
+    rng: Jitter,
+    generation: u64,
+    heap: bool,
+}
+
+impl State {
+    fn draw(&mut self) -> u64 {
+        let span = 2 * self.interval - 1;
+        (1 + (self.rng.unit() * span as f64) as u64).min(span)
+    }
+}
+
+/// Only used with the GVL held; a Mutex only to be `Sync`. Never held across an allocation.
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// The job runs on this thread: its own allocations are not sampled.
+    static JOB_HERE: Cell<bool> = const { Cell::new(false) };
+}
+/// The handler (`AllocationRecorder`) or Qnil, and the TracePoint object: GC roots.
+static HANDLER: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
+static TRACEPOINT: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
+/// Bumped at every start and stop: a job switched out meanwhile holds samples of an earlier
+/// run, no longer marked.
+static RUN: AtomicU64 = AtomicU64::new(0);
+static SAMPLED: AtomicU64 = AtomicU64::new(0);
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+static RECORDED: AtomicU64 = AtomicU64::new(0);
+
+static CALL: LazyId = LazyId::new("call");
+
+fn state() -> MutexGuard<'static, Option<State>> {
+    STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Marks what the pending samples hold: their GC root.
+#[derive(TypedData)]
+#[magnus(class = "DdprofRecorder::Profiler::AllocationRoot", mark, free_immediately)]
+struct PendingRoot;
+
+impl DataTypeFunctions for PendingRoot {
+    fn mark(&self, _marker: &gc::Marker) {
+        // Never contended: the lock is never held across an allocation (module doc).
+        let Ok(guard) = STATE.try_lock() else { return };
+        let Some(state) = guard.as_ref() else { return };
+        for (i, pending) in state.pending.iter().enumerate() {
+            let frames = &state.frames[i * DEPTH..i * DEPTH + pending.depth];
+            for &value in frames.iter().chain([&pending.thread, &pending.klass, &pending.object]) {
+                if value != 0 {
+                    // SAFETY: each is a heap object that was live when the hook read it, and
+                    // has been marked (so kept, pinned) at every GC since.
+                    unsafe { rb_sys::rb_gc_mark(value) };
+                }
+            }
+        }
+    }
+}
+
+pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: statics live for the process; an AtomicUsize has a VALUE's layout. Once,
+        // with the GVL (at load).
+        unsafe {
+            rb_sys::rb_gc_register_address(HANDLER.as_ptr().cast());
+            rb_sys::rb_gc_register_address(TRACEPOINT.as_ptr().cast());
+        }
+        // SAFETY: a plain function with no data, run with the GVL after every `at_exit` block
+        // (Ruby 3.1 `eval_jump.c`, `rb_ec_exec_end_proc`).
+        unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
+    });
+    let class = module.define_class("Profiler", ruby.class_object())?;
+    let root_class = class.define_class("AllocationRoot", ruby.class_object())?;
+    root_class.undef_default_alloc_func();
+    ruby.gc_register_mark_object(ruby.obj_wrap(PendingRoot));
+    class.define_singleton_method("_native_allocations_start", function!(native_start, 3))?;
+    class.define_singleton_method("_native_allocations_stop", function!(native_stop, 0))?;
+    class.define_singleton_method("_native_allocations_stats", function!(native_stats, 0))?;
+    class.const_set("ALLOCATION_KEY", ALLOCATION_KEY)?;
+    class.const_set("MAX_ALLOCATION_INTERVAL", MAX_INTERVAL)?;
+    Ok(())
+}
+
+unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
+    let _ = catch_unwind(|| {
+        stop();
+        crate::heap_tracker::stop();
+    });
+}
+
+fn stop() {
+    ENABLED.store(false, Ordering::Release);
+    RUN.fetch_add(1, Ordering::AcqRel);
+    let tracepoint = TRACEPOINT.load(Ordering::Acquire) as rb_sys::VALUE;
+    if tracepoint != rb_sys::Qnil as rb_sys::VALUE {
+        // SAFETY: a TracePoint made by `rb_tracepoint_new`, kept by its GC root; GVL held.
+        unsafe { rb_sys::rb_tracepoint_disable(tracepoint) };
+    }
+    if let Some(state) = state().as_mut() {
+        state.pending.clear();
+        state.taken = 0;
+        state.in_flight = 0;
+    }
+    HANDLER.store(rb_sys::Qnil as usize, Ordering::Release);
+}
+
+/// `Profiler._native_allocations_start(interval, handler, heap)`: samples one allocation in
+/// about every `interval` and calls `handler.call(thread, class_name, weight)` for each, from
+/// a postponed job on the allocating thread; with `heap`, also tracks the sampled objects
+/// until the GC frees them (see `heap_tracker`).
+fn native_start(ruby: &Ruby, interval: u64, handler: Value, heap: bool) -> Result<(), Error> {
+    crate::errors::entry(ruby, || {
+        if !(1..=MAX_INTERVAL).contains(&interval) {
+            return Err(crate::errors::arg_error(
+                ruby,
+                format!("allocation interval must be in 1..{MAX_INTERVAL}, got {interval}"),
+            ));
+        }
+        stop();
+        crate::heap_tracker::stop();
+        let mut state = State {
+            frames: vec![0; MAX_PENDING * DEPTH],
+            lines: vec![0; MAX_PENDING * DEPTH],
+            pending: Vec::with_capacity(MAX_PENDING),
+            taken: 0,
+            in_flight: 0,
+            interval,
+            step: 1,
+            countdown: 1,
+            rng: Jitter::new(),
+            generation: crate::stack_recorder::fork_generation(),
+            heap,
+        };
+        state.step = state.draw();
+        state.countdown = state.step;
+        *STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(state);
+        if heap {
+            crate::heap_tracker::start();
+        }
+        HANDLER.store(handler.as_raw() as usize, Ordering::Release);
+        let mut tracepoint = TRACEPOINT.load(Ordering::Acquire) as rb_sys::VALUE;
+        if tracepoint == rb_sys::Qnil as rb_sys::VALUE {
+            // SAFETY: GVL held; `on_newobj` never unwinds; no data pointer.
+            tracepoint = unsafe {
+                rb_sys::rb_tracepoint_new(
+                    rb_sys::Qnil as rb_sys::VALUE,
+                    rb_sys::RUBY_INTERNAL_EVENT_NEWOBJ,
+                    Some(on_newobj),
+                    std::ptr::null_mut(),
+                )
+            };
+            TRACEPOINT.store(tracepoint as usize, Ordering::Release);
+        }
+        RUN.fetch_add(1, Ordering::AcqRel);
+        ENABLED.store(true, Ordering::Release);
+        // SAFETY: a TracePoint object kept by its GC root; GVL held.
+        unsafe { rb_sys::rb_tracepoint_enable(tracepoint) };
+        Ok(())
+    })
+}
+
+fn native_stop(ruby: &Ruby) -> Result<(), Error> {
+    crate::errors::entry(ruby, || {
+        stop();
+        Ok(())
+    })
+}
+
+fn native_stats(ruby: &Ruby) -> Result<RHash, Error> {
+    crate::errors::entry(ruby, || {
+        let hash = ruby.hash_new();
+        hash.aset(ruby.to_symbol("sampled"), SAMPLED.load(Ordering::Relaxed))?;
+        hash.aset(ruby.to_symbol("recorded"), RECORDED.load(Ordering::Relaxed))?;
+        hash.aset(ruby.to_symbol("dropped"), DROPPED.load(Ordering::Relaxed))?;
+        crate::heap_tracker::add_stats(ruby, hash)?;
+        Ok(hash)
+    })
+}
+
+/// The NEWOBJ hook. Never unwinds, never allocates a Ruby object (module doc).
+unsafe extern "C" fn on_newobj(tracepoint: rb_sys::VALUE, _data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| newobj(tracepoint)));
+}
+
+fn newobj(tracepoint: rb_sys::VALUE) {
+    if !ENABLED.load(Ordering::Relaxed)
+        || JOB_HERE.with(Cell::get)
+        || crate::sampling_job::in_job_here()
+    {
+        return;
+    }
+    let Ok(mut guard) = STATE.try_lock() else { return };
+    let Some(state) = guard.as_mut() else { return };
+    if state.countdown > 1 {
+        state.countdown -= 1;
+        return;
+    }
+    if state.generation != crate::stack_recorder::fork_generation() {
+        return; // a forked child that has not started sampling
+    }
+    let weight = state.step;
+    state.step = state.draw();
+    state.countdown = state.step;
+    SAMPLED.fetch_add(1, Ordering::Relaxed);
+    let index = state.pending.len();
+    if index == MAX_PENDING {
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    // SAFETY: in a NEWOBJ hook with the GVL; the trace arg is the current event's, and its
+    // object is the new one (`rb_tracearg_object` only reads the trace arg, `vm_trace.c`).
+    let object =
+        unsafe { rb_sys::rb_tracearg_object(rb_sys::rb_tracearg_from_tracepoint(tracepoint)) };
+    // SAFETY: a new heap object: its flags and class words are written (see the module doc).
+    let (flags, klass) = unsafe {
+        let basic = object as *const rb_sys::RBasic;
+        ((*basic).flags as usize, (*basic).klass)
+    };
+    // Internal objects (imemo, node, iclass...) keep other data in the class word.
+    let klass = if flags & T_MASK <= T_SYMBOL { klass } else { 0 };
+    let start = index * DEPTH;
+    // SAFETY: both buffers hold DEPTH entries from `start`; GVL held; does not allocate.
+    let depth = unsafe {
+        rb_sys::rb_profile_frames(
+            0,
+            DEPTH as i32,
+            state.frames[start..].as_mut_ptr(),
+            state.lines[start..].as_mut_ptr(),
+        )
+    };
+    let depth = usize::try_from(depth).unwrap_or(0).min(DEPTH);
+    // SAFETY: GVL held; returns the current thread's object, no allocation.
+    let thread = unsafe { rb_sys::rb_thread_current() };
+    let object = if state.heap { object } else { 0 };
+    state.pending.push(Pending { thread, klass, object, weight, depth });
+    drop(guard);
+    // SAFETY: `job` is an `extern "C"` function that never unwinds; the data pointer is the
+    // bug #19991 decoy (module doc). Registering only sets an interrupt flag.
+    unsafe {
+        rb_sys::rb_postponed_job_register_one(0, Some(job), crate::trigger::decoy_data());
+    }
+}
+
+/// The postponed job. Never unwinds.
+unsafe extern "C" fn job(_data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(run_job));
+}
+
+/// What the job copies out of a pending sample (the sample itself stays marked until all
+/// are done).
+struct Taken {
+    run: u64,
+    thread: rb_sys::VALUE,
+    klass: rb_sys::VALUE,
+    object: rb_sys::VALUE,
+    weight: u64,
+    frames: Vec<rb_sys::VALUE>,
+    lines: Vec<i32>,
+}
+
+fn run_job() {
+    if JOB_HERE.with(|here| here.replace(true)) {
+        return;
+    }
+    if let Ok(ruby) = Ruby::get() {
+        // This thread's key for the stacks it names (another thread's job may run while
+        // this one is switched out in its handler).
+        let key = ALLOCATION_KEY + i64::from(crate::sampling_job::own_tid().max(0));
+        while let Some(taken) = take() {
+            record(&ruby, &taken, key);
+            done();
+        }
+        crate::stack_capture::forget(key);
+    }
+    JOB_HERE.with(|here| here.set(false));
+}
+
+/// The next pending sample not taken yet, or None: none left, or sampling is off or was
+/// started in another process (then what is pending is dropped, once no job holds any).
+fn take() -> Option<Taken> {
+    let mut guard = state();
+    let state = guard.as_mut()?;
+    let live = ENABLED.load(Ordering::Acquire)
+        && state.generation == crate::stack_recorder::fork_generation();
+    let index = state.taken;
+    let Some(pending) = state.pending.get(index).filter(|_| live) else {
+        if state.in_flight == 0 {
+            state.pending.clear();
+            state.taken = 0;
+        }
+        return None;
+    };
+    state.taken += 1;
+    state.in_flight += 1;
+    let range = index * DEPTH..index * DEPTH + pending.depth;
+    Some(Taken {
+        run: RUN.load(Ordering::Acquire),
+        thread: pending.thread,
+        klass: pending.klass,
+        object: pending.object,
+        weight: pending.weight,
+        frames: state.frames[range.clone()].to_vec(),
+        lines: state.lines[range].to_vec(),
+    })
+}
+
+/// A taken sample is recorded: once none is in flight and all are taken, the buffer is
+/// emptied (until then every pending sample stays marked).
+fn done() {
+    if let Some(state) = state().as_mut() {
+        state.in_flight = state.in_flight.saturating_sub(1);
+        if state.in_flight == 0 && state.taken >= state.pending.len() {
+            state.pending.clear();
+            state.taken = 0;
+        }
+    }
+}
+
+/// Names the stack (under `key`) and the class, and hands the sample to the handler (and the
+/// heap tracker).
+fn record(ruby: &Ruby, taken: &Taken, key: i64) {
+    // SAFETY: GVL held; the frames are still marked (their sample is still pending).
+    let depth =
+        unsafe { crate::stack_capture::store_read_frames(key, &taken.frames, &taken.lines) };
+    if depth == 0 {
+        return;
+    }
+    let class_name = class_name(ruby, taken.klass);
+    let raw = HANDLER.load(Ordering::Acquire);
+    // SAFETY: HANDLER holds Qnil or a live object kept by its GC root; GVL held. The thread
+    // is marked while pending.
+    let (handler, thread) =
+        unsafe { (Value::from_raw(raw as rb_sys::VALUE), Value::from_raw(taken.thread)) };
+    if handler.is_nil() {
+        return;
+    }
+    // Called through `rb_protect` by magnus: an exception comes back as an `Err`.
+    let recorded = handler
+        .funcall::<_, _, bool>(
+            LazyId::get_inner_with(&CALL, ruby),
+            (thread, class_name, taken.weight, key),
+        )
+        .unwrap_or(false);
+    if recorded {
+        RECORDED.fetch_add(1, Ordering::Relaxed);
+        // Only if this run is still the one whose buffer marks the object (the handler may
+        // have been switched out while another thread stopped or restarted sampling).
+        if taken.object != 0 && RUN.load(Ordering::Acquire) == taken.run {
+            crate::heap_tracker::track(taken.object, key, class_name, taken.weight);
+        }
+    }
+}
+
+/// The name of the allocated object's class: `(hidden)` for an object without one.
+fn class_name(ruby: &Ruby, klass: rb_sys::VALUE) -> RString {
+    if klass != 0 {
+        // SAFETY: GVL held; `klass` is a class, marked while its sample is pending.
+        // `rb_class_real` skips singleton classes and include classes.
+        let real = unsafe { rb_sys::rb_class_real(klass) };
+        if real != 0 && real != rb_sys::Qnil as rb_sys::VALUE {
+            // SAFETY: as above; `rb_class_name` returns a String (for an anonymous class,
+            // its inspect form) and does not raise.
+            let name = unsafe { Value::from_raw(rb_sys::rb_class_name(real)) };
+            if let Some(name) = RString::from_value(name) {
+                return name;
+            }
+        }
+    }
+    ruby.str_new("(hidden)")
+}

@@ -1,0 +1,274 @@
+//! The live heap: the objects of the sampled allocations (see `allocation_sampler`) that the
+//! GC has not freed yet, by allocating stack and class. Relies on Ruby 3.1's internal
+//! `RUBY_INTERNAL_EVENT_FREEOBJ` event and on `rb_gc_location` for compaction.
+//!
+//! The tracked objects are weak references: this module never marks them, so tracking does
+//! not keep anything alive. A native tracepoint on FREEOBJ drops an object when the GC frees
+//! it: Ruby 3.1 `gc.c` fires the event at the top of `obj_free`, for every object swept (and
+//! at exit, after our end proc has disabled the hook). The hook only removes a key from a
+//! Rust map (no Ruby object, no Ruby call; the same rules as in the NEWOBJ hook). `GC.compact`
+//! moves live objects without freeing them: the tracker's root object has a compaction
+//! callback (`dcompact`, which Ruby 3.1's `gc_update_object_references` calls for every live
+//! typed data) that rewrites each key with `rb_gc_location`. An object freed and then moved
+//! into cannot be confused: its slot is free (the FREEOBJ came) before anything moves there.
+//!
+//! What it costs is bounded: at most [`MAX_TRACKED`] objects are tracked (later samples are
+//! counted in `heap_skipped` instead), their stacks shared between objects; a report reads
+//! `rb_obj_memsize_of` of each tracked object (which only reads the object) once per window.
+//! Only used with the GVL held; the lock is never held across an allocation.
+use std::collections::HashSet;
+use std::ffi::c_void;
+use std::hash::BuildHasherDefault;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Once};
+
+use magnus::{
+    function, gc, prelude::*, DataTypeFunctions, Error, RArray, RHash, RModule, RString, Ruby,
+    TypedData,
+};
+use rustc_hash::{FxHashMap, FxHasher};
+
+/// Most objects tracked at once. A tracked object costs about 64 bytes here (plus its stack,
+/// shared with the others of that stack), and one `rb_obj_memsize_of` per report.
+pub const MAX_TRACKED: usize = 50_000;
+
+#[derive(Hash, PartialEq, Eq)]
+struct OwnedFrame {
+    name: Box<str>,
+    file: Box<str>,
+    line: i64,
+}
+
+type Stack = Arc<[OwnedFrame]>;
+
+struct Tracked {
+    stack: Stack,
+    class: Arc<str>,
+    weight: u64,
+}
+
+#[derive(Default)]
+struct Heap {
+    /// By object address (VALUE).
+    objects: FxHashMap<usize, Tracked>,
+    stacks: HashSet<Stack, BuildHasherDefault<FxHasher>>,
+    classes: HashSet<Arc<str>, BuildHasherDefault<FxHasher>>,
+}
+
+static HEAP: Mutex<Option<Heap>> = Mutex::new(None);
+static ENABLED: AtomicBool = AtomicBool::new(false);
+/// The FREEOBJ TracePoint object (a GC root), or Qnil.
+static TRACEPOINT: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
+static TRACKED: AtomicU64 = AtomicU64::new(0);
+static FREED: AtomicU64 = AtomicU64::new(0);
+static SKIPPED: AtomicU64 = AtomicU64::new(0);
+
+fn heap() -> MutexGuard<'static, Option<Heap>> {
+    HEAP.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Rewrites the tracked addresses after `GC.compact` moved objects.
+#[derive(TypedData)]
+#[magnus(class = "DdprofRecorder::Profiler::HeapRoot", compact, free_immediately)]
+struct HeapRoot;
+
+impl DataTypeFunctions for HeapRoot {
+    fn compact(&self, _compactor: &gc::Compactor) {
+        // Never contended: the lock is never held across an allocation (module doc).
+        let Ok(mut guard) = HEAP.try_lock() else { return };
+        let Some(heap) = guard.as_mut() else { return };
+        let objects = std::mem::take(&mut heap.objects);
+        heap.objects = objects
+            .into_iter()
+            .map(|(address, tracked)| {
+                // SAFETY: during compaction's reference update; `address` is a live object
+                // (a freed one has left the map), moved or not: rb_gc_location reads its slot.
+                (unsafe { rb_sys::rb_gc_location(address as rb_sys::VALUE) } as usize, tracked)
+            })
+            .collect();
+    }
+}
+
+extern "C" {
+    /// Ruby 3.1 `gc.c` (exported; what `ObjectSpace.memsize_of` reads): the bytes the object
+    /// holds, without allocating.
+    fn rb_obj_memsize_of(obj: rb_sys::VALUE) -> usize;
+}
+
+pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: a static, valid for the process; a VALUE's layout. Once, with the GVL.
+        unsafe { rb_sys::rb_gc_register_address(TRACEPOINT.as_ptr().cast()) };
+    });
+    let class = module.define_class("Profiler", ruby.class_object())?;
+    let root_class = class.define_class("HeapRoot", ruby.class_object())?;
+    root_class.undef_default_alloc_func();
+    ruby.gc_register_mark_object(ruby.obj_wrap(HeapRoot));
+    class.define_singleton_method("_native_heap_live", function!(native_live, 0))?;
+    class.define_singleton_method("_native_heap_stop", function!(native_stop, 0))?;
+    class.const_set("MAX_HEAP_TRACKED", MAX_TRACKED)?;
+    Ok(())
+}
+
+/// Starts tracking afresh (GVL held).
+pub fn start() {
+    *heap() = Some(Heap::default());
+    let mut tracepoint = TRACEPOINT.load(Ordering::Acquire) as rb_sys::VALUE;
+    if tracepoint == rb_sys::Qnil as rb_sys::VALUE {
+        // SAFETY: GVL held; `on_freeobj` never unwinds; no data pointer.
+        tracepoint = unsafe {
+            rb_sys::rb_tracepoint_new(
+                rb_sys::Qnil as rb_sys::VALUE,
+                rb_sys::RUBY_INTERNAL_EVENT_FREEOBJ,
+                Some(on_freeobj),
+                std::ptr::null_mut(),
+            )
+        };
+        TRACEPOINT.store(tracepoint as usize, Ordering::Release);
+    }
+    ENABLED.store(true, Ordering::Release);
+    // SAFETY: a TracePoint object kept by its GC root; GVL held.
+    unsafe { rb_sys::rb_tracepoint_enable(tracepoint) };
+}
+
+/// Stops tracking and forgets the objects: without the free hook their addresses could go
+/// stale (GVL held).
+pub fn stop() {
+    ENABLED.store(false, Ordering::Release);
+    let tracepoint = TRACEPOINT.load(Ordering::Acquire) as rb_sys::VALUE;
+    if tracepoint != rb_sys::Qnil as rb_sys::VALUE {
+        // SAFETY: a TracePoint made by `rb_tracepoint_new`, kept by its GC root; GVL held.
+        unsafe { rb_sys::rb_tracepoint_disable(tracepoint) };
+    }
+    *heap() = None;
+}
+
+fn native_stop(ruby: &Ruby) -> Result<(), Error> {
+    crate::errors::entry(ruby, || {
+        stop();
+        Ok(())
+    })
+}
+
+/// Tracks `object`, just sampled, with the stack kept under `key` in `stack_capture`.
+pub fn track(object: rb_sys::VALUE, key: i64, class: RString, weight: u64) {
+    if !ENABLED.load(Ordering::Acquire) {
+        return;
+    }
+    // SAFETY: GVL held; copied at once, before any Ruby code runs.
+    let class_text = String::from_utf8_lossy(unsafe { class.as_slice() }).into_owned();
+    let frames = crate::stack_capture::with_captured(key, |frames| {
+        frames
+            .iter()
+            .map(|f| OwnedFrame {
+                name: f.function_name.into(),
+                file: f.filename.into(),
+                line: f.line,
+            })
+            .collect::<Vec<_>>()
+    });
+    let Some(frames) = frames else { return };
+    let mut guard = heap();
+    let Some(heap) = guard.as_mut() else { return };
+    if heap.objects.len() >= MAX_TRACKED {
+        SKIPPED.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let stack = match heap.stacks.get(frames.as_slice()) {
+        Some(stack) => stack.clone(),
+        None => {
+            let stack: Stack = frames.into();
+            heap.stacks.insert(stack.clone());
+            stack
+        }
+    };
+    let class = match heap.classes.get(class_text.as_str()) {
+        Some(class) => class.clone(),
+        None => {
+            let class: Arc<str> = class_text.into();
+            heap.classes.insert(class.clone());
+            class
+        }
+    };
+    heap.objects.insert(object as usize, Tracked { stack, class, weight });
+    TRACKED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The FREEOBJ hook. Never unwinds, never allocates a Ruby object.
+unsafe extern "C" fn on_freeobj(tracepoint: rb_sys::VALUE, _data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if !ENABLED.load(Ordering::Relaxed) {
+            return;
+        }
+        // SAFETY: in a FREEOBJ hook with the GVL: the trace arg's object is the one freed.
+        let object =
+            unsafe { rb_sys::rb_tracearg_object(rb_sys::rb_tracearg_from_tracepoint(tracepoint)) };
+        let Ok(mut guard) = HEAP.try_lock() else { return };
+        if let Some(heap) = guard.as_mut() {
+            if heap.objects.remove(&(object as usize)).is_some() {
+                FREED.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }));
+}
+
+/// One line of the live heap: a stack and class, how many tracked objects, their weighted
+/// size.
+struct Live {
+    stack: Stack,
+    class: Arc<str>,
+    samples: u64,
+    size: u64,
+}
+
+/// `Profiler._native_heap_live`: the tracked objects still alive, as `[[frames, class,
+/// samples, size], ...]` (`frames` as `[name, file, line]`, leaf first; `size`: each
+/// object's `ObjectSpace.memsize_of` times its sample's weight, an estimate of the bytes
+/// that stack's live objects hold).
+fn native_live(ruby: &Ruby) -> Result<RArray, Error> {
+    crate::errors::entry(ruby, || {
+        let lines = {
+            let mut guard = heap();
+            let Some(heap) = guard.as_mut() else { return Ok(ruby.ary_new()) };
+            let mut by_key: FxHashMap<(*const OwnedFrame, *const u8), Live> = FxHashMap::default();
+            for (&address, tracked) in &heap.objects {
+                // SAFETY: a live object (freed ones left the map); GVL held; only reads.
+                let size = unsafe { rb_obj_memsize_of(address as rb_sys::VALUE) } as u64;
+                let key = (tracked.stack.as_ptr(), tracked.class.as_ptr());
+                let live = by_key.entry(key).or_insert_with(|| Live {
+                    stack: tracked.stack.clone(),
+                    class: tracked.class.clone(),
+                    samples: 0,
+                    size: 0,
+                });
+                live.samples += 1;
+                live.size = live.size.saturating_add(size.saturating_mul(tracked.weight));
+            }
+            // Stacks and classes no tracked object holds any more.
+            heap.stacks.retain(|stack| Arc::strong_count(stack) > 1);
+            heap.classes.retain(|class| Arc::strong_count(class) > 1);
+            by_key.into_values().collect::<Vec<_>>()
+        };
+        // Ruby objects only now, with the lock released.
+        let result = ruby.ary_new_capa(lines.len());
+        for live in lines {
+            let frames = ruby.ary_new_capa(live.stack.len());
+            for frame in live.stack.iter() {
+                frames.push((&*frame.name, &*frame.file, frame.line))?;
+            }
+            result.push((frames, &*live.class, live.samples, live.size))?;
+        }
+        Ok(result)
+    })
+}
+
+pub fn add_stats(ruby: &Ruby, hash: RHash) -> Result<(), Error> {
+    let tracked_now = heap().as_ref().map_or(0, |h| h.objects.len());
+    hash.aset(ruby.to_symbol("heap_tracked"), TRACKED.load(Ordering::Relaxed))?;
+    hash.aset(ruby.to_symbol("heap_freed"), FREED.load(Ordering::Relaxed))?;
+    hash.aset(ruby.to_symbol("heap_skipped"), SKIPPED.load(Ordering::Relaxed))?;
+    hash.aset(ruby.to_symbol("heap_live_tracked"), tracked_now)?;
+    Ok(())
+}

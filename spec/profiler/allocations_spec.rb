@@ -1,0 +1,168 @@
+# frozen_string_literal: true
+
+require "open3"
+require "rbconfig"
+
+# Allocation samples (Profiler.start(allocations: true)): the NEWOBJ hook of
+# ext/ddprof_recorder/src/allocation_sampler.rs and Profiler::AllocationRecorder, checked on
+# programs whose allocation shape is known, through the public API and google-protobuf.
+RSpec.describe "DdprofRecorder::Profiler allocation samples" do
+  let(:profiler_class) { DdprofRecorder::Profiler }
+
+  # One String an iteration (the literals are frozen; their sum is new): 10x more in #ten than
+  # in #one.
+  module AllocationShape
+    module_function
+
+    def ten(rounds)
+      rounds.times { "a" + "b" } # rubocop:disable Style/StringConcatenation
+    end
+
+    def one(rounds)
+      rounds.times { "a" + "b" } # rubocop:disable Style/StringConcatenation
+    end
+
+    def run(iterations, per_call)
+      iterations.times do
+        ten(per_call * 10)
+        one(per_call)
+      end
+    end
+  end
+
+  class AllocatedThing; end # rubocop:disable Lint/EmptyClass
+
+  # Per leaf function, the sum of `type` over the samples.
+  def by_leaf(samples, type)
+    samples.each_with_object(Hash.new(0)) { |s, acc| acc[s[:frames].first&.first] += s[:values].fetch(type, 0) }
+  end
+
+  def share(hash, key)
+    100.0 * hash[key] / hash.values.sum
+  end
+
+  def profile(**options, &block)
+    samples_from(decode_pprof(profiler_class.profile(compression: :none, **options, &block)))
+  end
+
+  it "adds alloc-samples and alloc-count only when asked" do
+    plain = decode_pprof(profiler_class.profile(compression: :none) { AllocationShape.run(1, 10) })
+    types = ->(p) { p.sample_type.map { |t| [p.string_table[t.type], p.string_table[t.unit]] } }
+    expect(types.call(plain)).to eq(profiler_class::VALUE_TYPES)
+    with = decode_pprof(profiler_class.profile(compression: :none, allocations: true) { AllocationShape.run(1, 10) })
+    expect(types.call(with)).to eq(profiler_class::VALUE_TYPES + [%w[alloc-samples count], %w[alloc-count count]])
+  end
+
+  it "charges every allocation to its stack at interval 1 (10x more in #ten than in #one)" do
+    samples = profile(allocations: true, allocation_interval: 1) { AllocationShape.run(20, 500) }
+    counts = by_leaf(samples, "alloc-samples")
+    expect(counts["ten"]).to eq(20 * 5000)
+    expect(counts["one"]).to eq(20 * 500)
+    expect(by_leaf(samples, "alloc-count")).to include("ten" => 100_000, "one" => 10_000)
+    ten_share = share(counts.slice("ten", "one"), "ten")
+    expect(ten_share).to be_within(5).of(100.0 * 10 / 11)
+  end
+
+  it "keeps the shares within 5 points at the default interval, and alloc-count near the true count" do
+    truth = (100 * 10_000) + (100 * 1_000)
+    samples = profile(allocations: true) { AllocationShape.run(100, 1_000) }
+    counts = by_leaf(samples, "alloc-count").slice("ten", "one")
+    expect(share(counts, "ten")).to be_within(5).of(100.0 * 10 / 11)
+    expect(counts.values.sum).to be_within(truth / 10).of(truth)
+    taken = by_leaf(samples, "alloc-samples").slice("ten", "one").values.sum
+    expected = truth / profiler_class::DEFAULT_ALLOCATION_INTERVAL
+    expect(taken).to be_within(expected / 3).of(expected)
+  end
+
+  it "labels each sample with the allocated object's class" do
+    samples = profile(allocations: true, allocation_interval: 1) do
+      200.times { AllocatedThing.new }
+      100.times { [1, 2] + [3] }
+    end
+    by_class = samples.each_with_object(Hash.new(0)) do |s, acc|
+      acc[s[:labels][profiler_class::ALLOCATION_CLASS_LABEL]] += s[:values]["alloc-samples"]
+    end
+    expect(by_class["AllocatedThing"]).to eq(200)
+    expect(by_class["Array"]).to be >= 300
+    thread_labels = samples.select { |s| s[:values]["alloc-samples"].positive? }.map { |s| s[:labels]["thread name"] }
+    expect(thread_labels.uniq).to eq(["main"])
+  end
+
+  it "records the allocating thread's labels" do
+    samples = profile(allocations: true, allocation_interval: 1) do
+      t = Thread.new { 300.times { AllocatedThing.new } }
+      t.name = "allocator"
+      t.join
+    end
+    things = samples.select { |s| s[:labels][profiler_class::ALLOCATION_CLASS_LABEL] == "AllocatedThing" }
+    expect(things.sum { |s| s[:values]["alloc-samples"] }).to eq(300)
+    expect(things.map { |s| s[:labels]["thread name"] }.uniq).to eq(["allocator"])
+  end
+
+  it "names the stacks right across GC.compact" do
+    samples = profile(allocations: true, allocation_interval: 7) do
+      3.times do
+        AllocationShape.run(5, 200)
+        GC.compact
+      end
+    end
+    counts = by_leaf(samples, "alloc-count").slice("ten", "one")
+    expect(share(counts, "ten")).to be_within(5).of(100.0 * 10 / 11)
+  end
+
+  it "refuses bad options with an ArgumentError, and starts nothing" do
+    [{ allocations: "yes" }, { allocation_interval: 0 }, { allocation_interval: 1.5 },
+     { allocation_interval: profiler_class::MAX_ALLOCATION_INTERVAL + 1 }, { heap: 1 }, { gc: nil }].each do |bad|
+      expect { profiler_class.new(allocations: true, **bad) }.to raise_error(ArgumentError, /#{bad.keys.first}/)
+    end
+    expect { profiler_class._native_allocations_start(0, Object.new, false) }.to raise_error(ArgumentError, /interval/)
+    expect(profiler_class.running?).to be(false)
+  end
+
+  # Every allocation a full GC: a frame, class or object the hook read and did not keep
+  # alive until its job would be collected (or moved) and the example would crash or fail.
+  it "records right under GC.stress" do
+    samples = profile(allocations: true, allocation_interval: 1, heap: true, hz: 1) do
+      GC.stress = true
+      AllocationShape.run(1, 10)
+    ensure
+      GC.stress = false
+    end
+    expect(by_leaf(samples, "alloc-count").slice("ten", "one")).to eq("ten" => 100, "one" => 10)
+  end
+
+  it "starts afresh in a forked child, and the parent's running hook does nothing there" do
+    parent = profiler_class.new(allocations: true, allocation_interval: 1, compression: :none).start
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      AllocationShape.run(1, 100) # the parent's hook is still enabled here
+      pprof = profiler_class.profile(allocations: true, allocation_interval: 1, compression: :none) do
+        AllocationShape.run(2, 100)
+      end
+      writer.write(pprof)
+      writer.close
+      exit!(0)
+    end
+    writer.close
+    child = reader.read
+    Process.wait(pid)
+    expect($?.success?).to be(true)
+    parent_samples = samples_from(decode_pprof(parent.stop[2]))
+    expect(by_leaf(parent_samples, "alloc-samples")["ten"]).to eq(0)
+    counts = by_leaf(samples_from(decode_pprof(child)), "alloc-samples")
+    expect(counts.slice("ten", "one")).to eq("ten" => 2000, "one" => 200)
+    expect(counts.keys - %w[ten one]).to all(satisfy { |leaf| counts[leaf] < 50 })
+  end
+
+  it "exits cleanly with the hooks on (the end proc disables them)" do
+    script = <<~RUBY
+      require "ddprof_recorder"
+      DdprofRecorder::Profiler.start(allocations: true, allocation_interval: 1, heap: true, gc: true)
+      50_000.times { "x" * 10 }
+      puts "done"
+    RUBY
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../../lib", __dir__), "-e", script)
+    expect([out, err, status.success?]).to eq(["done\n", "", true])
+  end
+end
