@@ -1,0 +1,143 @@
+# frozen_string_literal: true
+
+require "objspace"
+
+# GC time (Profiler.new(gc: true), ext/ddprof_recorder/src/gc_events.rs) and the live heap
+# (heap: true, ext/ddprof_recorder/src/heap_tracker.rs), on programs whose truth is known,
+# decoded with google-protobuf.
+RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
+  let(:profiler_class) { DdprofRecorder::Profiler }
+
+  module MemoryShape
+    KEPT = []
+
+    module_function
+
+    # Allocates and drops Strings of 100 bytes (off the object slot, so the GC has work).
+    def churn(rounds)
+      rounds.times { "x" * 100 }
+    end
+
+    def kept
+      "k" * 10
+    end
+
+    def dropped
+      "d" * 10
+    end
+
+    # Keeps 1 in 10 of the Strings it makes.
+    def keep_a_tenth(count)
+      count.times { |i| (i % 10).zero? ? KEPT << kept : dropped }
+    end
+  end
+
+  after { MemoryShape::KEPT.clear }
+
+  def gc_samples(samples)
+    samples.select { |s| s[:frames].last&.first == "(garbage collection)" }
+  end
+
+  def cpu_ns
+    Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID, :nanosecond)
+  end
+
+  describe "gc: true" do
+    it "charges the GC's CPU to (garbage collection), within 5 points of GC.stat(:time)" do
+      GC.start
+      gc_ms = GC.stat(:time)
+      cpu = cpu_ns
+      pprof = profiler_class.profile(gc: true, compression: :none) { 10.times { MemoryShape.churn(200_000) } }
+      gc_ms = GC.stat(:time) - gc_ms
+      cpu = cpu_ns - cpu
+      samples = samples_from(decode_pprof(pprof))
+      main = samples.select { |s| s[:labels]["thread name"] == "main" }
+      total = main.sum { |s| s[:values]["cpu-time"] }
+      in_gc = gc_samples(main).sum { |s| s[:values]["cpu-time"] }
+      expect(in_gc).to be_positive
+      # GC.stat(:time) counts the GCs of the profiler's own threads too: a little more.
+      expect(100.0 * in_gc / total).to be_within(5).of(100.0 * gc_ms * 1e6 / cpu)
+      # The GC's CPU is taken out of the thread's, not added to it.
+      expect(total).to be_within(cpu / 10).of(cpu)
+    end
+
+    it "tells marking from sweeping and minor from major" do
+      pprof = profiler_class.profile(gc: true, compression: :none) do
+        MemoryShape.churn(100_000)
+        3.times { GC.start(full_mark: true) }
+        3.times { GC.start(full_mark: false) }
+      end
+      stacks = gc_samples(samples_from(decode_pprof(pprof))).map do |s|
+        [s[:frames].map(&:first), s[:labels][profiler_class::GC_KIND_LABEL]]
+      end
+      expect(stacks.uniq).to include([["(marking)", "(garbage collection)"], "major"],
+                                     [["(sweeping)", "(garbage collection)"], "major"],
+                                     [["(marking)", "(garbage collection)"], "minor"])
+      expect(stacks.map(&:last).uniq - %w[major minor]).to be_empty
+    end
+
+    it "leaves the GC in the code that triggered it without the option" do
+      pprof = profiler_class.profile(compression: :none) { MemoryShape.churn(100_000) && GC.start }
+      expect(gc_samples(samples_from(decode_pprof(pprof)))).to be_empty
+    end
+  end
+
+  describe "heap: true" do
+    def live_by_leaf(samples, type = "heap-live-samples")
+      samples.each_with_object(Hash.new(0)) { |s, acc| acc[s[:frames].first&.first] += s[:values][type] }
+    end
+
+    def heap_profile(interval, compact: false)
+      profiler = profiler_class.new(heap: true, allocation_interval: interval, compression: :none).start
+      MemoryShape.keep_a_tenth(50_000)
+      GC.start
+      GC.compact if compact
+      pprof = profiler.stop[2]
+      [samples_from(decode_pprof(pprof)), profiler.stats[:allocations]]
+    end
+
+    it "reports the kept tenth as live, and the freed objects' stacks not at all (interval 1)" do
+      samples, stats = heap_profile(1)
+      allocated = live_by_leaf(samples, "alloc-samples")
+      live = live_by_leaf(samples)
+      # `"k" * 10` is String#*, a C method: its frame is the leaf, its caller's is next.
+      kept = samples.select { |s| s[:frames][1]&.first == "kept" }
+      dropped = samples.select { |s| s[:frames][1]&.first == "dropped" }
+      expect(kept.sum { |s| s[:values]["alloc-samples"] }).to eq(5_000)
+      expect(dropped.sum { |s| s[:values]["alloc-samples"] }).to eq(45_000)
+      expect(kept.sum { |s| s[:values]["heap-live-samples"] }).to eq(5_000)
+      expect(dropped.sum { |s| s[:values]["heap-live-samples"] }).to eq(0)
+      expect(live["*"]).to eq(5_000)
+      expect(allocated["*"]).to eq(50_000)
+      expect(stats).to include(heap_skipped: 0)
+      expect(stats[:heap_freed]).to be >= 45_000
+      sizes = kept.sum { |s| s[:values]["heap-live-size"] }
+      expect(sizes).to eq(5_000 * ObjectSpace.memsize_of(MemoryShape::KEPT.first))
+    end
+
+    it "finds the same tenth at the default interval (within 3 points)" do
+      samples, = heap_profile(profiler_class::DEFAULT_ALLOCATION_INTERVAL / 16)
+      strings = samples.select { |s| %w[kept dropped].include?(s[:frames][1]&.first) }
+      live = strings.sum { |s| s[:values]["heap-live-samples"] }
+      allocated = strings.sum { |s| s[:values]["alloc-samples"] }
+      expect(100.0 * live / allocated).to be_within(3).of(10)
+    end
+
+    it "follows the objects GC.compact moves" do
+      samples, stats = heap_profile(1, compact: true)
+      kept = samples.select { |s| s[:frames][1]&.first == "kept" }
+      expect(kept.sum { |s| s[:values]["heap-live-samples"] }).to eq(5_000)
+      expect(stats[:heap_live_tracked]).to be < 5_100
+    end
+
+    it "tracks at most MAX_HEAP_TRACKED objects, and counts the others" do
+      profiler = profiler_class.new(heap: true, allocation_interval: 1, compression: :none).start
+      keep = Array.new(profiler_class::MAX_HEAP_TRACKED + 1000) { Object.new }
+      stats = profiler.stats[:allocations]
+      profiler.stop
+      expect(keep.size).to eq(profiler_class::MAX_HEAP_TRACKED + 1000)
+      expect(stats[:heap_live_tracked]).to eq(profiler_class::MAX_HEAP_TRACKED)
+      expect(stats[:heap_skipped]).to be >= 1000
+    end
+  end
+end
