@@ -225,6 +225,10 @@ fn native_start(ruby: &Ruby, interval: u64, handler: Value, heap: bool) -> Resul
         }
         stop();
         crate::heap_tracker::stop();
+        // The counters are this run's.
+        for counter in [&SAMPLED, &DROPPED, &RECORDED] {
+            counter.store(0, Ordering::Relaxed);
+        }
         let mut state = State {
             frames: vec![0; MAX_PENDING * DEPTH],
             lines: vec![0; MAX_PENDING * DEPTH],

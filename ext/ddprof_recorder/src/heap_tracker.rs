@@ -115,6 +115,9 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
 /// Starts tracking afresh (GVL held).
 pub fn start() {
     *heap() = Some(Heap::default());
+    for counter in [&TRACKED, &FREED, &SKIPPED] {
+        counter.store(0, Ordering::Relaxed);
+    }
     let mut tracepoint = TRACEPOINT.load(Ordering::Acquire) as rb_sys::VALUE;
     if tracepoint == rb_sys::Qnil as rb_sys::VALUE {
         // SAFETY: GVL held; `on_freeobj` never unwinds; no data pointer.
