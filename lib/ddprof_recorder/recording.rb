@@ -6,7 +6,8 @@ module DdprofRecorder
   # {.start}, into the program it runs through `RUBYOPT=-r.../autostart`, and says through the
   # environment where to write the pprof (`DDPROF_RECORDER_OUT`), at which rate
   # (`DDPROF_RECORDER_HZ`) and, optionally, every how many seconds to write a window of its own
-  # (`DDPROF_RECORDER_INTERVAL`).
+  # (`DDPROF_RECORDER_INTERVAL`); `DDPROF_RECORDER_ALLOCATIONS` (an allocation interval),
+  # `DDPROF_RECORDER_HEAP` and `DDPROF_RECORDER_GC` (`1`) turn on the memory options.
   #
   # Without `DDPROF_RECORDER_OUT` it does nothing. The first Ruby process to load it claims the
   # profile (`DDPROF_RECORDER_OWNER`, inherited by its children), so that Ruby programs it
@@ -33,6 +34,9 @@ module DdprofRecorder
     HZ = "DDPROF_RECORDER_HZ"
     INTERVAL = "DDPROF_RECORDER_INTERVAL"
     OWNER = "DDPROF_RECORDER_OWNER"
+    ALLOCATIONS = "DDPROF_RECORDER_ALLOCATIONS"
+    HEAP = "DDPROF_RECORDER_HEAP"
+    GC = "DDPROF_RECORDER_GC"
 
     # `exit!` on an object (Kernel's private instance method), prepended to Kernel.
     module KernelExitBang
@@ -167,7 +171,16 @@ module DdprofRecorder
       hz = Integer(env.fetch(HZ, Profiler::DEFAULT_HZ.to_s), 10)
       interval = env[INTERVAL] && !env[INTERVAL].empty? ? Float(env[INTERVAL]) : nil
       options = { hz: hz, compression: out.end_with?(".gz") ? :gzip : :none }
+      options.merge!(memory_options(env))
       interval ? options.merge(interval: interval, exporter: WindowWriter.new(out)) : options
+    end
+
+    # The memory options the environment asks for (see the module doc).
+    def memory_options(env)
+      allocations = env[ALLOCATIONS] && !env[ALLOCATIONS].empty?
+      options = { heap: env[HEAP] == "1", gc: env[GC] == "1" }
+      options.merge!(allocations: true, allocation_interval: Integer(env[ALLOCATIONS], 10)) if allocations
+      options
     end
 
     # At exit: the last window (and the only one without an interval) goes to the file of

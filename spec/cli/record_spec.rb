@@ -66,6 +66,27 @@ RSpec.describe "ddprof-recorder record" do
     ])
   end
 
+  it "records allocations, the live heap and GC time when asked, and names the hottest allocator" do
+    program = <<~RUBY
+      KEEP = []
+      def ten = 100_000.times { |i| (i % 10).zero? ? KEEP << [0] : [1] }
+      def one = 10_000.times { [2] }
+      3.times { ten; one }
+      GC.start
+    RUBY
+    out, err, status = run_cli("record", "-o", "m.pb", "--heap", "--gc", "--allocation-interval", "64", "--",
+                               RbConfig.ruby, "-e", program)
+    expect([err, status]).to eq(["", 0])
+    allocator = out.lines(chomp: true).find { |l| l.start_with?("  allocator") }
+    expect(allocator).to match(/\A  allocator ten \(-e\) (\d+\.\d)% of about \d+ allocations\z/)
+    expect(Float(allocator[/(\d+\.\d)%/, 1])).to be_within(5).of(100.0 * 10 / 11)
+    samples = samples_from(decode_pprof(File.binread(File.join(@dir, "m.pb"))))
+    totals = value_totals(samples)
+    expect(totals["alloc-count"]).to be_within(33_000).of(330_000)
+    expect(totals["heap-live-samples"]).to be_positive
+    expect(samples.map { |s| s[:frames].last&.first }).to include("(garbage collection)")
+  end
+
   it "says how a signal ended the program, and names windows" do
     windows = %w[w.0001.pb w.0002.pb].map { |name| write_profile(name, CliHelpers::HOT_SAMPLES) }
     options = DdprofRecorder::CLI::Record::Options.new(command: ["ruby", "it's.rb"], out: "w.pb", hz: 99, interval: 0.5)
@@ -87,7 +108,9 @@ RSpec.describe "ddprof-recorder record" do
     { [] => /record: no COMMAND given \(usage: ddprof-recorder record \[-o FILE\]/,
       %w[--hz 0 -- ruby] => /record: --hz must be in 1\.\.1000, got 0$/,
       %w[--hz fast -- ruby] => /record: invalid argument: --hz fast/,
-      %w[--interval 0 -- ruby] => /record: --interval must be positive$/ }.each do |args, message|
+      %w[--interval 0 -- ruby] => /record: --interval must be positive$/,
+      %w[--allocation-interval 0 -- ruby] => /record: --allocation-interval must be in 1\.\.\d+, got 0$/,
+      %w[--allocation-interval many -- ruby] => /record: invalid argument: --allocation-interval many/ }.each do |args, message|
       out, err, status = run_cli("record", *args)
       expect([out, status]).to eq(["", 2])
       expect_one_line(err, message)

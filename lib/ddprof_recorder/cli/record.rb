@@ -18,11 +18,17 @@ module DdprofRecorder
       # @!attribute out [String] the pprof's path as given (-o).
       # @!attribute hz [Integer] samples per second and thread.
       # @!attribute interval [Float, nil] seconds per window, or nil for one file per process.
-      Options = Struct.new(:command, :out, :hz, :interval, keyword_init: true)
+      # @!attribute allocations [Boolean] sample allocations (--allocations).
+      # @!attribute allocation_interval [Integer] one allocation sampled in about this many.
+      # @!attribute heap [Boolean] report the live heap (--heap).
+      # @!attribute gc [Boolean] GC time on its own frame (--gc).
+      Options = Struct.new(:command, :out, :hz, :interval, :allocations, :allocation_interval, :heap, :gc,
+                           keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
-        options = Options.new(out: DEFAULT_OUT, hz: Profiler::DEFAULT_HZ)
+        options = Options.new(out: DEFAULT_OUT, hz: Profiler::DEFAULT_HZ, allocations: false, heap: false, gc: false,
+                              allocation_interval: Profiler::DEFAULT_ALLOCATION_INTERVAL)
         parser = OptionParser.new do |o|
           o.banner = "Usage: ddprof-recorder record [-o FILE] [--hz N] [--interval S] -- COMMAND ..."
           o.separator ""
@@ -36,6 +42,15 @@ module DdprofRecorder
           end
           o.on("--interval S", Float, "also cut the profile every S seconds: one file per window,",
                "FILE with a number (profile.0001.pb.gz, ...)") { |v| options.interval = v }
+          o.on("--allocations", "also sample allocations (alloc-samples, alloc-count)") { options.allocations = true }
+          o.on("--allocation-interval N", Integer,
+               "sample one allocation in about N (default #{Profiler::DEFAULT_ALLOCATION_INTERVAL})") do |v|
+            options.allocation_interval = v
+          end
+          o.on("--heap", "also report the live heap (heap-live-samples, heap-live-size; implies --allocations)") do
+            options.heap = options.allocations = true
+          end
+          o.on("--gc", "charge GC time to a (garbage collection) frame") { options.gc = true }
           o.separator ""
           o.separator "Forked children (a server's workers) are profiled too, each into a file of its own:"
           o.separator "FILE with its pid (profile.pid4242.pb.gz; windows: profile.pid4242.0001.pb.gz)."
@@ -47,6 +62,10 @@ module DdprofRecorder
           raise usage_error("record: --hz must be in #{Profiler::HZ_RANGE}, got #{options.hz}")
         end
         raise usage_error("record: --interval must be positive") if options.interval && !options.interval.positive?
+        unless Profiler::ALLOCATION_INTERVAL_RANGE.cover?(options.allocation_interval)
+          raise usage_error("record: --allocation-interval must be in #{Profiler::ALLOCATION_INTERVAL_RANGE}, " \
+                            "got #{options.allocation_interval}")
+        end
 
         options.command = command
         options
@@ -99,6 +118,9 @@ module DdprofRecorder
           Recording::OUT => out,
           Recording::HZ => options.hz.to_s,
           Recording::INTERVAL => options.interval&.to_s,
+          Recording::ALLOCATIONS => options.allocations ? options.allocation_interval.to_s : nil,
+          Recording::HEAP => options.heap ? "1" : nil,
+          Recording::GC => options.gc ? "1" : nil,
           Recording::OWNER => nil,
         )
       end

@@ -54,6 +54,7 @@ module DdprofRecorder
         lines << row("threads", "#{thread_ids.size}: #{threads.first(6).join(', ')}#{threads.size > 6 ? ', ...' : ''}")
         lines << row("cpu-time", format("%.2f s   wall-time %.2f s", totals["cpu-time"] / 1e9, totals["wall-time"] / 1e9))
         lines.concat(hottest_lines(totals["cpu-time"]))
+        lines.concat(allocator_lines(totals["alloc-count"]))
         lines.concat(@processes.size == 1 ? written_lines(@processes.first) : process_lines)
         lines.concat(view_lines(@files.keys, @processes.first[:paths].first))
       end
@@ -78,6 +79,18 @@ module DdprofRecorder
 
         [row("hottest", format("%s (%s) %.1f%% of cpu-time", hottest[:name], display_path(hottest[:filename]),
                                100.0 * hottest[:self] / cpu_time))]
+      end
+
+      # With allocation samples: the function that allocated the most, as a leaf.
+      def allocator_lines(allocated)
+        return [] unless allocated.positive?
+
+        data = @processes.flat_map { |p| p[:data] }
+        top = DdprofRecorder.top(data.size == 1 ? data.first : data, value: "alloc-count", limit: 1)[:rows].first
+        return [] unless top
+
+        [row("allocator", format("%s (%s) %.1f%% of about %d allocations", top[:name], display_path(top[:filename]),
+                                 100.0 * top[:self] / allocated, allocated))]
       end
 
       # The files of a recording without forked children.
