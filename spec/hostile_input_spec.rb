@@ -586,3 +586,65 @@ RSpec.describe DdprofRecorder::StackRecorder, "hostile input" do
     end
   end
 end
+
+# The profiler's memory options (allocations, allocation_interval, heap, gc): random values,
+# valid or not, through the public constructor and the native entry point behind it.
+RSpec.describe DdprofRecorder::Profiler, "hostile memory options" do
+  let(:seed) { RSpec.configuration.seed }
+
+  it "accepts only valid memory options, raises ArgumentError otherwise, and starts nothing" do
+    gen = HostileInput::Generator.new(Random.new(seed + 11))
+    flags = [true, false, nil, 1, 0, "true", :true, gen.fake_integer, BasicObject.new]
+    intervals = [1, 64, 4096, described_class::MAX_ALLOCATION_INTERVAL, 0, -1, 2**41, 2**70, 1.5, "64", nil,
+                 gen.fake_integer, gen.raising(:to_int)]
+    profiled = valid_cases = 0
+    400.times do |i|
+      kwargs = {}
+      valid = true
+      %i[allocations heap gc].each do |key|
+        next unless gen.chance(60)
+
+        kwargs[key] = gen.pick(flags)
+        valid &&= [true, false].any? { |v| v.equal?(kwargs[key]) }
+      end
+      if gen.chance(60)
+        kwargs[:allocation_interval] = gen.pick(intervals)
+        valid &&= Integer === kwargs[:allocation_interval] &&
+                  described_class::ALLOCATION_INTERVAL_RANGE.cover?(kwargs[:allocation_interval])
+      end
+      raised = nil
+      begin
+        profiler = described_class.new(compression: :none, **kwargs)
+      rescue Exception => e # rubocop:disable Lint/RescueException
+        raised = e
+      end
+      expect(described_class.running?).to be(false)
+      unless valid
+        expect(raised).to be_a(ArgumentError), "case #{i} #{kwargs.keys}: expected ArgumentError, got #{raised.inspect}"
+        next
+      end
+      expect(raised).to be_nil, "case #{i} #{kwargs.keys}: valid options raised #{raised.inspect}"
+      valid_cases += 1
+      next unless (valid_cases % 10) == 1 # starting a profiler takes threads: a few of the valid ones
+
+      pprof = profiler.profile { 2_000.times { [i] } }
+      types = decode_pprof(pprof).then { |p| p.sample_type.map { |t| p.string_table[t.type] } }
+      expect(types.include?("alloc-count")).to eq(kwargs[:allocations] == true || kwargs[:heap] == true)
+      expect(types.include?("heap-live-size")).to eq(kwargs[:heap] == true)
+      profiled += 1
+    end
+    expect(profiled).to be_positive
+  end
+
+  it "refuses bad arguments to the native entry point with a Ruby exception" do
+    gen = HostileInput::Generator.new(Random.new(seed + 13))
+    200.times do
+      interval = gen.pick([0, -1, 2**41, 2**70, 1.5, "1", nil, gen.fake_integer])
+      expect { described_class._native_allocations_start(interval, Object.new, gen.pick([true, false, nil, 1])) }
+        .to raise_error { |e| expect([ArgumentError, TypeError, RangeError].any? { e.is_a?(_1) }).to be(true), e.inspect }
+    end
+  ensure
+    described_class._native_allocations_stop
+    expect(described_class._native_allocations_stats[:sampled]).to be >= 0
+  end
+end

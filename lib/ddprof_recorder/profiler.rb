@@ -155,11 +155,11 @@ module DdprofRecorder
       raise ArgumentError, "hz must be an Integer in #{HZ_RANGE}, got #{hz.inspect}" unless hz.is_a?(Integer) && HZ_RANGE.cover?(hz)
 
       { allocations: allocations, heap: heap, gc: gc }.each do |name, value|
-        raise ArgumentError, "#{name} must be true or false, got #{value.inspect}" unless [true, false].include?(value)
+        raise ArgumentError, "#{name} must be true or false, got #{shown(value)}" unless [true, false].include?(value)
       end
-      unless allocation_interval.is_a?(Integer) && ALLOCATION_INTERVAL_RANGE.cover?(allocation_interval)
+      unless Integer === allocation_interval && ALLOCATION_INTERVAL_RANGE.cover?(allocation_interval)
         raise ArgumentError,
-              "allocation_interval must be an Integer in #{ALLOCATION_INTERVAL_RANGE}, got #{allocation_interval.inspect}"
+              "allocation_interval must be an Integer in #{ALLOCATION_INTERVAL_RANGE}, got #{shown(allocation_interval)}"
       end
       raise ArgumentError, "give an exporter or a block, not both" if exporter && block
       unless interval.nil? || (interval.is_a?(Numeric) && interval.positive?)
@@ -338,6 +338,14 @@ module DdprofRecorder
     end
 
     private
+
+    # `inspect` of a bad option for its message, even for a BasicObject or one whose inspect
+    # raises.
+    def shown(value)
+      Kernel.instance_method(:inspect).bind_call(value)
+    rescue StandardError
+      "an object"
+    end
 
     def new_recorder
       StackRecorder.new(value_types: value_types, max_frames: @max_frames, compression: @compression)

@@ -102,8 +102,8 @@ struct State {
     taken: usize,
     in_flight: usize,
     interval: u64,
+    /// The current step: the weight of the sample at its end.
     step: u64,
-    countdown: u64,
     rng: Jitter,
     generation: u64,
     heap: bool,
@@ -119,6 +119,8 @@ impl State {
 /// Only used with the GVL held; a Mutex only to be `Sync`. Never held across an allocation.
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// Allocations left before the next sample (written only with the GVL).
+static COUNTDOWN: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     /// The job runs on this thread: its own allocations are not sampled.
@@ -215,14 +217,21 @@ fn stop() {
 /// about every `interval` and calls `handler.call(thread, class_name, weight)` for each, from
 /// a postponed job on the allocating thread; with `heap`, also tracks the sampled objects
 /// until the GC frees them (see `heap_tracker`).
-fn native_start(ruby: &Ruby, interval: u64, handler: Value, heap: bool) -> Result<(), Error> {
+fn native_start(ruby: &Ruby, interval: Value, handler: Value, heap: bool) -> Result<(), Error> {
     crate::errors::entry(ruby, || {
-        if !(1..=MAX_INTERVAL).contains(&interval) {
-            return Err(crate::errors::arg_error(
-                ruby,
-                format!("allocation interval must be in 1..{MAX_INTERVAL}, got {interval}"),
-            ));
-        }
+        // An Integer, not anything `to_int` or a Float would turn into one.
+        let interval = magnus::Integer::from_value(interval)
+            .and_then(|i| i.to_u64().ok())
+            .filter(|i| (1..=MAX_INTERVAL).contains(i))
+            .ok_or_else(|| {
+                crate::errors::arg_error(
+                    ruby,
+                    format!(
+                        "allocation interval must be an Integer in 1..{MAX_INTERVAL}, got {}",
+                        interval.inspect()
+                    ),
+                )
+            })?;
         stop();
         crate::heap_tracker::stop();
         // The counters are this run's.
@@ -237,13 +246,12 @@ fn native_start(ruby: &Ruby, interval: u64, handler: Value, heap: bool) -> Resul
             in_flight: 0,
             interval,
             step: 1,
-            countdown: 1,
             rng: Jitter::new(),
             generation: crate::stack_recorder::fork_generation(),
             heap,
         };
         state.step = state.draw();
-        state.countdown = state.step;
+        COUNTDOWN.store(state.step, Ordering::Relaxed);
         *STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(state);
         if heap {
             crate::heap_tracker::start();
@@ -290,10 +298,22 @@ fn native_stats(ruby: &Ruby) -> Result<RHash, Error> {
 
 /// The NEWOBJ hook. Never unwinds, never allocates a Ruby object (module doc).
 unsafe extern "C" fn on_newobj(tracepoint: rb_sys::VALUE, _data: *mut c_void) {
+    // The path of every allocation but the sampled ones: two plain atomic operations (the
+    // GVL makes the load and store one step), no lock, no thread-local. What an allocation
+    // still pays is Ruby's: with any NEWOBJ hook enabled, Ruby 3.1 takes `newobj_of`'s slow
+    // path and builds a trace arg for every object (see the cost in docs/profiler.md).
+    let countdown = COUNTDOWN.load(Ordering::Relaxed);
+    if countdown > 1 {
+        COUNTDOWN.store(countdown - 1, Ordering::Relaxed);
+        return;
+    }
     let _ = catch_unwind(AssertUnwindSafe(|| newobj(tracepoint)));
 }
 
+/// The allocation that is due for a sample.
 fn newobj(tracepoint: rb_sys::VALUE) {
+    // The jobs' own allocations are not the program's: the sample waits for the next one.
+    // (Between samples, the fast path counts them: a few per sample, against `interval`.)
     if !ENABLED.load(Ordering::Relaxed)
         || JOB_HERE.with(Cell::get)
         || crate::sampling_job::in_job_here()
@@ -302,16 +322,12 @@ fn newobj(tracepoint: rb_sys::VALUE) {
     }
     let Ok(mut guard) = STATE.try_lock() else { return };
     let Some(state) = guard.as_mut() else { return };
-    if state.countdown > 1 {
-        state.countdown -= 1;
-        return;
-    }
     if state.generation != crate::stack_recorder::fork_generation() {
         return; // a forked child that has not started sampling
     }
     let weight = state.step;
     state.step = state.draw();
-    state.countdown = state.step;
+    COUNTDOWN.store(state.step, Ordering::Relaxed);
     SAMPLED.fetch_add(1, Ordering::Relaxed);
     let index = state.pending.len();
     if index == MAX_PENDING {
