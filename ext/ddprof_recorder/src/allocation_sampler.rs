@@ -64,6 +64,7 @@ use magnus::{
     DataTypeFunctions, Error, RHash, RModule, RString, Ruby, TypedData, Value,
 };
 
+use crate::internal_hook::InternalHook;
 use crate::trigger::Jitter;
 
 /// The keys under which a sampled allocation's stack is kept in `stack_capture` while it is
@@ -126,9 +127,9 @@ thread_local! {
     /// The job runs on this thread: its own allocations are not sampled.
     static JOB_HERE: Cell<bool> = const { Cell::new(false) };
 }
-/// The handler (`AllocationRecorder`) or Qnil, and the TracePoint object: GC roots.
+/// The handler (`AllocationRecorder`) or Qnil: a GC root.
 static HANDLER: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
-static TRACEPOINT: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
+static HOOK: InternalHook = InternalHook::new(rb_sys::RUBY_INTERNAL_EVENT_NEWOBJ, on_newobj);
 /// Bumped at every start and stop: a job switched out meanwhile holds samples of an earlier
 /// run, no longer marked.
 static RUN: AtomicU64 = AtomicU64::new(0);
@@ -168,12 +169,10 @@ impl DataTypeFunctions for PendingRoot {
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        // SAFETY: statics live for the process; an AtomicUsize has a VALUE's layout. Once,
+        // SAFETY: a static, valid for the process; an AtomicUsize has a VALUE's layout. Once,
         // with the GVL (at load).
-        unsafe {
-            rb_sys::rb_gc_register_address(HANDLER.as_ptr().cast());
-            rb_sys::rb_gc_register_address(TRACEPOINT.as_ptr().cast());
-        }
+        unsafe { rb_sys::rb_gc_register_address(HANDLER.as_ptr().cast()) };
+        HOOK.register();
         // SAFETY: a plain function with no data, run with the GVL after every `at_exit` block
         // (Ruby 3.1 `eval_jump.c`, `rb_ec_exec_end_proc`).
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
@@ -200,11 +199,7 @@ unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
 fn stop() {
     ENABLED.store(false, Ordering::Release);
     RUN.fetch_add(1, Ordering::AcqRel);
-    let tracepoint = TRACEPOINT.load(Ordering::Acquire) as rb_sys::VALUE;
-    if tracepoint != rb_sys::Qnil as rb_sys::VALUE {
-        // SAFETY: a TracePoint made by `rb_tracepoint_new`, kept by its GC root; GVL held.
-        unsafe { rb_sys::rb_tracepoint_disable(tracepoint) };
-    }
+    HOOK.disable();
     if let Some(state) = state().as_mut() {
         state.pending.clear();
         state.taken = 0;
@@ -257,23 +252,9 @@ fn native_start(ruby: &Ruby, interval: Value, handler: Value, heap: bool) -> Res
             crate::heap_tracker::start();
         }
         HANDLER.store(handler.as_raw() as usize, Ordering::Release);
-        let mut tracepoint = TRACEPOINT.load(Ordering::Acquire) as rb_sys::VALUE;
-        if tracepoint == rb_sys::Qnil as rb_sys::VALUE {
-            // SAFETY: GVL held; `on_newobj` never unwinds; no data pointer.
-            tracepoint = unsafe {
-                rb_sys::rb_tracepoint_new(
-                    rb_sys::Qnil as rb_sys::VALUE,
-                    rb_sys::RUBY_INTERNAL_EVENT_NEWOBJ,
-                    Some(on_newobj),
-                    std::ptr::null_mut(),
-                )
-            };
-            TRACEPOINT.store(tracepoint as usize, Ordering::Release);
-        }
         RUN.fetch_add(1, Ordering::AcqRel);
         ENABLED.store(true, Ordering::Release);
-        // SAFETY: a TracePoint object kept by its GC root; GVL held.
-        unsafe { rb_sys::rb_tracepoint_enable(tracepoint) };
+        HOOK.enable();
         Ok(())
     })
 }

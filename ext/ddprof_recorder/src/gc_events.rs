@@ -32,6 +32,7 @@ use std::sync::{Mutex, MutexGuard, Once};
 
 use magnus::{function, prelude::*, Error, RArray, RModule, Ruby};
 
+use crate::internal_hook::InternalHook;
 use crate::thread_cpu::own_cpu_ns;
 
 /// Threads whose GC time can wait to be taken at once; past it, GC time is counted in `lost`.
@@ -76,8 +77,14 @@ static STATE: Mutex<GcState> = Mutex::new(GcState {
     last_wall: 0,
 });
 static ENABLED: AtomicBool = AtomicBool::new(false);
-/// The TracePoint object (a GC root), or Qnil.
-static TRACEPOINT: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
+static HOOK: InternalHook = InternalHook::new(
+    rb_sys::RUBY_INTERNAL_EVENT_GC_ENTER
+        | rb_sys::RUBY_INTERNAL_EVENT_GC_EXIT
+        | rb_sys::RUBY_INTERNAL_EVENT_GC_START
+        | rb_sys::RUBY_INTERNAL_EVENT_GC_END_MARK
+        | rb_sys::RUBY_INTERNAL_EVENT_GC_END_SWEEP,
+    on_gc_event,
+);
 /// The static Symbol `:major_by`.
 static MAJOR_BY: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
 static LOST_NS: AtomicU64 = AtomicU64::new(0);
@@ -89,8 +96,7 @@ fn state() -> MutexGuard<'static, GcState> {
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        // SAFETY: a static, valid for the process; a VALUE's layout. Once, with the GVL.
-        unsafe { rb_sys::rb_gc_register_address(TRACEPOINT.as_ptr().cast()) };
+        HOOK.register();
         // SAFETY: a plain function with no data, run with the GVL after every `at_exit` block
         // (Ruby 3.1 `eval_jump.c`, `rb_ec_exec_end_proc`).
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
@@ -109,11 +115,7 @@ unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
 
 fn stop() {
     ENABLED.store(false, Ordering::Release);
-    let tracepoint = TRACEPOINT.load(Ordering::Acquire) as rb_sys::VALUE;
-    if tracepoint != rb_sys::Qnil as rb_sys::VALUE {
-        // SAFETY: a TracePoint made by `rb_tracepoint_new`, kept by its GC root; GVL held.
-        unsafe { rb_sys::rb_tracepoint_disable(tracepoint) };
-    }
+    HOOK.disable();
 }
 
 fn native_start(ruby: &Ruby) -> Result<(), Error> {
@@ -132,27 +134,8 @@ fn native_start(ruby: &Ruby) -> Result<(), Error> {
             MAJOR_BY.store(sym as usize, Ordering::Release);
             rb_sys::rb_gc_latest_gc_info(sym);
         }
-        let mut tracepoint = TRACEPOINT.load(Ordering::Acquire) as rb_sys::VALUE;
-        if tracepoint == rb_sys::Qnil as rb_sys::VALUE {
-            let events = rb_sys::RUBY_INTERNAL_EVENT_GC_ENTER
-                | rb_sys::RUBY_INTERNAL_EVENT_GC_EXIT
-                | rb_sys::RUBY_INTERNAL_EVENT_GC_START
-                | rb_sys::RUBY_INTERNAL_EVENT_GC_END_MARK
-                | rb_sys::RUBY_INTERNAL_EVENT_GC_END_SWEEP;
-            // SAFETY: GVL held; `on_gc_event` never unwinds; no data pointer.
-            tracepoint = unsafe {
-                rb_sys::rb_tracepoint_new(
-                    rb_sys::Qnil as rb_sys::VALUE,
-                    events,
-                    Some(on_gc_event),
-                    std::ptr::null_mut(),
-                )
-            };
-            TRACEPOINT.store(tracepoint as usize, Ordering::Release);
-        }
         ENABLED.store(true, Ordering::Release);
-        // SAFETY: a TracePoint object kept by its GC root; GVL held.
-        unsafe { rb_sys::rb_tracepoint_enable(tracepoint) };
+        HOOK.enable();
         Ok(())
     })
 }

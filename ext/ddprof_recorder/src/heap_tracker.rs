@@ -20,7 +20,7 @@ use std::collections::HashSet;
 use std::ffi::c_void;
 use std::hash::BuildHasherDefault;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once};
 
 use magnus::{
@@ -28,6 +28,8 @@ use magnus::{
     TypedData,
 };
 use rustc_hash::{FxHashMap, FxHasher};
+
+use crate::internal_hook::InternalHook;
 
 /// Most objects tracked at once. A tracked object costs about 64 bytes here (plus its stack,
 /// shared with the others of that stack), and one `rb_obj_memsize_of` per report.
@@ -58,8 +60,7 @@ struct Heap {
 
 static HEAP: Mutex<Option<Heap>> = Mutex::new(None);
 static ENABLED: AtomicBool = AtomicBool::new(false);
-/// The FREEOBJ TracePoint object (a GC root), or Qnil.
-static TRACEPOINT: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
+static HOOK: InternalHook = InternalHook::new(rb_sys::RUBY_INTERNAL_EVENT_FREEOBJ, on_freeobj);
 static TRACKED: AtomicU64 = AtomicU64::new(0);
 static FREED: AtomicU64 = AtomicU64::new(0);
 static SKIPPED: AtomicU64 = AtomicU64::new(0);
@@ -98,10 +99,7 @@ extern "C" {
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: a static, valid for the process; a VALUE's layout. Once, with the GVL.
-        unsafe { rb_sys::rb_gc_register_address(TRACEPOINT.as_ptr().cast()) };
-    });
+    ONCE.call_once(|| HOOK.register());
     let class = module.define_class("Profiler", ruby.class_object())?;
     let root_class = class.define_class("HeapRoot", ruby.class_object())?;
     root_class.undef_default_alloc_func();
@@ -118,33 +116,15 @@ pub fn start() {
     for counter in [&TRACKED, &FREED, &SKIPPED] {
         counter.store(0, Ordering::Relaxed);
     }
-    let mut tracepoint = TRACEPOINT.load(Ordering::Acquire) as rb_sys::VALUE;
-    if tracepoint == rb_sys::Qnil as rb_sys::VALUE {
-        // SAFETY: GVL held; `on_freeobj` never unwinds; no data pointer.
-        tracepoint = unsafe {
-            rb_sys::rb_tracepoint_new(
-                rb_sys::Qnil as rb_sys::VALUE,
-                rb_sys::RUBY_INTERNAL_EVENT_FREEOBJ,
-                Some(on_freeobj),
-                std::ptr::null_mut(),
-            )
-        };
-        TRACEPOINT.store(tracepoint as usize, Ordering::Release);
-    }
     ENABLED.store(true, Ordering::Release);
-    // SAFETY: a TracePoint object kept by its GC root; GVL held.
-    unsafe { rb_sys::rb_tracepoint_enable(tracepoint) };
+    HOOK.enable();
 }
 
 /// Stops tracking and forgets the objects: without the free hook their addresses could go
 /// stale (GVL held).
 pub fn stop() {
     ENABLED.store(false, Ordering::Release);
-    let tracepoint = TRACEPOINT.load(Ordering::Acquire) as rb_sys::VALUE;
-    if tracepoint != rb_sys::Qnil as rb_sys::VALUE {
-        // SAFETY: a TracePoint made by `rb_tracepoint_new`, kept by its GC root; GVL held.
-        unsafe { rb_sys::rb_tracepoint_disable(tracepoint) };
-    }
+    HOOK.disable();
     *heap() = None;
 }
 

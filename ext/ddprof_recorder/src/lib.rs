@@ -7,6 +7,7 @@ mod convert;
 mod errors;
 mod gc_events;
 mod heap_tracker;
+mod internal_hook;
 mod interrupt_mask;
 mod nogvl;
 mod pprof_views;
