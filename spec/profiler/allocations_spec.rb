@@ -122,22 +122,24 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
   # Every allocation a full GC: a frame, class or object the hook read and did not keep
   # alive until its job would be collected (or moved) and the example would crash or fail.
   it "records right under GC.stress" do
-    samples = profile(allocations: true, allocation_interval: 1, heap: true, hz: 1) do
+    samples = profile(allocations: true, allocation_interval: 1, heap: true, gc: true, hz: 1) do
       GC.stress = true
       AllocationShape.run(1, 10)
     ensure
       GC.stress = false
     end
     expect(by_leaf(samples, "alloc-count").slice("ten", "one")).to eq("ten" => 100, "one" => 10)
+    expect(samples.map { |s| s[:frames].last&.first }).to include("(garbage collection)")
   end
 
   it "starts afresh in a forked child, and the parent's running hook does nothing there" do
-    parent = profiler_class.new(allocations: true, allocation_interval: 1, compression: :none).start
+    parent = profiler_class.new(allocations: true, allocation_interval: 1, heap: true, gc: true,
+                                compression: :none).start
     reader, writer = IO.pipe
     pid = fork do
       reader.close
       AllocationShape.run(1, 100) # the parent's hook is still enabled here
-      pprof = profiler_class.profile(allocations: true, allocation_interval: 1, compression: :none) do
+      pprof = profiler_class.profile(allocations: true, allocation_interval: 1, heap: true, compression: :none) do
         AllocationShape.run(2, 100)
       end
       writer.write(pprof)
