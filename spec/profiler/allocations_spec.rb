@@ -74,6 +74,19 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
     expect(taken).to be_within(expected / 3).of(expected)
   end
 
+  # String#split makes its parts in C, without an interrupt check: every sample waits for the
+  # one job that runs after the call.
+  it "keeps every sample of a C method that allocates thousands of objects at once" do
+    text = (["part"] * 5_000).join(",")
+    profiler = profiler_class.new(allocations: true, allocation_interval: 1, compression: :none).start
+    text.split(",")
+    pprof = profiler.stop[2]
+    samples = samples_from(decode_pprof(pprof))
+    parts = samples.select { |s| s[:frames].first&.first == "split" && s[:labels]["allocation class"] == "String" }
+    expect(parts.sum { |s| s[:values]["alloc-count"] }).to eq(5_000)
+    expect(profiler.stats[:allocations][:dropped]).to eq(0)
+  end
+
   it "labels each sample with the allocated object's class" do
     samples = profile(allocations: true, allocation_interval: 1) do
       200.times { AllocatedThing.new }
