@@ -17,6 +17,8 @@
 # - `baseline`: no profiler;
 # - `cpu`: DdprofRecorder::Profiler at 99 Hz, no memory option (what allocation sampling is
 #   compared with: its own cost is `default` / `cpu`);
+# - `hooked`: `allocations: true` at the largest interval (MAX_ALLOCATION_INTERVAL): the NEWOBJ
+#   hook enabled, no sample ever taken, i.e. what the hook alone costs;
 # - `default`: the same with `allocations: true` (DEFAULT_ALLOCATION_INTERVAL);
 # - `every`: `allocations: true, allocation_interval: 1` (every object);
 # - `stackprof`: `StackProf.run(mode: :object, interval: 1)` (every object), for the top
@@ -28,7 +30,7 @@ require "optparse"
 require "rbconfig"
 
 module AllocationBench
-  KINDS = %w[baseline cpu default every stackprof].freeze
+  KINDS = %w[baseline cpu hooked default every stackprof].freeze
   LIB = File.expand_path("../lib", __dir__)
 
   module Work
@@ -84,6 +86,7 @@ module AllocationBench
     work.call(2) # warm-up
     GC.start
     options = { "cpu" => {}, "default" => { allocations: true },
+                "hooked" => { allocations: true, allocation_interval: DdprofRecorder::Profiler::MAX_ALLOCATION_INTERVAL },
                 "every" => { allocations: true, allocation_interval: 1 } }[kind]
     profiler = DdprofRecorder::Profiler.new(compression: :none, **options).start if options
     StackProf.start(mode: :object, interval: 1, raw: false) if kind == "stackprof"
@@ -96,7 +99,7 @@ module AllocationBench
     if profiler
       pprof = profiler.stop[2]
       result[:stats] = profiler.stats[:allocations]
-      result[:top] = DdprofRecorder.top(pprof, value: "alloc-count", limit: 5)[:rows].map { |r| [r[:name], r[:self]] } if kind != "cpu"
+      result[:top] = DdprofRecorder.top(pprof, value: "alloc-count", limit: 5)[:rows].map { |r| [r[:name], r[:self]] } if %w[default every].include?(kind)
     elsif kind == "stackprof"
       StackProf.stop
       frames = StackProf.results[:frames].values
@@ -151,6 +154,7 @@ module AllocationBench
       iterations: iterations,
       cpu_ms: cpu.transform_values { |v| (v / 1e6).round(1) },
       default_vs_cpu: ratio.call("default", "cpu").round(4),
+      hooked_vs_cpu: ratio.call("hooked", "cpu").round(4),
       every_vs_cpu: ratio.call("every", "cpu").round(4),
       cpu_vs_baseline: ratio.call("cpu", "baseline").round(4),
       stackprof_vs_baseline: ratio.call("stackprof", "baseline").round(4),
@@ -162,8 +166,8 @@ module AllocationBench
     top_ours = runs["every"].last[:top].first(3).map(&:first)
     top_stackprof = runs["stackprof"].last[:top].first(3).map(&:first)
     summary[:top3_overlap] = (top_ours & top_stackprof).size
-    puts format("  default / cpu (paired median ratio): %.4f;  every / cpu: %.4f", summary[:default_vs_cpu],
-                summary[:every_vs_cpu])
+    puts format("  paired median ratios: hooked / cpu %.4f;  default / cpu %.4f;  every / cpu %.4f",
+                summary[:hooked_vs_cpu], summary[:default_vs_cpu], summary[:every_vs_cpu])
     puts "  shares (alloc-count; stackprof: object samples): default #{summary[:default_shares]}"
     puts "                                                   every   #{summary[:every_shares]}"
     # stackprof names JSON's C methods apart from ours: its shares only compare on `strings`.
