@@ -22,7 +22,7 @@ Gem::Specification.new do |spec|
   # What cargo needs to build the extension from the installed gem: every member of the
   # workspace (Cargo.toml's `members`, bench included: cargo reads every member's manifest)
   # and the lock file, which `--locked` holds the build to; the gemspec itself, for Bundler's
-  # `path:` and `git:` sources. spec/gem_install_spec.rb checks this list against the
+  # `path:` and `git:` sources. spec/integration/gem_install_spec.rb checks this list against the
   # repository, and builds and installs the gem.
   spec.files = Dir.chdir(__dir__) do
     Dir[

@@ -3,7 +3,7 @@
 require "zlib"
 
 # The arithmetic of `bench/run accuracy` (bench/accuracy.rb), kept apart from the runs so that
-# spec/bench_accuracy_spec.rb can check it with hand-made distributions. Pure functions over
+# spec/bench/accuracy_analysis_spec.rb can check it with hand-made distributions. Pure functions over
 # plain Hashes; no Ruby extension of this project is needed (pprofs are decoded here).
 #
 # A distribution is a Hash `{function name => share}` whose shares add up to 1; weights

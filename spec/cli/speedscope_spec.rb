@@ -3,7 +3,7 @@
 require "json"
 
 # `ddprof-recorder speedscope` in process (lib/ddprof_recorder/cli/speedscope.rb); the files
-# themselves are checked against speedscope's schema and viewer in spec/speedscope_spec.rb.
+# themselves are checked against speedscope's schema and viewer in spec/views/speedscope_spec.rb.
 RSpec.describe "ddprof-recorder speedscope" do
   before { write_profile("hot.pb.gz", CliHelpers::HOT_SAMPLES) }
 

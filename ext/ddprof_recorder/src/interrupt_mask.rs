@@ -6,7 +6,7 @@
 //! another thread raised at the sampled thread meanwhile (the handler can be switched out at
 //! a time slice), and the exception would end inside the handler, where `rb_protect` catches
 //! it: the program's `Thread#raise` or `Timeout` would be lost and its thread would run on.
-//! Found by `spec/profiler_disturbance_spec.rb` (a thread killed or timed out while profiled
+//! Found by `spec/profiler/disturbance_spec.rb` (a thread killed or timed out while profiled
 //! at 999 Hz never stopped). Ruby itself does what this module does when the GC runs
 //! finalizers from a postponed job: `finalize_deferred` (Ruby 3.1 `gc.c`) sets
 //! `PENDING_INTERRUPT_MASK` in the execution context's `interrupt_mask` around them. A masked

@@ -17,7 +17,7 @@ require "tmpdir"
 # 100 runs, two at a time (the machine has 2 cores): about 30-40 s in all; a hung run is
 # killed after 15 s and fails its example, naming the threads it still had.
 RSpec.describe DdprofRecorder::Profiler, "at exit" do
-  root = File.expand_path("..", __dir__)
+  root = File.expand_path("../..", __dir__)
   lib = File.join(root, "lib")
   exe = File.join(root, "exe", "ddprof-recorder")
 

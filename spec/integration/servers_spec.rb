@@ -10,7 +10,7 @@ require "tmpdir"
 # own, and the CPU-heavy route's method dominates cpu-time once they are merged. Each server runs
 # for a few seconds (wrk -d 3s); the whole file takes about 20 s.
 RSpec.describe "record on forking servers" do
-  root = File.expand_path("..", __dir__)
+  root = File.expand_path("../..", __dir__)
   app_dir = File.join(root, "spec", "fixtures", "server_app")
   let(:exe) { File.join(root, "exe", "ddprof-recorder") }
   let(:load_seconds) { 3 }

@@ -8,7 +8,7 @@ require "tmpdir"
 # process ends; and the commands that take several profiles (top, folded, flamegraph, merge).
 # Profiles are decoded with google-protobuf (spec/support).
 RSpec.describe "exe/ddprof-recorder and forked processes" do
-  root = File.expand_path("..", __dir__)
+  root = File.expand_path("../..", __dir__)
   exe = File.join(root, "exe", "ddprof-recorder")
 
   define_method(:cli) do |*args, env: {}, chdir: @dir|

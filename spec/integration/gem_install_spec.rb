@@ -15,7 +15,7 @@ require "tmpdir"
 # the installed gem's path, are compiled again (about 20 s each, against 2 min from nothing).
 # The cdylib in target/release is then the installed gem's build, of the same sources.
 RSpec.describe "the gem, built and installed as a user would" do
-  root = File.expand_path("..", __dir__)
+  root = File.expand_path("../..", __dir__)
   gemspec = Dir.chdir(root) { Gem::Specification.load(File.join(root, "ddprof_recorder.gemspec")) }
   version = DdprofRecorder::VERSION
 

@@ -11,7 +11,7 @@ require "tmpdir"
 # spec/fixtures/rack_app/config.ru on 127.0.0.1, asked by Net::HTTP. Who gets a profile, who
 # gets the page, and the flamegraph rendered once in headless Chromium. About 10 s.
 RSpec.describe "DdprofRecorder::Rack under puma" do
-  root = File.expand_path("..", __dir__)
+  root = File.expand_path("../..", __dir__)
   config_ru = File.join(root, "spec", "fixtures", "rack_app", "config.ru")
   token = "test-token-#{Process.pid}"
 

@@ -5,7 +5,7 @@
 # with google-protobuf: the bytes the encoder must reproduce are a valid pprof of what was
 # recorded.
 RSpec.describe "golden pprof files" do
-  golden_dir = File.expand_path("../crates/core/tests/golden", __dir__)
+  golden_dir = File.expand_path("../../crates/core/tests/golden", __dir__)
   read = ->(name) { File.binread(File.join(golden_dir, name)) }
 
   it "are the same profile raw and gzip" do

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "zlib"
-require_relative "../bench/accuracy/analysis"
+require_relative "../../bench/accuracy/analysis"
 
 # The arithmetic of `bench/run accuracy` (bench/accuracy/analysis.rb) on hand-made inputs; the
 # benchmark itself is not run here (slow and timing-dependent).

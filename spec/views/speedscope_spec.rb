@@ -9,7 +9,7 @@ require "tmpdir"
 # schema that speedscope ships, and speedscope's own page, in headless Chromium, draws its
 # flame chart with the hot method in it.
 RSpec.describe "speedscope output" do
-  root = File.expand_path("..", __dir__)
+  root = File.expand_path("../..", __dir__)
   exe = File.join(root, "exe", "ddprof-recorder")
 
   # The hot method of the profiled block (a name no other frame has): busy until this thread

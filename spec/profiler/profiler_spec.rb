@@ -5,7 +5,7 @@ require "rexml/document"
 require "stringio"
 require "zlib"
 
-require_relative "../examples/hot_spot"
+require_relative "../../examples/hot_spot"
 
 # DdprofRecorder::Profiler, the per-thread CPU clock behind it, and the pprof views
 # (folded stacks, flamegraph, top, summary) on what it records. Profiles are checked with
@@ -231,7 +231,7 @@ RSpec.describe DdprofRecorder::Profiler do
       by_thread = DdprofRecorder.folded(@pprof, value: "wall-time", group_by: "thread name")
       expect(by_thread).to match(/^thread name=sleeper;run;nap;sleep \d+$/)
       with_files = DdprofRecorder.folded(@pprof, filenames: true)
-      expect(with_files).to include("crunch (#{File.expand_path('../examples/hot_spot.rb', __dir__)})")
+      expect(with_files).to include("crunch (#{File.expand_path('../../examples/hot_spot.rb', __dir__)})")
     end
 
     it "draws a flamegraph SVG that parses as XML and names the hot method" do

@@ -95,7 +95,7 @@ RSpec.describe DdprofRecorder::StackRecorder, "limits" do
       full = ObjectSpace.memsize_of(recorder)
       expect(full).to be > empty + 200 * 20
       recorder.serialize
-      # Both windows' storage is kept for reuse (no growth across cycles, see spec/soak_spec.rb).
+      # Both windows' storage is kept for reuse (no growth across cycles, see spec/reliability/soak_spec.rb).
       expect(ObjectSpace.memsize_of(recorder)).to be >= full
     end
 

@@ -14,7 +14,7 @@ require "tmpdir"
 # trap("PROF") stays its own, and interrupts sent between the program's threads (Thread#kill,
 # Thread#raise, Timeout) still arrive. All at 999 Hz; the margins are wide (a shared 2-core VM).
 RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
-  root = File.expand_path("..", __dir__)
+  root = File.expand_path("../..", __dir__)
   lib = File.join(root, "lib")
 
   # libc through Fiddle. A Fiddle::Function releases the GVL around the call unless made with

@@ -4,10 +4,10 @@ require "json"
 require "logger"
 require "stringio"
 
-require_relative "../lib/ddprof_recorder/rack"
+require_relative "../../lib/ddprof_recorder/rack"
 
 # DdprofRecorder::Rack called directly with Rack env Hashes (the real server:
-# spec/rack_puma_spec.rb): who is profiled, who is refused, and what comes back.
+# spec/rack/puma_spec.rb): who is profiled, who is refused, and what comes back.
 RSpec.describe DdprofRecorder::Rack do
   # The app's hot method: busy until its thread used `seconds` of CPU.
   def self.rack_spec_render_page(seconds)

@@ -7,7 +7,7 @@ require "tmpdir"
 
 # exe/ddprof-recorder, run as a user would: a separate process for each command.
 RSpec.describe "exe/ddprof-recorder" do
-  root = File.expand_path("..", __dir__)
+  root = File.expand_path("../..", __dir__)
   exe = File.join(root, "exe", "ddprof-recorder")
   example_program = File.join(root, "examples", "hot_spot.rb")
   seconds = "1.5"

@@ -72,7 +72,7 @@ RSpec.describe "Reading pprofs as untrusted input" do
       end
       puts JSON.generate(error: error&.class&.name, message: error&.message, growth: hwm.call - before)
     RUBY
-    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-e", script, path, method.to_s, JSON.generate(kw))
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../../lib", __dir__), "-e", script, path, method.to_s, JSON.generate(kw))
     expect(status).to be_success, "child failed: #{err}"
     JSON.parse(out, symbolize_names: true)
   end

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require_relative "../bench/soak"
+require_relative "../../bench/soak"
 
 # Issue 4, "Soak", the short form that fits in CI: 100 serialize cycles of the small workload of
 # bench/gen_workload.rb (bench/soak.rb runs the long one: 1,000 cycles of medium). Memory must
