@@ -4,7 +4,7 @@ require "rbconfig"
 
 # `ddprof-recorder record` in process (lib/ddprof_recorder/cli/record.rb and
 # record_summary.rb). The program runs as a child with this process's stdout; the summary
-# goes to the StringIO. spec/cli/exe_spec.rb and spec/cli/record_forks_spec.rb run it as users do.
+# goes to the StringIO. spec/integration/exe_spec.rb and spec/integration/record_forks_spec.rb run it as users do.
 RSpec.describe "ddprof-recorder record" do
   # A real Process::Status: how a `ruby -e CODE` child ended.
   def status_of(code)

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 # DdprofRecorder::CLI.run (lib/ddprof_recorder/cli.rb): picking the command, --help and
-# --version, and the one error path. spec/cli/exe_spec.rb runs exe/ddprof-recorder as a process.
+# --version, and the one error path. spec/integration/exe_spec.rb runs exe/ddprof-recorder as a process.
 RSpec.describe "DdprofRecorder::CLI.run" do
   it "lists the commands with --help, and on stderr with status 2 when none is given" do
     out, err, status = run_cli("--help")
