@@ -42,10 +42,12 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
 }
 
 /// The pprofs of a call: one String, or an Array of Strings (`array`: the caller gave an
-/// Array, whose elements the messages then name `pprofs[i]`).
+/// Array, whose elements the messages then name `pprofs[i]`), and the limits they are read
+/// within.
 struct Inputs {
     bytes: Vec<Vec<u8>>,
     array: bool,
+    limits: ReadLimits,
 }
 
 /// Why a view of several inputs failed: reading or merging them, the view itself, or
@@ -71,8 +73,9 @@ fn to_ruby_error(ruby: &Ruby, e: ViewError, array: bool) -> Error {
 }
 
 /// The pprof bytes of a String or of each String of an Array, copied: the Strings may change
-/// or move once the GVL is released.
-fn pprof_inputs(ruby: &Ruby, pprofs: Value) -> Result<Inputs, Error> {
+/// or move once the GVL is released; each is read within `max_decompressed_bytes`.
+fn pprof_inputs(ruby: &Ruby, pprofs: Value, max_decompressed_bytes: u64) -> Result<Inputs, Error> {
+    let limits = ReadLimits::new(max_decompressed_bytes);
     let copy = |v: Value, name: &dyn Fn() -> String| -> Result<Vec<u8>, Error> {
         let s = RString::from_value(v).ok_or_else(|| {
             Error::new(
@@ -84,7 +87,10 @@ fn pprof_inputs(ruby: &Ruby, pprofs: Value) -> Result<Inputs, Error> {
         Ok(unsafe { s.as_slice() }.to_vec())
     };
     match RArray::from_value(pprofs) {
-        None => Ok(Inputs { bytes: vec![copy(pprofs, &|| "pprof".to_string())?], array: false }),
+        None => {
+            let bytes = vec![copy(pprofs, &|| "pprof".to_string())?];
+            Ok(Inputs { bytes, array: false, limits })
+        }
         Some(array) => {
             let mut bytes = Vec::with_capacity(array.len());
             // Indexing (not an iterator over the Array's memory): a conversion error raises
@@ -93,7 +99,7 @@ fn pprof_inputs(ruby: &Ruby, pprofs: Value) -> Result<Inputs, Error> {
                 let v: Value = array.entry(i as isize)?;
                 bytes.push(copy(v, &|| format!("pprofs[{i}]"))?);
             }
-            Ok(Inputs { bytes, array: true })
+            Ok(Inputs { bytes, array: true, limits })
         }
     }
 }
@@ -107,26 +113,18 @@ fn with_profile<R: Send>(
     ruby: &Ruby,
     inputs: Inputs,
     value: String,
-    limits: ReadLimits,
     view: impl Send + FnOnce(&StackProfile, usize) -> Result<R, CoreError>,
 ) -> Result<R, Error> {
-    let Inputs { bytes, array } = inputs;
-    nogvl(ruby, move || -> Result<R, ViewError> {
-        let profile = merge::stack_profile(&bytes, &limits).map_err(ViewError::Merge)?;
-        let index = profile.value_index(&value)?;
-        Ok(view(&profile, index)?)
-    })?
-    .map_err(|e| to_ruby_error(ruby, e, array))
+    with_whole_profile(ruby, inputs, move |p| view(p, p.value_index(&value)?))
 }
 
 /// Decodes (and merges) `inputs` and runs `view` on the profile, all without the GVL.
 fn with_whole_profile<R: Send>(
     ruby: &Ruby,
     inputs: Inputs,
-    limits: ReadLimits,
     view: impl Send + FnOnce(&StackProfile) -> Result<R, CoreError>,
 ) -> Result<R, Error> {
-    let Inputs { bytes, array } = inputs;
+    let Inputs { bytes, array, limits } = inputs;
     nogvl(ruby, move || -> Result<R, ViewError> {
         let profile = merge::stack_profile(&bytes, &limits).map_err(ViewError::Merge)?;
         Ok(view(&profile)?)
@@ -145,10 +143,9 @@ fn native_folded(
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof)?;
+        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
         let opts = options(filenames, root_label);
-        let limits = ReadLimits::new(max_decompressed_bytes);
-        let folded = with_profile(ruby, inputs, value, limits, move |p, i| p.folded(i, &opts))?;
+        let folded = with_profile(ruby, inputs, value, move |p, i| p.folded(i, &opts))?;
         Ok(ruby.str_new(&folded))
     })
 }
@@ -165,10 +162,9 @@ fn native_flamegraph(
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof)?;
+        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
         let opts = options(filenames, root_label);
-        let limits = ReadLimits::new(max_decompressed_bytes);
-        let svg = with_profile(ruby, inputs, value, limits, move |p, i| {
+        let svg = with_profile(ruby, inputs, value, move |p, i| {
             p.flamegraph(i, title.as_deref(), &opts)
         })?;
         Ok(ruby.str_new(&svg))
@@ -188,10 +184,9 @@ fn native_speedscope(
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof)?;
+        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
         let options = SpeedscopeOptions { name, exporter, group_by };
-        let limits = ReadLimits::new(max_decompressed_bytes);
-        let json = with_whole_profile(ruby, inputs, limits, move |p| {
+        let json = with_whole_profile(ruby, inputs, move |p| {
             let indices = match values {
                 None => (0..p.value_types.len()).collect(),
                 Some(names) => {
@@ -217,13 +212,12 @@ fn native_filter(
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let compression = compression_of(ruby, compression)?;
-        let limits = ReadLimits::new(max_decompressed_bytes);
         let labels: Vec<(String, LabelValue)> = string_labels
             .into_iter()
             .map(|(k, v)| (k, LabelValue::Str(v)))
             .chain(number_labels.into_iter().map(|(k, n)| (k, LabelValue::Num(n))))
             .collect();
-        let Inputs { bytes, array } = pprof_inputs(ruby, pprof)?;
+        let Inputs { bytes, array, limits } = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
         let filtered = nogvl(ruby, move || {
             // One pprof is copied as the merge of itself: its errors are named as a view's.
             let mut profile = merge::merge_bytes(&bytes, &limits).map_err(ViewError::Merge)?;
@@ -265,9 +259,8 @@ fn native_top(
                 return Err(arg_error(ruby, format!("sort must be :self or :total, got :{other}")))
             }
         };
-        let inputs = pprof_inputs(ruby, pprof)?;
-        let limits = ReadLimits::new(max_decompressed_bytes);
-        with_profile(ruby, inputs, value, limits, move |p, i| {
+        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
+        with_profile(ruby, inputs, value, move |p, i| {
             let rows = p
                 .top(i, sort)
                 .into_iter()
@@ -297,10 +290,8 @@ struct Summary {
 /// label values).
 fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Result<RHash, Error> {
     entry(ruby, || {
-        let Inputs { bytes, array } = pprof_inputs(ruby, pprof)?;
-        let limits = ReadLimits::new(max_decompressed_bytes);
-        let summary = nogvl(ruby, move || {
-            let p = merge::stack_profile(&bytes, &limits)?;
+        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
+        let summary = with_whole_profile(ruby, inputs, |p| {
             Ok(Summary {
                 totals: (0..p.value_types.len()).map(|i| p.total(i)).collect(),
                 value_types: p.value_types.clone(),
@@ -312,8 +303,7 @@ fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Res
                 thread_names: p.label_values(THREAD_NAME_LABEL),
                 process_ids: p.label_values(PROCESS_ID_LABEL),
             })
-        })?
-        .map_err(|error| MergeInputError { error, array }.into_ruby_error(ruby))?;
+        })?;
 
         let labels = |values: Vec<LabelValue>| -> RArray {
             ruby.ary_from_iter(values.into_iter().map(|v| match v {
@@ -345,8 +335,8 @@ fn native_merge(
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let compression = compression_of(ruby, compression)?;
-        let limits = ReadLimits::new(max_decompressed_bytes);
-        let Inputs { bytes, array } = pprof_inputs(ruby, pprofs.as_value())?;
+        let Inputs { bytes, array, limits } =
+            pprof_inputs(ruby, pprofs.as_value(), max_decompressed_bytes)?;
         let merged = nogvl(ruby, move || {
             let profile = merge::merge_bytes(&bytes, &limits).map_err(ViewError::Merge)?;
             merge::encode(&profile, compression).map_err(|e| ViewError::Encode(e.to_string()))
