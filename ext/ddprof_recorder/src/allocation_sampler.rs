@@ -238,7 +238,7 @@ fn native_start(ruby: &Ruby, interval: Value, handler: Value, heap: bool) -> Res
         for counter in [&SAMPLED, &DROPPED, &RECORDED] {
             counter.store(0, Ordering::Relaxed);
         }
-        let mut state = State {
+        let mut fresh = State {
             frames: vec![0; POOL],
             lines: vec![0; POOL],
             pending: Vec::with_capacity(MAX_PENDING),
@@ -250,9 +250,9 @@ fn native_start(ruby: &Ruby, interval: Value, handler: Value, heap: bool) -> Res
             generation: crate::stack_recorder::fork_generation(),
             heap,
         };
-        state.step = state.draw();
-        COUNTDOWN.store(state.step, Ordering::Relaxed);
-        *STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(state);
+        fresh.step = fresh.draw();
+        COUNTDOWN.store(fresh.step, Ordering::Relaxed);
+        *state() = Some(fresh);
         if heap {
             crate::heap_tracker::start();
         }

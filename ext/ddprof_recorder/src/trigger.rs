@@ -222,8 +222,8 @@ pub fn is_running() -> bool {
         .is_some_and(|r| r.fork_generation == crate::stack_recorder::fork_generation())
 }
 
-/// xorshift64*: enough to spread the ticks, seeded from the clock.
-/// A xorshift64* generator: the ticks' jitter, and the allocation sampler's random steps.
+/// A xorshift64* generator, seeded from the clock: the ticks' jitter, and the allocation
+/// sampler's random steps.
 pub struct Jitter(u64);
 
 impl Jitter {
