@@ -27,6 +27,11 @@ RSpec.describe "speedscope output" do
     release = Queue.new
     sleeper = Thread.new { release.pop }
     sleeper.name = "speedscope_sleeper"
+    # Waiting in `pop` before the profile starts: a thread that has not run yet has no stack to
+    # sample, and the busy main thread may keep it from running for the whole profile (seen
+    # once in CI at load ~5: no sleeper profile).
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+    Thread.pass until sleeper.status == "sleep" || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
     @pprof = DdprofRecorder::Profiler.profile(hz: 499) { self.class.speedscope_hot_method(0.2) }
     release << :go
     sleeper.join
