@@ -7,6 +7,7 @@
 # once, in an order rotated from round to round, so that load changes hit every kind alike.
 #
 #   ruby bench/allocations.rb [--rounds 10] [--iterations 40] [--workload strings|json]
+#                             [--kinds cpu,default,...]
 #   bench/run allocations ...     (the same)
 #
 # `--workload json` times `JSON.parse` and `JSON.generate` of a 200-record document instead
@@ -17,10 +18,17 @@
 # - `baseline`: no profiler;
 # - `cpu`: DdprofRecorder::Profiler at 99 Hz, no memory option (what allocation sampling is
 #   compared with: its own cost is `default` / `cpu`);
-# - `hooked`: `allocations: true` at the largest interval (MAX_ALLOCATION_INTERVAL): the NEWOBJ
-#   hook enabled, no sample ever taken, i.e. what the hook alone costs;
-# - `default`: the same with `allocations: true` (DEFAULT_ALLOCATION_INTERVAL);
+# - `hooked`: `allocations: true, allocation_overhead: 1.0` at the largest interval
+#   (MAX_ALLOCATION_INTERVAL): the NEWOBJ hook always on, no sample ever taken, i.e. what the
+#   hook alone costs;
+# - `always`: `allocations: true, allocation_overhead: 1.0`: the default interval with the
+#   hook always on (every allocation seen; what the default was before the duty cycle);
+# - `default`: `allocations: true`, the defaults: the default interval, and the hook on for
+#   random slots of time only, about DEFAULT_ALLOCATION_OVERHEAD of the program's time
+#   (ext/ddprof_recorder/src/duty_cycle.rs);
 # - `every`: `allocations: true, allocation_interval: 1` (every object);
+# - `gc`: `gc: true` alone (its GC hooks send every allocation through Ruby 3.1's slow path
+#   too);
 # - `stackprof`: `StackProf.run(mode: :object, interval: 1)` (every object), for the top
 #   functions' overlap.
 #
@@ -30,7 +38,7 @@ require "optparse"
 require "rbconfig"
 
 module AllocationBench
-  KINDS = %w[baseline cpu hooked default every stackprof].freeze
+  KINDS = %w[baseline cpu hooked always default every gc stackprof].freeze
   LIB = File.expand_path("../lib", __dir__)
 
   module Work
@@ -85,21 +93,29 @@ module AllocationBench
     work = workload == "json" ? Work.method(:json) : Work.method(:run)
     work.call(2) # warm-up
     GC.start
-    options = { "cpu" => {}, "default" => { allocations: true },
-                "hooked" => { allocations: true, allocation_interval: DdprofRecorder::Profiler::MAX_ALLOCATION_INTERVAL },
+    options = { "cpu" => {}, "default" => { allocations: true }, "gc" => { gc: true },
+                "always" => { allocations: true, allocation_overhead: 1.0 },
+                "hooked" => { allocations: true, allocation_overhead: 1.0,
+                              allocation_interval: DdprofRecorder::Profiler::MAX_ALLOCATION_INTERVAL },
                 "every" => { allocations: true, allocation_interval: 1 } }[kind]
     profiler = DdprofRecorder::Profiler.new(compression: :none, **options).start if options
     StackProf.start(mode: :object, interval: 1, raw: false) if kind == "stackprof"
+    allocated = GC.stat(:total_allocated_objects)
     cpu = cpu_ns
     wall = wall_ns
     work.call(iterations)
     cpu = cpu_ns - cpu
     wall = wall_ns - wall
+    allocated = GC.stat(:total_allocated_objects) - allocated
     result = { kind: kind, cpu_ns: cpu, wall_ns: wall }
     if profiler
       pprof = profiler.stop[2]
       result[:stats] = profiler.stats[:allocations]
-      result[:top] = DdprofRecorder.top(pprof, value: "alloc-count", limit: 5)[:rows].map { |r| [r[:name], r[:self]] } if %w[default every].include?(kind)
+      result[:allocated] = allocated
+      if %w[always default every].include?(kind)
+        result[:top] = DdprofRecorder.top(pprof, value: "alloc-count", limit: 5)[:rows].map { |r| [r[:name], r[:self]] }
+        result[:estimated] = DdprofRecorder.top(pprof, value: "alloc-count", limit: 1)[:total]
+      end
     elsif kind == "stackprof"
       StackProf.stop
       frames = StackProf.results[:frames].values
@@ -123,57 +139,71 @@ module AllocationBench
     rounds = 10
     iterations = 40
     workload = "strings"
+    kinds = KINDS
     OptionParser.new do |o|
       o.on("--workload NAME", %w[strings json]) { |v| workload = v }
       o.on("--rounds N", Integer) { |v| rounds = v }
       o.on("--iterations N", Integer) { |v| iterations = v }
+      o.on("--kinds LIST", Array, "a subset of #{KINDS.join(",")}") { |v| kinds = v & KINDS }
       o.on("--child KIND") { |v| return child(v, iterations, workload) }
     end.parse!(argv)
 
     runs = Hash.new { |h, k| h[k] = [] }
     rounds.times do |round|
-      KINDS.rotate(round).each do |kind|
+      kinds.rotate(round).each do |kind|
         line = IO.popen([RbConfig.ruby, __FILE__, "--workload", workload, "--iterations", iterations.to_s,
                          "--child", kind], &:read)
         runs[kind] << JSON.parse(line.lines.last, symbolize_names: true)
       end
     end
     load = File.read("/proc/loadavg").split.first(3).join(" ")
-    cpu = KINDS.to_h { |k| [k, median(runs[k].map { |r| r[:cpu_ns] })] }
-    # Paired: the ratio of each round's runs, then the median of the ratios.
+    cpu = kinds.to_h { |k| [k, median(runs[k].map { |r| r[:cpu_ns] })] }
+    # Paired: the ratio of each round's runs, then the median of the ratios (nil: a kind not run).
     ratio = lambda do |a, b|
-      median(runs[a].zip(runs[b]).map { |x, y| x[:cpu_ns].to_f / y[:cpu_ns] })
+      next unless runs.key?(a) && runs.key?(b)
+
+      median(runs[a].zip(runs[b]).map { |x, y| x[:cpu_ns].to_f / y[:cpu_ns] }).round(4)
     end
+    top = ->(kind) { runs[kind]&.last&.dig(:top) }
     puts format("allocation sampling, %s workload, %d rounds x %d iterations (load average %s)", workload, rounds,
                 iterations, load)
-    KINDS.each { |k| puts format("  %-9s median main-thread CPU %8.1f ms", k, cpu[k] / 1e6) }
+    kinds.each { |k| puts format("  %-9s median main-thread CPU %8.1f ms", k, cpu[k] / 1e6) }
     summary = {
       load_average: load,
       workload: workload,
       rounds: rounds,
       iterations: iterations,
       cpu_ms: cpu.transform_values { |v| (v / 1e6).round(1) },
-      default_vs_cpu: ratio.call("default", "cpu").round(4),
-      hooked_vs_cpu: ratio.call("hooked", "cpu").round(4),
-      every_vs_cpu: ratio.call("every", "cpu").round(4),
-      cpu_vs_baseline: ratio.call("cpu", "baseline").round(4),
-      stackprof_vs_baseline: ratio.call("stackprof", "baseline").round(4),
-      default_shares: shares(runs["default"].last[:top]),
-      every_shares: shares(runs["every"].last[:top]),
-      stackprof_shares: shares(runs["stackprof"].last[:top]),
-      default_samples: runs["default"].last.dig(:stats, :recorded),
     }
-    top_ours = runs["every"].last[:top].first(3).map(&:first)
-    top_stackprof = runs["stackprof"].last[:top].first(3).map(&:first)
-    summary[:top3_overlap] = (top_ours & top_stackprof).size
-    puts format("  paired median ratios: hooked / cpu %.4f;  default / cpu %.4f;  every / cpu %.4f",
-                summary[:hooked_vs_cpu], summary[:default_vs_cpu], summary[:every_vs_cpu])
-    puts "  shares (alloc-count; stackprof: object samples): default #{summary[:default_shares]}"
-    puts "                                                   every   #{summary[:every_shares]}"
+    %w[default always hooked every gc].each { |k| summary[:"#{k}_vs_cpu"] = ratio.call(k, "cpu") }
+    summary[:cpu_vs_baseline] = ratio.call("cpu", "baseline")
+    summary[:stackprof_vs_baseline] = ratio.call("stackprof", "baseline")
+    %w[default always every stackprof].each { |k| summary[:"#{k}_shares"] = top.call(k) && shares(top.call(k)) }
+    if (default = runs["default"])
+      # alloc-count's total against GC.stat's count of the same run: the estimate's error (the
+      # profile also holds the few allocations made between start and the timed work).
+      summary[:default_estimate_ratios] = default.map { |r| (r[:estimated].to_f / r[:allocated]).round(3) }
+      summary[:default_ten_shares] = default.map { |r| shares(r[:top])["ten"] }
+      summary[:default_hook_on_share] = median(default.map { |r| r.dig(:stats, :hook_on_share) }).round(3)
+      summary[:default_hook_cost_ns] = median(default.map { |r| r.dig(:stats, :hook_cost_ns) }).round(1)
+      summary[:default_samples] = median(default.map { |r| r.dig(:stats, :recorded) })
+    end
+    if top.call("every") && top.call("stackprof")
+      summary[:top3_overlap] = (top.call("every").first(3).map(&:first) & top.call("stackprof").first(3).map(&:first)).size
+    end
+    puts "  paired median ratios to cpu: " + %w[default always hooked every gc].map { |k| "#{k} #{summary[:"#{k}_vs_cpu"] || "-"}" }.join(";  ")
+    if default
+      puts format("  default: hook on %.1f%% of the time, %.1f ns an allocation, %d samples; alloc-count / true count %s",
+                  100 * summary[:default_hook_on_share], summary[:default_hook_cost_ns], summary[:default_samples],
+                  summary[:default_estimate_ratios])
+    end
+    %w[default always every].each do |k|
+      puts format("  shares (alloc-count) %-9s %s", k, summary[:"#{k}_shares"]) if summary[:"#{k}_shares"]
+    end
     # stackprof names JSON's C methods apart from ours: its shares only compare on `strings`.
-    if workload == "strings"
-      puts "                                                   stackprof #{summary[:stackprof_shares]}"
-      puts "  top-3 overlap with stackprof: #{summary[:top3_overlap]}/3"
+    if workload == "strings" && summary[:stackprof_shares]
+      puts format("  shares (object samples) stackprof %s", summary[:stackprof_shares])
+      puts "  top-3 overlap with stackprof: #{summary[:top3_overlap]}/3" if summary[:top3_overlap]
     end
     puts JSON.generate(summary)
   end

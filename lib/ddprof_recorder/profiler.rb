@@ -26,9 +26,13 @@ module DdprofRecorder
   #
   # Memory, on request (docs/profiler.md, "Memory"):
   #
-  # - `allocations: true`: one allocation in about every `allocation_interval` is sampled by
-  #   a native NEWOBJ hook, with its stack: `alloc-samples` (samples) and `alloc-count` (the
-  #   allocations they stand for), labelled `"allocation class"`;
+  # - `allocations: true`: one allocation in about every `allocation_interval` the native
+  #   NEWOBJ hook sees is sampled, with its stack: `alloc-samples` (samples) and
+  #   `alloc-count` (the allocations they stand for), labelled `"allocation class"`. The hook
+  #   is on only for random 1 ms slices of time, as many as keep its cost near
+  #   `allocation_overhead` of the program's time; each sample stands for the allocations the
+  #   hook did not see too (at `allocation_interval: 1` or `allocation_overhead: 1.0` it is
+  #   always on, and sees every allocation);
   # - `heap: true` (implies allocations): the sampled objects the GC has not freed, reported
   #   per allocating stack and class at each window: `heap-live-samples` and `heap-live-size`
   #   (bytes, estimated: each object's `ObjectSpace.memsize_of` times its sample's weight);
@@ -65,6 +69,14 @@ module DdprofRecorder
     # bench/RESULTS.md): the cost of a sample is a few microseconds, so this keeps the
     # slowdown of an allocation-heavy program small.
     DEFAULT_ALLOCATION_INTERVAL = 4096
+    # The share of the program's time the allocation hook may cost (see the class doc):
+    # measured on bench/allocations.rb, this keeps an allocation-bound loop's slowdown under
+    # 3% (bench/RESULTS.md).
+    DEFAULT_ALLOCATION_OVERHEAD = 0.02
+    # Ruby code that makes 10,000 objects of the usual kinds: what the allocation hook's cost
+    # is measured on, with the hook off and on, when allocation sampling starts with a duty
+    # cycle (ext/ddprof_recorder/src/allocation_sampler.rs, `calibrate`).
+    ALLOCATION_CALIBRATION = -> { Array.new(2_000) { |i| ["#{i}x", { i => i }, Object.new] } }
     ALLOCATION_INTERVAL_RANGE = (1..MAX_ALLOCATION_INTERVAL).freeze
     ALLOCATION_CLASS_LABEL = AllocationRecorder::CLASS_LABEL
     GC_KIND_LABEL = ThreadSampler::GC_KIND_LABEL
@@ -144,14 +156,16 @@ module DdprofRecorder
     # @param max_frames [Integer] deepest stack kept (see {StackRecorder.new}).
     # @param compression [Symbol] `:gzip` (default, the usual `.pb.gz`) or `:none`.
     # @param allocations [Boolean] sample allocations (see the class doc).
-    # @param allocation_interval [Integer] sample one allocation in about this many
-    #   (1: every one), in {ALLOCATION_INTERVAL_RANGE}.
+    # @param allocation_interval [Integer] sample one allocation in about this many the hook
+    #   sees (1: every one, the hook always on), in {ALLOCATION_INTERVAL_RANGE}.
+    # @param allocation_overhead [Float] the share of the program's time the allocation hook
+    #   may cost, in (0, 1]; 1.0 keeps it always on.
     # @param heap [Boolean] report the live heap at each window (samples allocations too).
     # @param gc [Boolean] charge GC time to a `(garbage collection)` frame.
     # @raise [ArgumentError] on a bad option.
     def initialize(hz: DEFAULT_HZ, interval: nil, exporter: nil, max_frames: StackRecorder::DEFAULT_MAX_FRAMES,
                    compression: :gzip, allocations: false, allocation_interval: DEFAULT_ALLOCATION_INTERVAL,
-                   heap: false, gc: false, &block)
+                   allocation_overhead: DEFAULT_ALLOCATION_OVERHEAD, heap: false, gc: false, &block)
       raise ArgumentError, "hz must be an Integer in #{HZ_RANGE}, got #{hz.inspect}" unless hz.is_a?(Integer) && HZ_RANGE.cover?(hz)
 
       { allocations: allocations, heap: heap, gc: gc }.each do |name, value|
@@ -160,6 +174,9 @@ module DdprofRecorder
       unless Integer === allocation_interval && ALLOCATION_INTERVAL_RANGE.cover?(allocation_interval)
         raise ArgumentError,
               "allocation_interval must be an Integer in #{ALLOCATION_INTERVAL_RANGE}, got #{shown(allocation_interval)}"
+      end
+      unless [Integer, Float].any? { |c| c === allocation_overhead } && allocation_overhead.positive? && allocation_overhead <= 1
+        raise ArgumentError, "allocation_overhead must be a number in (0, 1], got #{shown(allocation_overhead)}"
       end
       raise ArgumentError, "give an exporter or a block, not both" if exporter && block
       unless interval.nil? || (interval.is_a?(Numeric) && interval.positive?)
@@ -178,6 +195,7 @@ module DdprofRecorder
       @compression = compression
       @allocations = allocations || heap
       @allocation_interval = allocation_interval
+      @allocation_overhead = allocation_overhead.to_f
       @heap = heap
       @gc = gc
       # Fails now, not in start, on a bad max_frames / compression.
@@ -359,7 +377,8 @@ module DdprofRecorder
       recorder = AllocationRecorder.new(@recorder, labels_for: @sampler.method(:labels_for),
                                                    value_count: value_types.size,
                                                    samples_index: VALUE_TYPES.size)
-      Profiler._native_allocations_start(@allocation_interval, recorder, @heap)
+      Profiler._native_allocations_start(@allocation_interval, recorder, @heap, @allocation_overhead,
+                                         ALLOCATION_CALIBRATION)
     end
 
     # With the lifecycle lock: no allocation is sampled after this; the live heap goes into

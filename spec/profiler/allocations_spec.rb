@@ -65,13 +65,31 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
 
   it "keeps the shares within 5 points at the default interval, and alloc-count near the true count" do
     truth = (100 * 10_000) + (100 * 1_000)
-    samples = profile(allocations: true) { AllocationShape.run(100, 1_000) }
+    # The hook always on: every allocation seen, one in about DEFAULT_ALLOCATION_INTERVAL sampled.
+    samples = profile(allocations: true, allocation_overhead: 1.0) { AllocationShape.run(100, 1_000) }
     counts = by_leaf(samples, "alloc-count").slice("ten", "one")
     expect(share(counts, "ten")).to be_within(5).of(100.0 * 10 / 11)
     expect(counts.values.sum).to be_within(truth / 10).of(truth)
     taken = by_leaf(samples, "alloc-samples").slice("ten", "one").values.sum
     expected = truth / profiler_class::DEFAULT_ALLOCATION_INTERVAL
     expect(taken).to be_within(expected / 3).of(expected)
+  end
+
+  # The default: the hook on for random slots of time only (ext/ddprof_recorder/src/duty_cycle.rs),
+  # each sample weighted by the slots it did not see. An allocation-bound program gets few
+  # slots seen; the estimate must still find the true count and shares.
+  it "keeps the shares and the true count with the hook on part of the time (the default)" do
+    truth = (1_500 * 10_000) + (1_500 * 1_000)
+    profiler = profiler_class.new(allocations: true, compression: :none).start
+    AllocationShape.run(1_500, 1_000)
+    pprof = profiler.stop[2]
+    stats = profiler.stats[:allocations]
+    expect(stats[:seen_every]).to be > 3
+    expect(stats[:hook_on_share]).to be < 0.5
+    expect(stats[:hook_cost_ns]).to be_between(5, 500)
+    counts = by_leaf(samples_from(decode_pprof(pprof)), "alloc-count").slice("ten", "one")
+    expect(share(counts, "ten")).to be_within(5).of(100.0 * 10 / 11)
+    expect(counts.values.sum).to be_within(truth / 5).of(truth)
   end
 
   # String#split makes its parts in C, without an interrupt check: every sample waits for the
@@ -125,10 +143,13 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
 
   it "refuses bad options with an ArgumentError, and starts nothing" do
     [{ allocations: "yes" }, { allocation_interval: 0 }, { allocation_interval: 1.5 },
-     { allocation_interval: profiler_class::MAX_ALLOCATION_INTERVAL + 1 }, { heap: 1 }, { gc: nil }].each do |bad|
+     { allocation_interval: profiler_class::MAX_ALLOCATION_INTERVAL + 1 }, { heap: 1 }, { gc: nil },
+     { allocation_overhead: 0 }, { allocation_overhead: 1.5 }, { allocation_overhead: "0.1" },
+     { allocation_overhead: Float::NAN }].each do |bad|
       expect { profiler_class.new(allocations: true, **bad) }.to raise_error(ArgumentError, /#{bad.keys.first}/)
     end
-    expect { profiler_class._native_allocations_start(0, Object.new, false) }.to raise_error(ArgumentError, /interval/)
+    expect { profiler_class._native_allocations_start(0, Object.new, false, 0.02, -> {}) }.to raise_error(ArgumentError, /interval/)
+    expect { profiler_class._native_allocations_start(64, Object.new, false, 0.0, -> {}) }.to raise_error(ArgumentError, /overhead/)
     expect(profiler_class.running?).to be(false)
   end
 

@@ -640,8 +640,12 @@ RSpec.describe DdprofRecorder::Profiler, "hostile memory options" do
     gen = HostileInput::Generator.new(Random.new(seed + 13))
     200.times do
       interval = gen.pick([0, -1, 2**41, 2**70, 1.5, "1", nil, gen.fake_integer])
-      expect { described_class._native_allocations_start(interval, Object.new, gen.pick([true, false, nil, 1])) }
+      expect { described_class._native_allocations_start(interval, Object.new, gen.pick([true, false, nil, 1]), 0.02, -> {}) }
         .to raise_error { |e| expect([ArgumentError, TypeError, RangeError].any? { e.is_a?(_1) }).to be(true), e.inspect }
+      overhead = gen.pick([0, 0.0, -0.5, 1.5, Float::NAN, Float::INFINITY, "0.1", nil, Object.new])
+      expect { described_class._native_allocations_start(4096, Object.new, false, overhead, -> {}) }
+        .to raise_error { |e| expect([ArgumentError, TypeError].any? { e.is_a?(_1) }).to be(true), e.inspect }
+      expect(described_class._native_allocations_stats[:hook_on_share]).to be_a(Float)
     end
   ensure
     described_class._native_allocations_stop

@@ -5,7 +5,7 @@
 //! use and kept for the process's life in a static registered as a GC root
 //! (`rb_gc_register_address`, which also pins it). Everything here runs with the GVL held.
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// A hook function: it must never unwind, and, called from inside the allocator or the GC,
 /// never allocate or call Ruby.
@@ -14,13 +14,21 @@ pub type HookFn = unsafe extern "C" fn(rb_sys::VALUE, *mut c_void);
 pub struct InternalHook {
     /// The TracePoint object, or Qnil before the first `enable`.
     tracepoint: AtomicUsize,
+    /// Whether it is on: enabling a TracePoint twice would add its hook twice (Ruby 3.1
+    /// `rb_tracepoint_enable` does not check), so each call is made only on a change.
+    on: AtomicBool,
     events: rb_sys::rb_event_flag_t,
     func: HookFn,
 }
 
 impl InternalHook {
     pub const fn new(events: rb_sys::rb_event_flag_t, func: HookFn) -> Self {
-        Self { tracepoint: AtomicUsize::new(rb_sys::Qnil as usize), events, func }
+        Self {
+            tracepoint: AtomicUsize::new(rb_sys::Qnil as usize),
+            on: AtomicBool::new(false),
+            events,
+            func,
+        }
     }
 
     /// Makes the TracePoint slot a GC root. Once, at load, with the GVL.
@@ -29,8 +37,11 @@ impl InternalHook {
         unsafe { rb_sys::rb_gc_register_address(self.tracepoint.as_ptr().cast()) };
     }
 
-    /// Turns the hook on (GVL held).
+    /// Turns the hook on, if it is off (GVL held).
     pub fn enable(&self) {
+        if self.on.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let mut tracepoint = self.tracepoint.load(Ordering::Acquire) as rb_sys::VALUE;
         if tracepoint == rb_sys::Qnil as rb_sys::VALUE {
             // SAFETY: GVL held; `func` never unwinds (see [`HookFn`]); no data pointer.
@@ -48,8 +59,16 @@ impl InternalHook {
         unsafe { rb_sys::rb_tracepoint_enable(tracepoint) };
     }
 
-    /// Turns the hook off, if it was ever made (GVL held).
+    /// Whether it is on.
+    pub fn is_on(&self) -> bool {
+        self.on.load(Ordering::Acquire)
+    }
+
+    /// Turns the hook off, if it is on (GVL held).
     pub fn disable(&self) {
+        if !self.on.swap(false, Ordering::AcqRel) {
+            return;
+        }
         let tracepoint = self.tracepoint.load(Ordering::Acquire) as rb_sys::VALUE;
         if tracepoint != rb_sys::Qnil as rb_sys::VALUE {
             // SAFETY: a TracePoint made by `rb_tracepoint_new`, kept by its GC root; GVL held.

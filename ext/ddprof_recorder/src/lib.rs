@@ -4,11 +4,13 @@
 
 mod allocation_sampler;
 mod convert;
+mod duty_cycle;
 mod errors;
 mod gc_events;
 mod heap_tracker;
 mod internal_hook;
 mod interrupt_mask;
+mod native_thread;
 mod nogvl;
 mod pprof_views;
 mod sampling_job;

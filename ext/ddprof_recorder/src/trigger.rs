@@ -59,17 +59,16 @@
 //!
 //! # Lifecycle
 //!
-//! [`start`] and [`stop`] are called by Ruby threads with the GVL held, so the handle is never
-//! contended; [`stop`] wakes the thread and joins it. The thread does not survive `fork`: in a
-//! child the handle of the parent's thread is forgotten, never joined. Before the VM is torn
-//! down the thread must be gone: an end proc registered at load time (it runs after every
-//! `at_exit` block) stops it, and `exit!` ends the process without tearing the VM down.
+//! The thread is a [`NativeThread`]: started and stopped by Ruby threads with the GVL held,
+//! forgotten (not joined) in a forked child. Before the VM is torn down it must be gone: an
+//! end proc registered at load time (it runs after every `at_exit` block) stops it, and
+//! `exit!` ends the process without tearing the VM down.
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use crate::native_thread::{NativeThread, Stopped};
 
 use crate::thread_cpu::{cpu_time_ns, own_cpu_ns};
 
@@ -170,56 +169,25 @@ pub fn monotonic_ns() -> i64 {
     crate::thread_cpu::clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0)
 }
 
-struct Running {
-    stop: Arc<AtomicBool>,
-    handle: JoinHandle<()>,
-    /// The fork generation it was started in: in a forked child the thread does not exist.
-    fork_generation: u64,
-}
-
-/// Touched only by Ruby threads holding the GVL (start, stop, the end proc).
-static RUNNING: Mutex<Option<Running>> = Mutex::new(None);
+static THREAD: NativeThread = NativeThread::new();
 
 /// Starts ticking at `setup.hz` (stopping a trigger already running first).
 pub fn start(setup: Setup) -> std::io::Result<()> {
-    stop();
-    let stop_flag = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&stop_flag);
-    let handle = std::thread::Builder::new()
-        .name("ddprof-trigger".into())
-        .spawn(move || run(&setup, &flag))?;
-    let mut running = RUNNING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    *running = Some(Running {
-        stop: stop_flag,
-        handle,
-        fork_generation: crate::stack_recorder::fork_generation(),
-    });
-    Ok(())
+    THREAD.start("ddprof-trigger", move |stop| run(&setup, stop))
 }
 
 /// Stops the trigger and waits for its thread to end (it wakes at once). A no-op if none runs.
 pub fn stop() {
-    let running = RUNNING.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
-    let Some(running) = running else { return };
-    if running.fork_generation != crate::stack_recorder::fork_generation() {
-        // The parent's thread: it does not exist here. Joining would wait for ever.
-        std::mem::forget(running.handle);
+    if THREAD.stop() == Stopped::Forgotten {
+        // The parent's thread (see `native_thread`): what it would have left at its end.
         THREAD_TID.store(0, Ordering::Release);
         LAST_THREAD_CPU_NS.store(0, Ordering::Release);
-        return;
     }
-    running.stop.store(true, Ordering::Release);
-    running.handle.thread().unpark();
-    let _ = running.handle.join();
 }
 
 /// Whether a trigger started in this process runs.
 pub fn is_running() -> bool {
-    RUNNING
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .as_ref()
-        .is_some_and(|r| r.fork_generation == crate::stack_recorder::fork_generation())
+    THREAD.is_running()
 }
 
 /// A xorshift64* generator, seeded from the clock: the ticks' jitter, and the allocation

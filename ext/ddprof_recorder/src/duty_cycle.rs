@@ -1,0 +1,299 @@
+//! The duty cycle of the allocation hook: a native thread that turns the NEWOBJ hook of
+//! `allocation_sampler` on for random slices of time only, so that what the hook costs stays
+//! under a target share of the program's time, and says how much each sample then stands for.
+//!
+//! # Why
+//!
+//! On Ruby 3.1 an enabled NEWOBJ hook, whatever it does, sends every allocation through
+//! `newobj_of`'s slow path (`gc.c`: `newobj_slowpath` takes the VM lock, and
+//! `gc_event_hook_prep` dispatches the event through `rb_exec_event_hooks`). Measured here,
+//! about 40 ns an object: a loop that does nothing but allocate runs 46% slower, whatever the
+//! sampling interval. Sampling fewer allocations does not help; seeing fewer of them does.
+//!
+//! # The schedule
+//!
+//! Time is cut into slots of [`SLOT`], and the slots into blocks of `every` slots. In each
+//! block the hook is on for one slot, drawn uniformly: every slot is on with probability
+//! `1 / every`, each block's draw on its own. An allocation is then seen with probability
+//! `1 / every`, whatever the program does, and a sample that stands for `step` seen
+//! allocations stands for `step * every` in all (Horvitz–Thompson: the estimate stays
+//! unbiased). One slot per block, rather than a coin per slot, keeps the number of slots seen
+//! fixed: on a steady program the estimate does not wander with how many came up on. Two
+//! things would make the probability depend on the program, and are handled:
+//!
+//! - **An on-slot runs the program slower** (the hook's cost), so it would cover less of the
+//!   program than an off-slot: allocation-heavy code would be seen less often than the rest
+//!   (a loop that only allocates, about 1/1.46 as often). So an on-slot lasts [`SLOT`] plus
+//!   what the hook cost in it, `hook_cost_ns` times the allocations it saw plus the time of
+//!   the allocation jobs: it covers one slot of the program as it would run without the hook.
+//!   What the hook costs an allocation is measured when sampling starts
+//!   (`allocation_sampler::calibrate`), then from the program itself ([`Ledger`]).
+//! - **The hook is switched by a postponed job**, at the next interrupt check of the thread
+//!   holding the GVL, not at the slot's edge. The hook's state at any moment is then that of
+//!   the slot in which the last interrupt check fell: a moment the program picks, but a draw
+//!   it cannot see, so still on with probability `1 / every`. The job copies the `every` of
+//!   that draw with it ([`DESIRED`] holds it), and samples take their weight from it.
+//!
+//! # How many slots a block has
+//!
+//! `every = ceil(overhead / target)`, within 1..=[`MAX_EVERY`], where `overhead` is what the
+//! hook cost in the on-slots against the program's own time in them (their slowdown, less 1;
+//! smoothed over them). It is set before each block is
+//! drawn, from the blocks before it, so each slot's probability is known when it is drawn:
+//! that keeps the estimate unbiased. A program that allocates little gets `every = 1`: the
+//! hook stays on and sees every allocation, as without the duty cycle.
+//!
+//! # Calling Ruby from this thread
+//!
+//! The thread calls one Ruby function, `rb_postponed_job_register_one`, only when the hook's
+//! state must change: sound from a thread Ruby does not know since Ruby 3.1, and registered
+//! with the bug #19991 decoy data, both as for the trigger (see `trigger`'s module doc).
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::native_thread::NativeThread;
+use crate::trigger::Jitter;
+
+/// The length of a slot, in the program's time.
+pub const SLOT: Duration = Duration::from_millis(1);
+/// The most slots in a block: at least one slot in this many is seen.
+pub const MAX_EVERY: u64 = 256;
+/// Weight of the newest on-slot in the smoothed overhead.
+const SMOOTHING: f64 = 0.2;
+
+/// What the hook should be: 0 for off, else the `every` of the block whose slot put it on.
+/// Written by the thread, read by the job.
+pub static DESIRED: AtomicU64 = AtomicU64::new(0);
+/// Allocations the hook saw (counted by the hook, with the GVL).
+pub static SEEN: AtomicU64 = AtomicU64::new(0);
+/// Nanoseconds spent in the allocation jobs (the samples' cost, paid only while on).
+pub static JOB_NS: AtomicU64 = AtomicU64::new(0);
+/// For stats: the thread's time with the hook wanted on and in all, and the latest `every`.
+static ON_NS: AtomicU64 = AtomicU64::new(0);
+static ALL_NS: AtomicU64 = AtomicU64::new(0);
+static EVERY: AtomicU64 = AtomicU64::new(1);
+
+static THREAD: NativeThread = NativeThread::new();
+
+/// What the job saw at each switch, summed by the hook's state before it: time, allocations
+/// (Ruby's `total_allocated_objects`) and, while on, time in the allocation jobs. The on and
+/// off periods are placed at random, so on average they hold the same mix of the program:
+/// their times per allocation differ by what the hook costs one,
+/// `(on_ns - on_job_ns) / on_allocs - off_ns / off_allocs`. That is what the program's own
+/// allocations cost with the hook, where the start's calibration measured Ruby code of its
+/// own (within 15% of it here, run to run). Written by the job (GVL held), read by the thread.
+struct Ledger {
+    at_ns: AtomicU64,
+    allocs: AtomicU64,
+    job_ns: AtomicU64,
+    on_ns: AtomicU64,
+    on_allocs: AtomicU64,
+    on_job_ns: AtomicU64,
+    off_ns: AtomicU64,
+    off_allocs: AtomicU64,
+}
+
+static LEDGER: Ledger = Ledger {
+    at_ns: AtomicU64::new(0),
+    allocs: AtomicU64::new(0),
+    job_ns: AtomicU64::new(0),
+    on_ns: AtomicU64::new(0),
+    on_allocs: AtomicU64::new(0),
+    on_job_ns: AtomicU64::new(0),
+    off_ns: AtomicU64::new(0),
+    off_allocs: AtomicU64::new(0),
+};
+
+/// Allocations each side needs before the ledger's cost is used instead of the calibration's.
+const LEDGER_MIN_ALLOCS: u64 = 200_000;
+
+/// A switch of the hook, from the job: `was_on` is the state it ends, `at_ns` the monotonic
+/// clock and `allocs` Ruby's allocation count now.
+pub fn switched(was_on: bool, at_ns: u64, allocs: u64) {
+    let job_ns = JOB_NS.load(Ordering::Relaxed);
+    let ledger = &LEDGER;
+    let span = at_ns.saturating_sub(ledger.at_ns.swap(at_ns, Ordering::Relaxed));
+    let made = allocs.saturating_sub(ledger.allocs.swap(allocs, Ordering::Relaxed));
+    let jobs = job_ns.saturating_sub(ledger.job_ns.swap(job_ns, Ordering::Relaxed));
+    if was_on {
+        ledger.on_ns.fetch_add(span, Ordering::Relaxed);
+        ledger.on_allocs.fetch_add(made, Ordering::Relaxed);
+        ledger.on_job_ns.fetch_add(jobs, Ordering::Relaxed);
+    } else {
+        ledger.off_ns.fetch_add(span, Ordering::Relaxed);
+        ledger.off_allocs.fetch_add(made, Ordering::Relaxed);
+    }
+}
+
+/// What the hook costs an allocation: the ledger's measure once it has enough on both sides,
+/// kept within a quarter and four times the calibration's; else the calibration's.
+fn hook_cost_ns(calibrated: f64) -> f64 {
+    let ledger = &LEDGER;
+    let on_allocs = ledger.on_allocs.load(Ordering::Relaxed);
+    let off_allocs = ledger.off_allocs.load(Ordering::Relaxed);
+    if on_allocs < LEDGER_MIN_ALLOCS || off_allocs < LEDGER_MIN_ALLOCS {
+        return calibrated;
+    }
+    let on = ledger.on_ns.load(Ordering::Relaxed) as f64
+        - ledger.on_job_ns.load(Ordering::Relaxed) as f64;
+    let off = ledger.off_ns.load(Ordering::Relaxed) as f64;
+    let measured = on / on_allocs as f64 - off / off_allocs as f64;
+    measured.clamp(calibrated / 4.0, calibrated * 4.0)
+}
+
+pub struct Setup {
+    /// The share of the program's time the hook may cost, in (0, 1).
+    pub target: f64,
+    /// What the hook costs an allocation, as calibrated at start.
+    pub hook_cost_ns: f64,
+    /// The job that applies [`DESIRED`] (with the GVL).
+    pub job: unsafe extern "C" fn(*mut c_void),
+}
+
+/// Starts the duty cycle: the hook is wanted on at once (`every = 1` until the first on-slot
+/// is measured). `at_ns` and `allocs` are the clock and Ruby's allocation count now.
+pub fn start(setup: Setup, at_ns: u64, allocs: u64) -> std::io::Result<()> {
+    let ledger = &LEDGER;
+    for counter in [
+        &ON_NS,
+        &ALL_NS,
+        &ledger.on_ns,
+        &ledger.on_allocs,
+        &ledger.on_job_ns,
+        &ledger.off_ns,
+        &ledger.off_allocs,
+    ] {
+        counter.store(0, Ordering::Relaxed);
+    }
+    ledger.at_ns.store(at_ns, Ordering::Relaxed);
+    ledger.allocs.store(allocs, Ordering::Relaxed);
+    ledger.job_ns.store(JOB_NS.load(Ordering::Relaxed), Ordering::Relaxed);
+    EVERY.store(1, Ordering::Relaxed);
+    DESIRED.store(1, Ordering::Release);
+    THREAD.start("ddprof-allocwin", move |stop| run(&setup, stop))
+}
+
+pub fn stop() {
+    THREAD.stop();
+}
+
+/// For stats: the share of time the hook was wanted on, the latest `every`, and what the
+/// hook costs an allocation as used now.
+pub fn stats(calibrated: f64) -> (f64, u64, f64) {
+    let all = ALL_NS.load(Ordering::Relaxed);
+    let on = ON_NS.load(Ordering::Relaxed);
+    let share = if all == 0 { 1.0 } else { on as f64 / all as f64 };
+    (share, EVERY.load(Ordering::Relaxed), hook_cost_ns(calibrated))
+}
+
+/// The block length a smoothed overhead calls for.
+fn every_for(target: f64, overhead: f64) -> u64 {
+    if overhead <= target {
+        return 1;
+    }
+    ((overhead / target).ceil() as u64).clamp(1, MAX_EVERY)
+}
+
+/// Sets what the hook should be, and has a job apply it if that changed.
+fn want(word: u64, job: unsafe extern "C" fn(*mut c_void)) {
+    if DESIRED.swap(word, Ordering::AcqRel) != word {
+        // SAFETY: callable from a thread Ruby does not know since Ruby 3.1 (see `trigger`);
+        // `job` never unwinds; the data pointer is the bug #19991 decoy.
+        unsafe {
+            rb_sys::rb_postponed_job_register_one(0, Some(job), crate::trigger::decoy_data());
+        }
+    }
+}
+
+/// Sleeps until `deadline` (or the stop flag); false once stopped.
+fn sleep_until(deadline: Instant, stop: &AtomicBool) -> bool {
+    loop {
+        if stop.load(Ordering::Acquire) {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return true;
+        }
+        std::thread::park_timeout(deadline - now);
+    }
+}
+
+/// What the hook has cost since `seen` allocations and `job_ns` of jobs (the counters' values
+/// then), in nanoseconds.
+fn cost_since(per_alloc_ns: f64, seen: u64, job_ns: u64) -> f64 {
+    let seen = SEEN.load(Ordering::Relaxed).wrapping_sub(seen);
+    let jobs = JOB_NS.load(Ordering::Relaxed).wrapping_sub(job_ns);
+    seen as f64 * per_alloc_ns + jobs as f64
+}
+
+/// The on-slot of a block of `every`: on for [`SLOT`] of the program's time, lengthened by
+/// what the hook costs meanwhile (module doc). Returns what the hook cost against the
+/// program's own time in it, or None once stopped.
+fn on_slot(setup: &Setup, every: u64, stop: &AtomicBool) -> Option<f64> {
+    want(every, setup.job);
+    let start = Instant::now();
+    let (seen, job_ns) = (SEEN.load(Ordering::Relaxed), JOB_NS.load(Ordering::Relaxed));
+    let per_alloc_ns = hook_cost_ns(setup.hook_cost_ns);
+    let mut cost = 0.0;
+    loop {
+        if !sleep_until(start + SLOT + Duration::from_nanos(cost as u64), stop) {
+            return None;
+        }
+        let now_cost = cost_since(per_alloc_ns, seen, job_ns);
+        let settled = now_cost <= cost + 1_000.0;
+        cost = now_cost;
+        if settled {
+            break;
+        }
+    }
+    let elapsed = start.elapsed().as_nanos() as f64;
+    ON_NS.fetch_add(elapsed as u64, Ordering::Relaxed);
+    // Against the time the program itself took meanwhile (the slowdown while on, less 1).
+    Some(cost / (elapsed - cost).max(1.0))
+}
+
+fn run(setup: &Setup, stop: &AtomicBool) {
+    let mut rng = Jitter::new();
+    let mut every = 1u64;
+    let mut overhead: Option<f64> = None;
+    let begun = Instant::now();
+    loop {
+        // Drawn before the block: the one slot of `every` that is on.
+        let on_at = ((rng.unit() * every as f64) as u64).min(every - 1);
+        if every > 1 {
+            want(0, setup.job);
+        }
+        let off = |slots: u64| sleep_until(Instant::now() + SLOT * slots as u32, stop);
+        if !off(on_at) {
+            return;
+        }
+        let Some(share) = on_slot(setup, every, stop) else { return };
+        if every > 1 {
+            want(0, setup.job);
+        }
+        if !off(every - 1 - on_at) {
+            return;
+        }
+        ALL_NS.store(begun.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let smoothed = overhead.map_or(share, |o| o + SMOOTHING * (share - o));
+        overhead = Some(smoothed);
+        every = every_for(setup.target, smoothed);
+        EVERY.store(every, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_keeps_the_target_within_bounds() {
+        assert_eq!(every_for(0.02, 0.0), 1);
+        assert_eq!(every_for(0.02, 0.02), 1);
+        assert_eq!(every_for(0.02, 0.5), 25);
+        assert_eq!(every_for(0.02, 0.46), 23);
+        assert_eq!(every_for(0.02, 100.0), MAX_EVERY);
+    }
+}
