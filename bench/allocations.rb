@@ -6,13 +6,16 @@
 # (the CPU of its main thread, CLOCK_THREAD_CPUTIME_ID, and wall); every round runs each kind
 # once, in an order rotated from round to round, so that load changes hit every kind alike.
 #
-#   ruby bench/allocations.rb [--rounds 10] [--iterations 40] [--workload strings|json]
+#   ruby bench/allocations.rb [--rounds 10] [--iterations 40] [--workload strings|json|phases]
 #                             [--kinds cpu,default,...]
 #   bench/run allocations ...     (the same)
 #
 # `--workload json` times `JSON.parse` and `JSON.generate` of a 200-record document instead
 # (`--iterations` x 15 of each; about 3.5 million objects a second here): a program that
 # allocates a lot but does other work too. Its shares are not checked (no known truth).
+# `--workload phases` alternates `dense` (allocation only) and `sparse` (computing between
+# allocations), `--iterations` x 5 times 20,000 iterations of each: equal counts, unequal
+# slowdowns under the hook (truth: 50/50).
 #
 # Kinds:
 # - `baseline`: no profiler;
@@ -29,6 +32,8 @@
 # - `every`: `allocations: true, allocation_interval: 1` (every object);
 # - `gc`: `gc: true` alone (its GC hooks send every allocation through Ruby 3.1's slow path
 #   too);
+# - `heap`: `heap: true` with the defaults (its FREEOBJ hook is always on, and so is that slow
+#   path);
 # - `stackprof`: `StackProf.run(mode: :object, interval: 1)` (every object), for the top
 #   functions' overlap.
 #
@@ -38,7 +43,7 @@ require "optparse"
 require "rbconfig"
 
 module AllocationBench
-  KINDS = %w[baseline cpu hooked always default every gc stackprof].freeze
+  KINDS = %w[baseline cpu hooked always default every gc heap stackprof].freeze
   LIB = File.expand_path("../lib", __dir__)
 
   module Work
@@ -61,6 +66,29 @@ module AllocationBench
         ten(50_000)
         one(5_000)
         side(2_000)
+      end
+    end
+
+    # Two Strings an iteration each: `dense` only allocates, `sparse` computes between
+    # allocations (about 5x as long for as many objects). The hook slows `dense` by about
+    # 46% and `sparse` by less: what the duty cycle's lengthened on-slots must not turn into
+    # a bias between them (truth: 50/50).
+    def dense(n)
+      n.times { |i| "d#{i}" }
+    end
+
+    def sparse(n)
+      n.times do |i|
+        x = i
+        12.times { x = ((x * 7) + 3) % 1_000_003 }
+        "s#{x}"
+      end
+    end
+
+    def phases(iterations)
+      (iterations * 5).times do
+        dense(20_000)
+        sparse(20_000)
       end
     end
 
@@ -90,10 +118,10 @@ module AllocationBench
     $LOAD_PATH.unshift(LIB)
     require "ddprof_recorder"
     require "stackprof" if kind == "stackprof"
-    work = workload == "json" ? Work.method(:json) : Work.method(:run)
+    work = Work.method({ "json" => :json, "phases" => :phases }.fetch(workload, :run))
     work.call(2) # warm-up
     GC.start
-    options = { "cpu" => {}, "default" => { allocations: true }, "gc" => { gc: true },
+    options = { "cpu" => {}, "default" => { allocations: true }, "gc" => { gc: true }, "heap" => { heap: true },
                 "always" => { allocations: true, allocation_overhead: 1.0 },
                 "hooked" => { allocations: true, allocation_overhead: 1.0,
                               allocation_interval: DdprofRecorder::Profiler::MAX_ALLOCATION_INTERVAL },
@@ -141,7 +169,7 @@ module AllocationBench
     workload = "strings"
     kinds = KINDS
     OptionParser.new do |o|
-      o.on("--workload NAME", %w[strings json]) { |v| workload = v }
+      o.on("--workload NAME", %w[strings json phases]) { |v| workload = v }
       o.on("--rounds N", Integer) { |v| rounds = v }
       o.on("--iterations N", Integer) { |v| iterations = v }
       o.on("--kinds LIST", Array, "a subset of #{KINDS.join(",")}") { |v| kinds = v & KINDS }
@@ -175,7 +203,7 @@ module AllocationBench
       iterations: iterations,
       cpu_ms: cpu.transform_values { |v| (v / 1e6).round(1) },
     }
-    %w[default always hooked every gc].each { |k| summary[:"#{k}_vs_cpu"] = ratio.call(k, "cpu") }
+    %w[default always hooked every gc heap].each { |k| summary[:"#{k}_vs_cpu"] = ratio.call(k, "cpu") }
     summary[:cpu_vs_baseline] = ratio.call("cpu", "baseline")
     summary[:stackprof_vs_baseline] = ratio.call("stackprof", "baseline")
     %w[default always every stackprof].each { |k| summary[:"#{k}_shares"] = top.call(k) && shares(top.call(k)) }
@@ -183,7 +211,8 @@ module AllocationBench
       # alloc-count's total against GC.stat's count of the same run: the estimate's error (the
       # profile also holds the few allocations made between start and the timed work).
       summary[:default_estimate_ratios] = default.map { |r| (r[:estimated].to_f / r[:allocated]).round(3) }
-      summary[:default_ten_shares] = default.map { |r| shares(r[:top])["ten"] }
+      leaf = workload == "phases" ? "dense" : "ten"
+      summary[:"default_#{leaf}_shares"] = default.map { |r| shares(r[:top])[leaf] }
       summary[:default_hook_on_share] = median(default.map { |r| r.dig(:stats, :hook_on_share) }).round(3)
       summary[:default_hook_cost_ns] = median(default.map { |r| r.dig(:stats, :hook_cost_ns) }).round(1)
       summary[:default_samples] = median(default.map { |r| r.dig(:stats, :recorded) })
@@ -191,7 +220,7 @@ module AllocationBench
     if top.call("every") && top.call("stackprof")
       summary[:top3_overlap] = (top.call("every").first(3).map(&:first) & top.call("stackprof").first(3).map(&:first)).size
     end
-    puts "  paired median ratios to cpu: " + %w[default always hooked every gc].map { |k| "#{k} #{summary[:"#{k}_vs_cpu"] || "-"}" }.join(";  ")
+    puts "  paired median ratios to cpu: " + %w[default always hooked every gc heap].map { |k| "#{k} #{summary[:"#{k}_vs_cpu"] || "-"}" }.join(";  ")
     if default
       puts format("  default: hook on %.1f%% of the time, %.1f ns an allocation, %d samples; alloc-count / true count %s",
                   100 * summary[:default_hook_on_share], summary[:default_hook_cost_ns], summary[:default_samples],

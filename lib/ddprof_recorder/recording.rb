@@ -7,7 +7,8 @@ module DdprofRecorder
   # environment where to write the pprof (`DDPROF_RECORDER_OUT`), at which rate
   # (`DDPROF_RECORDER_HZ`) and, optionally, every how many seconds to write a window of its own
   # (`DDPROF_RECORDER_INTERVAL`); `DDPROF_RECORDER_ALLOCATIONS` (an allocation interval),
-  # `DDPROF_RECORDER_HEAP` and `DDPROF_RECORDER_GC` (`1`) turn on the memory options.
+  # `DDPROF_RECORDER_HEAP` and `DDPROF_RECORDER_GC` (`1`) turn on the memory options, and
+  # `DDPROF_RECORDER_ALLOCATION_OVERHEAD` sets `allocation_overhead:`.
   #
   # Without `DDPROF_RECORDER_OUT` it does nothing. The first Ruby process to load it claims the
   # profile (`DDPROF_RECORDER_OWNER`, inherited by its children), so that Ruby programs it
@@ -37,6 +38,7 @@ module DdprofRecorder
     ALLOCATIONS = "DDPROF_RECORDER_ALLOCATIONS"
     HEAP = "DDPROF_RECORDER_HEAP"
     GC = "DDPROF_RECORDER_GC"
+    ALLOCATION_OVERHEAD = "DDPROF_RECORDER_ALLOCATION_OVERHEAD"
 
     # `exit!` on an object (Kernel's private instance method), prepended to Kernel.
     module KernelExitBang
@@ -180,6 +182,8 @@ module DdprofRecorder
       allocations = env[ALLOCATIONS] && !env[ALLOCATIONS].empty?
       options = { heap: env[HEAP] == "1", gc: env[GC] == "1" }
       options.merge!(allocations: true, allocation_interval: Integer(env[ALLOCATIONS], 10)) if allocations
+      overhead = env[ALLOCATION_OVERHEAD]
+      options[:allocation_overhead] = Float(overhead) if overhead && !overhead.empty?
       options
     end
 

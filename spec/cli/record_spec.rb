@@ -74,8 +74,9 @@ RSpec.describe "ddprof-recorder record" do
       3.times { ten; one }
       GC.start
     RUBY
-    out, err, status = run_cli("record", "-o", "m.pb", "--heap", "--gc", "--allocation-interval", "64", "--",
-                               RbConfig.ruby, "-e", program)
+    # The hook always on (--allocation-overhead 1): a program this short gets few slots seen.
+    out, err, status = run_cli("record", "-o", "m.pb", "--heap", "--gc", "--allocation-interval", "64",
+                               "--allocation-overhead", "1", "--", RbConfig.ruby, "-e", program)
     expect([err, status]).to eq(["", 0])
     allocator = out.lines(chomp: true).find { |l| l.start_with?("  allocator") }
     expect(allocator).to match(/\A  allocator ten \(-e\) (\d+\.\d)% of about \d+ allocations\z/)
@@ -110,7 +111,10 @@ RSpec.describe "ddprof-recorder record" do
       %w[--hz fast -- ruby] => /record: invalid argument: --hz fast/,
       %w[--interval 0 -- ruby] => /record: --interval must be positive$/,
       %w[--allocation-interval 0 -- ruby] => /record: --allocation-interval must be in 1\.\.\d+, got 0$/,
-      %w[--allocation-interval many -- ruby] => /record: invalid argument: --allocation-interval many/ }.each do |args, message|
+      %w[--allocation-interval many -- ruby] => /record: invalid argument: --allocation-interval many/,
+      %w[--allocation-overhead 0 -- ruby] => /record: --allocation-overhead must be in \(0, 1\], got 0\.0$/,
+      %w[--allocation-overhead 2 -- ruby] => /record: --allocation-overhead must be in \(0, 1\], got 2\.0$/ }
+      .each do |args, message|
       out, err, status = run_cli("record", *args)
       expect([out, status]).to eq(["", 2])
       expect_one_line(err, message)

@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "json"
 require "open3"
 require "rbconfig"
 
@@ -131,7 +132,7 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
   end
 
   it "names the stacks right across GC.compact" do
-    samples = profile(allocations: true, allocation_interval: 7) do
+    samples = profile(allocations: true, allocation_interval: 7, allocation_overhead: 1.0) do
       3.times do
         AllocationShape.run(5, 200)
         GC.compact
@@ -191,14 +192,40 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
     expect(counts.keys - %w[ten one]).to all(satisfy { |leaf| counts[leaf] < 50 })
   end
 
-  it "exits cleanly with the hooks on (the end proc disables them)" do
-    script = <<~RUBY
-      require "ddprof_recorder"
-      DdprofRecorder::Profiler.start(allocations: true, allocation_interval: 1, heap: true, gc: true)
-      50_000.times { "x" * 10 }
-      puts "done"
-    RUBY
-    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../../lib", __dir__), "-e", script)
-    expect([out, err, status.success?]).to eq(["done\n", "", true])
+  # With the default options, the duty cycle's thread runs too: the end proc stops it before
+  # the VM is torn down (it registers postponed jobs).
+  [{ allocation_interval: 1 }, {}].each do |options|
+    it "exits cleanly with the hooks on (the end proc disables them), #{options.empty? ? "duty cycle" : "interval 1"}" do
+      script = <<~RUBY
+        require "ddprof_recorder"
+        DdprofRecorder::Profiler.start(allocations: true, heap: true, gc: true, **#{options.inspect})
+        200_000.times { "x" * 10 }
+        puts "done"
+      RUBY
+      out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../../lib", __dir__), "-e", script)
+      expect([out, err, status.success?]).to eq(["done\n", "", true])
+    end
+  end
+
+  # The parent's duty-cycle thread does not exist in the child; the child's own starts there.
+  it "runs the duty cycle afresh in a forked child" do
+    parent = profiler_class.new(allocations: true, compression: :none).start
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      profiler = profiler_class.new(allocations: true, compression: :none).start
+      AllocationShape.run(300, 1_000)
+      profiler.stop
+      writer.write(JSON.generate(profiler.stats[:allocations]))
+      writer.close
+      exit!(0)
+    end
+    writer.close
+    stats = JSON.parse(reader.read, symbolize_names: true)
+    Process.wait(pid)
+    expect($?.success?).to be(true)
+    expect(stats[:seen_every]).to be > 1
+    expect(stats[:recorded]).to be_positive
+    parent.stop
   end
 end

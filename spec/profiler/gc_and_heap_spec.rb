@@ -88,7 +88,9 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
     end
 
     def heap_profile(interval, compact: false, count: 40_000)
-      profiler = profiler_class.new(heap: true, allocation_interval: interval, compression: :none).start
+      # The hook always on: these check the heap tracker, not the duty cycle (allocations_spec).
+      profiler = profiler_class.new(heap: true, allocation_interval: interval, allocation_overhead: 1.0,
+                                    compression: :none).start
       MemoryShape.keep_a_tenth(count)
       GC.start
       GC.compact if compact

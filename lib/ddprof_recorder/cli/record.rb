@@ -20,15 +20,17 @@ module DdprofRecorder
       # @!attribute interval [Float, nil] seconds per window, or nil for one file per process.
       # @!attribute allocations [Boolean] sample allocations (--allocations).
       # @!attribute allocation_interval [Integer] one allocation sampled in about this many.
+      # @!attribute allocation_overhead [Float] the share of time the allocation hook may cost.
       # @!attribute heap [Boolean] report the live heap (--heap).
       # @!attribute gc [Boolean] GC time on its own frame (--gc).
-      Options = Struct.new(:command, :out, :hz, :interval, :allocations, :allocation_interval, :heap, :gc,
-                           keyword_init: true)
+      Options = Struct.new(:command, :out, :hz, :interval, :allocations, :allocation_interval, :allocation_overhead,
+                           :heap, :gc, keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new(out: DEFAULT_OUT, hz: Profiler::DEFAULT_HZ, allocations: false, heap: false, gc: false,
-                              allocation_interval: Profiler::DEFAULT_ALLOCATION_INTERVAL)
+                              allocation_interval: Profiler::DEFAULT_ALLOCATION_INTERVAL,
+                              allocation_overhead: Profiler::DEFAULT_ALLOCATION_OVERHEAD)
         parser = OptionParser.new do |o|
           o.banner = "Usage: ddprof-recorder record [-o FILE] [--hz N] [--interval S] -- COMMAND ..."
           o.separator ""
@@ -47,6 +49,9 @@ module DdprofRecorder
                "sample one allocation in about N (default #{Profiler::DEFAULT_ALLOCATION_INTERVAL})") do |v|
             options.allocation_interval = v
           end
+          o.on("--allocation-overhead F", Float,
+               "the share of time the allocation hook may cost, 0 < F <= 1 (default " \
+               "#{Profiler::DEFAULT_ALLOCATION_OVERHEAD}; 1: always on)") { |v| options.allocation_overhead = v }
           o.on("--heap", "also report the live heap (heap-live-samples, heap-live-size; implies --allocations)") do
             options.heap = options.allocations = true
           end
@@ -65,6 +70,9 @@ module DdprofRecorder
         unless Profiler::ALLOCATION_INTERVAL_RANGE.cover?(options.allocation_interval)
           raise usage_error("record: --allocation-interval must be in #{Profiler::ALLOCATION_INTERVAL_RANGE}, " \
                             "got #{options.allocation_interval}")
+        end
+        unless options.allocation_overhead.positive? && options.allocation_overhead <= 1
+          raise usage_error("record: --allocation-overhead must be in (0, 1], got #{options.allocation_overhead}")
         end
 
         options.command = command
@@ -119,6 +127,7 @@ module DdprofRecorder
           Recording::HZ => options.hz.to_s,
           Recording::INTERVAL => options.interval&.to_s,
           Recording::ALLOCATIONS => options.allocations ? options.allocation_interval.to_s : nil,
+          Recording::ALLOCATION_OVERHEAD => options.allocations ? options.allocation_overhead.to_s : nil,
           Recording::HEAP => options.heap ? "1" : nil,
           Recording::GC => options.gc ? "1" : nil,
           Recording::OWNER => nil,
