@@ -76,7 +76,15 @@ module DdprofRecorder
     # Ruby code that makes 10,000 objects of the usual kinds: what the allocation hook's cost
     # is measured on, with the hook off and on, when allocation sampling starts with a duty
     # cycle (ext/ddprof_recorder/src/allocation_sampler.rs, `calibrate`).
-    ALLOCATION_CALIBRATION = -> { Array.new(2_000) { |i| ["#{i}x", { i => i }, Object.new] } }
+    # Each object is garbage at once: keeping them would grow the heap, and change how often
+    # the program's GC runs (measured: 115 heap pages against 76, and half the GCs).
+    ALLOCATION_CALIBRATION = lambda do
+      i = 0
+      while i < 2_000
+        _made = ["#{i}x", { i => i }, Object.new]
+        i += 1
+      end
+    end
     ALLOCATION_INTERVAL_RANGE = (1..MAX_ALLOCATION_INTERVAL).freeze
     ALLOCATION_CLASS_LABEL = AllocationRecorder::CLASS_LABEL
     GC_KIND_LABEL = ThreadSampler::GC_KIND_LABEL

@@ -108,8 +108,13 @@ struct State {
     taken: usize,
     in_flight: usize,
     interval: u64,
-    /// The current step: the weight of the sample at its end.
+    /// The current step: the allocations to see until the next sample.
     step: u64,
+    /// What the step's allocations seen under an earlier `every` weigh (each its `every`), and
+    /// how many they are: the sample at the step's end weighs that plus the rest times the
+    /// `every` then.
+    carried: u64,
+    accounted: u64,
     rng: Jitter,
     generation: u64,
     heap: bool,
@@ -145,6 +150,8 @@ static SEEN_EVERY: AtomicU64 = AtomicU64::new(1);
 /// Whether the latest start has a duty cycle, and what the hook costs an allocation then
 /// (`f64` bits), as measured.
 static DUTY: AtomicBool = AtomicBool::new(false);
+/// The hook's count of allocations seen (`duty_cycle::SEEN`) when sampling last started.
+static SEEN_AT_START: AtomicU64 = AtomicU64::new(0);
 static HOOK_COST_NS: AtomicU64 = AtomicU64::new(0);
 static SAMPLED: AtomicU64 = AtomicU64::new(0);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
@@ -274,6 +281,8 @@ fn native_start(
             in_flight: 0,
             interval,
             step: 1,
+            carried: 0,
+            accounted: 0,
             rng: Jitter::new(),
             generation: crate::stack_recorder::fork_generation(),
             heap,
@@ -288,6 +297,7 @@ fn native_start(
         SEEN_EVERY.store(1, Ordering::Relaxed);
         HOOK_COST_NS.store(hook_cost_ns.to_bits(), Ordering::Relaxed);
         DUTY.store(duty, Ordering::Relaxed);
+        SEEN_AT_START.store(crate::duty_cycle::SEEN.load(Ordering::Relaxed), Ordering::Relaxed);
         RUN.fetch_add(1, Ordering::AcqRel);
         ENABLED.store(true, Ordering::Release);
         HOOK.enable();
@@ -321,15 +331,17 @@ fn native_stats(ruby: &Ruby) -> Result<RHash, Error> {
         hash.aset(ruby.to_symbol("recorded"), RECORDED.load(Ordering::Relaxed))?;
         hash.aset(ruby.to_symbol("dropped"), DROPPED.load(Ordering::Relaxed))?;
         let calibrated = f64::from_bits(HOOK_COST_NS.load(Ordering::Relaxed));
-        let (on_share, every, hook_cost_ns) = if DUTY.load(Ordering::Relaxed) {
-            crate::duty_cycle::stats(calibrated)
-        } else {
-            (1.0, 1, 0.0)
-        };
+        let duty = DUTY.load(Ordering::Relaxed).then(|| crate::duty_cycle::stats(calibrated));
         hash.aset(ruby.to_symbol("hook_cost_calibrated_ns"), calibrated)?;
-        hash.aset(ruby.to_symbol("hook_cost_ns"), hook_cost_ns)?;
-        hash.aset(ruby.to_symbol("hook_on_share"), on_share)?;
-        hash.aset(ruby.to_symbol("seen_every"), every)?;
+        hash.aset(ruby.to_symbol("hook_cost_ns"), duty.as_ref().map_or(0.0, |d| d.hook_cost_ns))?;
+        hash.aset(ruby.to_symbol("hook_on_share"), duty.as_ref().map_or(1.0, |d| d.on_share))?;
+        hash.aset(ruby.to_symbol("seen_every"), duty.as_ref().map_or(1, |d| d.every))?;
+        let seen = crate::duty_cycle::SEEN.load(Ordering::Relaxed);
+        hash.aset(
+            ruby.to_symbol("seen"),
+            seen.wrapping_sub(SEEN_AT_START.load(Ordering::Relaxed)),
+        )?;
+        hash.aset(ruby.to_symbol("weighed_allocations"), duty.as_ref().map(|d| d.weighed))?;
         crate::heap_tracker::add_stats(ruby, hash)?;
         Ok(hash)
     })
@@ -366,8 +378,12 @@ fn newobj(tracepoint: rb_sys::VALUE) {
     if state.generation != crate::stack_recorder::fork_generation() {
         return; // a forked child that has not started sampling
     }
-    // The step counts the allocations seen; the duty cycle saw one slot in `every`.
-    let weight = state.step.saturating_mul(SEEN_EVERY.load(Ordering::Relaxed));
+    // Each allocation seen stands for the `every` of the slot it was seen in (`duty_cycle`).
+    let rest = state.step.saturating_sub(state.accounted);
+    let weight =
+        state.carried.saturating_add(rest.saturating_mul(SEEN_EVERY.load(Ordering::Relaxed)));
+    state.carried = 0;
+    state.accounted = 0;
     state.step = state.draw();
     COUNTDOWN.store(state.step, Ordering::Relaxed);
     SAMPLED.fetch_add(1, Ordering::Relaxed);
@@ -459,11 +475,21 @@ unsafe extern "C" fn window_job(_data: *mut c_void) {
             return;
         }
         let at_ns = crate::trigger::monotonic_ns().max(0) as u64;
-        crate::duty_cycle::switched(HOOK.is_on(), at_ns, total_allocated());
+        let seen_every = SEEN_EVERY.load(Ordering::Relaxed);
+        crate::duty_cycle::switched(HOOK.is_on(), seen_every, at_ns, total_allocated());
         match crate::duty_cycle::DESIRED.load(Ordering::Acquire) {
             0 => HOOK.disable(),
             every => {
-                SEEN_EVERY.store(every, Ordering::Relaxed);
+                let before = SEEN_EVERY.swap(every, Ordering::Relaxed);
+                if before != every {
+                    // What the current step saw so far was seen under `before`.
+                    if let Some(state) = state().as_mut() {
+                        let seen = state.step.saturating_sub(COUNTDOWN.load(Ordering::Relaxed));
+                        let new = seen.saturating_sub(state.accounted);
+                        state.carried = state.carried.saturating_add(new.saturating_mul(before));
+                        state.accounted = seen;
+                    }
+                }
                 HOOK.enable();
             }
         }
