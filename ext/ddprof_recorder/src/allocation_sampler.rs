@@ -296,7 +296,10 @@ fn native_start(
         HANDLER.store(handler.as_raw() as usize, Ordering::Release);
         SEEN_EVERY.store(1, Ordering::Relaxed);
         HOOK_COST_NS.store(hook_cost_ns.to_bits(), Ordering::Relaxed);
-        DUTY.store(duty, Ordering::Relaxed);
+        DUTY.store(duty, Ordering::Release);
+        // On, seeing everything, until the duty cycle's thread says otherwise (a job queued
+        // by an earlier run then finds nothing to change).
+        crate::duty_cycle::DESIRED.store(1, Ordering::Release);
         SEEN_AT_START.store(crate::duty_cycle::SEEN.load(Ordering::Relaxed), Ordering::Relaxed);
         RUN.fetch_add(1, Ordering::AcqRel);
         ENABLED.store(true, Ordering::Release);
@@ -467,7 +470,10 @@ fn run_job() {
 /// of the block that put it on (`duty_cycle::DESIRED`). Never unwinds.
 unsafe extern "C" fn window_job(_data: *mut c_void) {
     let _ = catch_unwind(|| {
+        // A job queued by a run that has stopped may run in the next one: it must not turn
+        // off the hook of a run without a duty cycle.
         let live = ENABLED.load(Ordering::Acquire)
+            && DUTY.load(Ordering::Acquire)
             && state()
                 .as_ref()
                 .is_some_and(|s| s.generation == crate::stack_recorder::fork_generation());
