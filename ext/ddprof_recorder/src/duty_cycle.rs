@@ -110,7 +110,7 @@ static LEDGER: Ledger = Ledger {
 };
 
 /// Allocations each side needs before the ledger's cost is used instead of the calibration's.
-const LEDGER_MIN_ALLOCS: u64 = 200_000;
+const LEDGER_MIN_ALLOCS: u64 = 50_000;
 
 /// A switch of the hook, from the job: `was_on` is the state it ends (seen under `every`),
 /// `at_ns` the monotonic clock and `allocs` Ruby's allocation count now.
@@ -241,53 +241,75 @@ fn sleep_until(deadline: Instant, stop: &AtomicBool) -> bool {
     }
 }
 
-/// What the hook has cost since `seen` allocations and `job_ns` of jobs (the counters' values
-/// then), in nanoseconds.
-fn cost_since(per_alloc_ns: f64, seen: u64, job_ns: u64) -> f64 {
-    let seen = SEEN.load(Ordering::Relaxed).wrapping_sub(seen);
-    let jobs = JOB_NS.load(Ordering::Relaxed).wrapping_sub(job_ns);
-    seen as f64 * per_alloc_ns + jobs as f64
+/// The hook's counters now: allocations seen, and nanoseconds of allocation jobs.
+fn counters() -> (u64, u64) {
+    (SEEN.load(Ordering::Relaxed), JOB_NS.load(Ordering::Relaxed))
+}
+
+/// What the hook has cost since the counters were `from`, in nanoseconds.
+fn cost_since(per_alloc_ns: f64, from: (u64, u64)) -> f64 {
+    let (seen, job_ns) = counters();
+    seen.wrapping_sub(from.0) as f64 * per_alloc_ns + job_ns.wrapping_sub(from.1) as f64
+}
+
+/// Sleeps until `base + nominal`, lengthened by what the hook cost since the counters were
+/// `from` (read again at each wake-up until it stops growing) and ended `early`. Returns that
+/// cost, in nanoseconds, and how late the last wake-up was; None once stopped.
+fn sleep_lengthened(
+    base: Instant,
+    nominal: Duration,
+    early: Duration,
+    from: (u64, u64),
+    per_alloc_ns: f64,
+    stop: &AtomicBool,
+) -> Option<(f64, Duration)> {
+    let mut cost = 0.0;
+    loop {
+        let deadline = (base + nominal + Duration::from_nanos(cost as u64)).checked_sub(early);
+        let deadline = deadline.unwrap_or(base).max(base);
+        if !sleep_until(deadline, stop) {
+            return None;
+        }
+        let woke = Instant::now();
+        let now_cost = cost_since(per_alloc_ns, from);
+        let settled = now_cost <= cost + 1_000.0;
+        cost = now_cost;
+        if settled {
+            return Some((cost, woke.saturating_duration_since(deadline)));
+        }
+    }
 }
 
 /// The on-slot of a block of `every`: on for [`SLOT`] of the program's time, lengthened by
 /// what the hook costs meanwhile (module doc), timed from when this thread turned it on and
 /// ended early by how late it usually wakes (`late_ns`, updated), so that the hook is on
-/// for that long on average. Returns what the hook cost, in nanoseconds, and against the
-/// program's own time in the slot; None once stopped.
-fn on_slot(setup: &Setup, every: u64, late_ns: &mut f64, stop: &AtomicBool) -> Option<(u64, f64)> {
+/// for that long on average. None once stopped.
+fn on_slot(
+    setup: &Setup,
+    every: u64,
+    per_alloc_ns: f64,
+    late_ns: &mut f64,
+    stop: &AtomicBool,
+) -> Option<()> {
     want(every, setup.job);
     let start = Instant::now();
-    let (seen, job_ns) = (SEEN.load(Ordering::Relaxed), JOB_NS.load(Ordering::Relaxed));
-    let per_alloc_ns = hook_cost_ns(setup.hook_cost_ns);
     let early = Duration::from_nanos(late_ns.max(0.0) as u64);
-    let mut cost = 0.0;
-    let late = loop {
-        let deadline = (start + SLOT + Duration::from_nanos(cost as u64)).checked_sub(early);
-        let deadline = deadline.unwrap_or(start).max(start);
-        if !sleep_until(deadline, stop) {
-            return None;
-        }
-        let woke = Instant::now();
-        let now_cost = cost_since(per_alloc_ns, seen, job_ns);
-        let settled = now_cost <= cost + 1_000.0;
-        cost = now_cost;
-        if settled {
-            break woke.saturating_duration_since(deadline);
-        }
-    };
+    let (_, late) = sleep_lengthened(start, SLOT, early, counters(), per_alloc_ns, stop)?;
     *late_ns += SMOOTHING * (late.as_nanos() as f64 - *late_ns);
-    let elapsed = start.elapsed().as_nanos() as f64;
-    ON_NS.fetch_add(elapsed as u64, Ordering::Relaxed);
-    // Against the time the program itself took meanwhile (the slowdown while on, less 1).
-    Some((cost as u64, cost / (elapsed - cost).max(1.0)))
+    ON_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    Some(())
 }
 
-/// The blocks, one after the other. A block's edges are absolute deadlines from its start: a
-/// late wake-up shortens what follows instead of lengthening the block. The on-slot is timed
-/// from this thread's actual wake-up instead, and ends early by the usual lateness of its
-/// end: this thread wakes later after a long sleep than after a short one (measured here:
-/// about 100 µs against 55), so on absolute deadlines the hook was on 7% less than meant
-/// (`alloc-count` 9% low), and on deadlines from each wake-up 5% more (4% high).
+/// The blocks, one after the other. A block lasts `every` slots plus all that the hook cost in
+/// it: in the on-slot, and after it until the job turned the hook off (a C method that
+/// allocates without an interrupt check keeps it on: `JSON.parse`'s 1,400 objects). Its start
+/// is where the last one ended (an absolute deadline: a late wake-up shortens what follows
+/// instead of lengthening the block). The on-slot is timed from this thread's actual wake-up
+/// instead, and ends early by the usual lateness of its end: this thread wakes later after a
+/// long sleep than after a short one (measured here: about 100 µs against 55), so on absolute
+/// deadlines the hook was on 7% less than meant (`alloc-count` 9% low), and on deadlines from
+/// each wake-up 5% more (4% high). What the hook cost in the block, against the program's own
+/// time in it, times `every`, is its cost while on: what sizes the next blocks.
 fn run(setup: &Setup, stop: &AtomicBool) {
     let mut rng = Jitter::new();
     let mut every = 1u64;
@@ -296,27 +318,41 @@ fn run(setup: &Setup, stop: &AtomicBool) {
     let mut block = begun;
     let mut late_ns = 0.0;
     loop {
+        let from = counters();
+        let per_alloc_ns = hook_cost_ns(setup.hook_cost_ns);
         // Drawn before the block: the one slot of `every` that is on.
         let on_at = ((rng.unit() * every as f64) as u64).min(every - 1);
-        let on_start = block + SLOT * on_at as u32;
         if on_at > 0 {
             want(0, setup.job);
-            if !sleep_until(on_start, stop) {
+            if !sleep_until(block + SLOT * on_at as u32, stop) {
                 return;
             }
         }
-        let Some((cost_ns, share)) = on_slot(setup, every, &mut late_ns, stop) else { return };
-        if on_at + 1 < every {
-            want(0, setup.job);
-        }
-        let end = block + SLOT * every as u32 + Duration::from_nanos(cost_ns);
-        if !sleep_until(end, stop) {
+        if on_slot(setup, every, per_alloc_ns, &mut late_ns, stop).is_none() {
             return;
         }
-        ALL_NS.store(begun.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        // Off for the rest of the block, even when the on-slot was its last: the block is then
+        // lengthened by what the hook cost, and the hook must not keep costing meanwhile.
+        // Only a block of one slot (the hook always on) has no rest.
+        if every > 1 {
+            want(0, setup.job);
+        }
+        let nominal = SLOT * every as u32;
+        let cost = if every > 1 {
+            match sleep_lengthened(block, nominal, Duration::ZERO, from, per_alloc_ns, stop) {
+                Some((cost, _)) => cost,
+                None => return,
+            }
+        } else {
+            cost_since(per_alloc_ns, from)
+        };
+        let end = Instant::now();
+        ALL_NS.store(end.duration_since(begun).as_nanos() as u64, Ordering::Relaxed);
+        let elapsed = end.duration_since(block).as_nanos() as f64;
+        let share = cost / (elapsed - cost).max(1.0) * every as f64;
         // Far behind (this thread did not run for a while): start afresh from now.
-        let now = Instant::now();
-        block = if now > end + SLOT * 4 { now } else { end };
+        let planned = block + nominal + Duration::from_nanos(cost as u64);
+        block = if end > planned + SLOT * 4 { end } else { planned.min(end) };
         let smoothed = overhead.map_or(share, |o| o + SMOOTHING * (share - o));
         overhead = Some(smoothed);
         every = every_for(setup.target, smoothed);
