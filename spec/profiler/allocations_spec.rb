@@ -167,6 +167,26 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
     expect(samples.map { |s| s[:frames].last&.first }).to include("(garbage collection)")
   end
 
+  # The duty cycle's switches run in a job (enabling a TracePoint allocates its hook, so under
+  # GC.stress each switch runs a GC there); what it records is still right, and what its hook
+  # saw is accounted for.
+  it "runs the duty cycle under GC.stress" do
+    profiler = profiler_class.new(allocations: true, allocation_interval: 4, compression: :none).start
+    begin
+      GC.stress = true
+      AllocationShape.run(2, 10)
+    ensure
+      GC.stress = false
+    end
+    samples = samples_from(decode_pprof(profiler.stop[2]))
+    stats = profiler.stats[:allocations]
+    expect(stats[:seen]).to be_positive
+    expect(stats[:dropped]).to eq(0)
+    # Each sample stands for at most its step (< 2 * 4) times the largest `every` (256).
+    sampled = samples.select { |s| s[:values]["alloc-samples"].positive? }
+    expect(sampled).to all(satisfy { |s| s[:values]["alloc-count"] <= s[:values]["alloc-samples"] * 7 * 256 })
+  end
+
   it "starts afresh in a forked child, and the parent's running hook does nothing there" do
     parent = profiler_class.new(allocations: true, allocation_interval: 1, heap: true, gc: true,
                                 compression: :none).start

@@ -587,7 +587,8 @@ RSpec.describe DdprofRecorder::StackRecorder, "hostile input" do
   end
 end
 
-# The profiler's memory options (allocations, allocation_interval, heap, gc): random values,
+# The profiler's memory options (allocations, allocation_interval, allocation_overhead, heap,
+# gc): random values,
 # valid or not, through the public constructor and the native entry point behind it.
 RSpec.describe DdprofRecorder::Profiler, "hostile memory options" do
   let(:seed) { RSpec.configuration.seed }
@@ -597,6 +598,8 @@ RSpec.describe DdprofRecorder::Profiler, "hostile memory options" do
     flags = [true, false, nil, 1, 0, "true", :true, gen.fake_integer, BasicObject.new]
     intervals = [1, 64, 4096, described_class::MAX_ALLOCATION_INTERVAL, 0, -1, 2**41, 2**70, 1.5, "64", nil,
                  gen.fake_integer, gen.raising(:to_int)]
+    overheads = [0.02, 0.5, 1.0, 1, 1e-9, 0, 0.0, -0.1, 1.5, Float::NAN, Float::INFINITY, "0.1", nil, Rational(1, 2),
+                 gen.fake_integer]
     profiled = valid_cases = 0
     400.times do |i|
       kwargs = {}
@@ -611,6 +614,10 @@ RSpec.describe DdprofRecorder::Profiler, "hostile memory options" do
         kwargs[:allocation_interval] = gen.pick(intervals)
         valid &&= Integer === kwargs[:allocation_interval] &&
                   described_class::ALLOCATION_INTERVAL_RANGE.cover?(kwargs[:allocation_interval])
+      end
+      if gen.chance(40)
+        kwargs[:allocation_overhead] = overhead = gen.pick(overheads)
+        valid &&= [Integer, Float].any? { |c| c === overhead } && overhead.positive? && overhead <= 1
       end
       raised = nil
       begin
