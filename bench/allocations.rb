@@ -192,7 +192,7 @@ module AllocationBench
 
       median(runs[a].zip(runs[b]).map { |x, y| x[:cpu_ns].to_f / y[:cpu_ns] }).round(4)
     end
-    top = ->(kind) { runs[kind]&.last&.dig(:top) }
+    top = ->(kind) { runs.key?(kind) ? runs[kind].last[:top] : nil }
     puts format("allocation sampling, %s workload, %d rounds x %d iterations (load average %s)", workload, rounds,
                 iterations, load)
     kinds.each { |k| puts format("  %-9s median main-thread CPU %8.1f ms", k, cpu[k] / 1e6) }
@@ -207,7 +207,7 @@ module AllocationBench
     summary[:cpu_vs_baseline] = ratio.call("cpu", "baseline")
     summary[:stackprof_vs_baseline] = ratio.call("stackprof", "baseline")
     %w[default always every stackprof].each { |k| summary[:"#{k}_shares"] = top.call(k) && shares(top.call(k)) }
-    if (default = runs["default"])
+    if (default = runs.key?("default") && runs["default"])
       # alloc-count's total against GC.stat's count of the same run: the estimate's error (the
       # profile also holds the few allocations made between start and the timed work).
       summary[:default_estimate_ratios] = default.map { |r| (r[:estimated].to_f / r[:allocated]).round(3) }

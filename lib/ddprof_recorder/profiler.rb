@@ -29,7 +29,7 @@ module DdprofRecorder
   # - `allocations: true`: one allocation in about every `allocation_interval` the native
   #   NEWOBJ hook sees is sampled, with its stack: `alloc-samples` (samples) and
   #   `alloc-count` (the allocations they stand for), labelled `"allocation class"`. The hook
-  #   is on only for random 1 ms slices of time, as many as keep its cost near
+  #   is on only for random 2 ms slices of time, as many as keep its cost near
   #   `allocation_overhead` of the program's time; each sample stands for the allocations the
   #   hook did not see too (at `allocation_interval: 1` or `allocation_overhead: 1.0` it is
   #   always on, and sees every allocation);

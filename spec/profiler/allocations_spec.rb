@@ -182,9 +182,9 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
     stats = profiler.stats[:allocations]
     expect(stats[:seen]).to be_positive
     expect(stats[:dropped]).to eq(0)
-    # Each sample stands for at most its step (< 2 * 4) times the largest `every` (256).
+    # Each sample stands for at most its step (< 2 * 4) times the largest `every` (64).
     sampled = samples.select { |s| s[:values]["alloc-samples"].positive? }
-    expect(sampled).to all(satisfy { |s| s[:values]["alloc-count"] <= s[:values]["alloc-samples"] * 7 * 256 })
+    expect(sampled).to all(satisfy { |s| s[:values]["alloc-count"] <= s[:values]["alloc-samples"] * 7 * 64 })
   end
 
   it "starts afresh in a forked child, and the parent's running hook does nothing there" do

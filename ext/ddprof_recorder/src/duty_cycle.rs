@@ -55,10 +55,22 @@ use std::time::{Duration, Instant};
 use crate::native_thread::NativeThread;
 use crate::trigger::Jitter;
 
-/// The length of a slot, in the program's time.
-pub const SLOT: Duration = Duration::from_millis(1);
-/// The most slots in a block: at least one slot in this many is seen.
-pub const MAX_EVERY: u64 = 256;
+/// The length of a slot, in the program's time. Each on-slot costs more than its hook's
+/// allocations: with 1 ms slots `JSON.parse`/`JSON.generate` ran 3.6% slower at a 2% target
+/// (about 200 µs a block beyond what the ledger counts), with 4 ms 1.2%, with 2 ms 2.3%;
+/// longer slots are fewer, and the estimate wanders more (with 4 ms, one run of
+/// bench/allocations.rb's String loop in seven counted 36% too many). Measured with
+/// `bench/allocations.rb --kinds cpu,default`.
+pub const SLOT: Duration = Duration::from_millis(2);
+/// The most slots in a block: at least one slot in this many is seen (a block of 128 ms).
+/// Enough for the target: the hook slows the program by 46% while on at most, as measured
+/// (an allocation-only loop), which needs `every` 23 at 2%.
+pub const MAX_EVERY: u64 = 64;
+/// The most a block's measure may say the hook slows the program while on (its slowdown,
+/// less 1). A GC that runs inside an allocation job counts as that job's time, though it would
+/// have run anyway: one such block pushed `every` to the largest, and a single on-slot then
+/// stood for a whole second of the program.
+const MAX_OVERHEAD: f64 = 2.0;
 /// Weight of the newest on-slot in the smoothed overhead.
 const SMOOTHING: f64 = 0.2;
 
@@ -349,7 +361,7 @@ fn run(setup: &Setup, stop: &AtomicBool) {
         let end = Instant::now();
         ALL_NS.store(end.duration_since(begun).as_nanos() as u64, Ordering::Relaxed);
         let elapsed = end.duration_since(block).as_nanos() as f64;
-        let share = cost / (elapsed - cost).max(1.0) * every as f64;
+        let share = (cost / (elapsed - cost).max(1.0) * every as f64).min(MAX_OVERHEAD);
         // Far behind (this thread did not run for a while): start afresh from now.
         let planned = block + nominal + Duration::from_nanos(cost as u64);
         block = if end > planned + SLOT * 4 { end } else { planned.min(end) };
@@ -371,5 +383,6 @@ mod tests {
         assert_eq!(every_for(0.02, 0.5), 25);
         assert_eq!(every_for(0.02, 0.46), 23);
         assert_eq!(every_for(0.02, 100.0), MAX_EVERY);
+        assert_eq!(every_for(0.02, MAX_OVERHEAD), MAX_EVERY);
     }
 }
