@@ -309,8 +309,11 @@ fn native_start(
         if duty {
             let setup =
                 crate::duty_cycle::Setup { target: overhead, hook_cost_ns, job: window_job };
-            let now = crate::trigger::monotonic_ns().max(0) as u64;
-            if let Err(e) = crate::duty_cycle::start(setup, now, total_allocated()) {
+            if let Err(e) = crate::duty_cycle::start(
+                setup,
+                crate::duty_cycle::process_cpu_ns(),
+                total_allocated(),
+            ) {
                 stop();
                 return Err(crate::errors::gem_error(
                     ruby,
@@ -452,7 +455,8 @@ fn run_job() {
         return;
     }
     // What the samples cost is the hook's too: the duty cycle lengthens the on-slots by it.
-    let started = crate::trigger::monotonic_ns();
+    // This thread's CPU, not the clock: time it is switched out is no cost of ours.
+    let started = crate::thread_cpu::own_cpu_ns();
     if let Ok(ruby) = Ruby::get() {
         // This thread's key for the stacks it names (another thread's job may run while
         // this one is switched out in its handler).
@@ -463,7 +467,7 @@ fn run_job() {
         }
         crate::stack_capture::forget(key);
     }
-    let spent = crate::trigger::monotonic_ns().saturating_sub(started).max(0) as u64;
+    let spent = crate::thread_cpu::own_cpu_ns().saturating_sub(started).max(0) as u64;
     crate::duty_cycle::JOB_NS.fetch_add(spent, Ordering::Relaxed);
     JOB_HERE.with(|here| here.set(false));
 }
@@ -482,7 +486,7 @@ unsafe extern "C" fn window_job(_data: *mut c_void) {
         if !live {
             return;
         }
-        let at_ns = crate::trigger::monotonic_ns().max(0) as u64;
+        let at_ns = crate::duty_cycle::process_cpu_ns();
         let seen_every = SEEN_EVERY.load(Ordering::Relaxed);
         crate::duty_cycle::switched(HOOK.is_on(), seen_every, at_ns, total_allocated());
         match crate::duty_cycle::DESIRED.load(Ordering::Acquire) {

@@ -40,8 +40,9 @@
 //! # How many slots a block has
 //!
 //! `every = ceil(overhead / target)`, within 1..=[`MAX_EVERY`], where `overhead` is what the
-//! hook cost in a block against the program's own time in it, times `every` (the slowdown
-//! while on, less 1; at most [`MAX_OVERHEAD`], smoothed over the blocks). It is set before
+//! hook cost in a block against the CPU the process used in it (less that cost), times
+//! `every` (the slowdown while on, less 1; at most [`MAX_OVERHEAD`], smoothed over the
+//! blocks). It is set before
 //! each block is drawn, from the blocks before it, so each slot's probability is known when it
 //! is drawn: that keeps the estimate unbiased. A program that allocates little gets `every = 1`: the
 //! hook stays on and sees every allocation, as without the duty cycle.
@@ -83,7 +84,7 @@ const SMOOTHING: f64 = 0.2;
 pub static DESIRED: AtomicU64 = AtomicU64::new(0);
 /// Allocations the hook saw (counted by the hook, with the GVL).
 pub static SEEN: AtomicU64 = AtomicU64::new(0);
-/// Nanoseconds spent in the allocation jobs (the samples' cost, paid only while on).
+/// CPU nanoseconds spent in the allocation jobs (the samples' cost, paid only while on).
 pub static JOB_NS: AtomicU64 = AtomicU64::new(0);
 /// For stats: the thread's time with the hook wanted on and in all, and the latest `every`.
 static ON_NS: AtomicU64 = AtomicU64::new(0);
@@ -92,7 +93,10 @@ static EVERY: AtomicU64 = AtomicU64::new(1);
 
 static THREAD: NativeThread = NativeThread::new();
 
-/// What the job saw at each switch, summed by the hook's state before it: time, allocations
+/// What the job saw at each switch, summed by the hook's state before it: the process's CPU
+/// time (not the clock: on a busy machine the time the Ruby thread is switched out would
+/// count, at random, for the hook or against it; with a build running on both cores the count
+/// came out 23% high), allocations
 /// (Ruby's `total_allocated_objects`) and, while on, time in the allocation jobs. The on and
 /// off periods are placed at random, so on average they hold the same mix of the program:
 /// their times per allocation differ by what the hook costs one,
@@ -131,7 +135,7 @@ static LEDGER: Ledger = Ledger {
 const LEDGER_MIN_ALLOCS: u64 = 50_000;
 
 /// A switch of the hook, from the job: `was_on` is the state it ends (seen under `every`),
-/// `at_ns` the monotonic clock and `allocs` Ruby's allocation count now.
+/// `at_ns` the process's CPU clock and `allocs` Ruby's allocation count now.
 pub fn switched(was_on: bool, every: u64, at_ns: u64, allocs: u64) {
     let job_ns = JOB_NS.load(Ordering::Relaxed);
     let ledger = &LEDGER;
@@ -175,7 +179,8 @@ pub struct Setup {
 }
 
 /// Starts the duty cycle: the hook is wanted on at once (`every = 1` until the first on-slot
-/// is measured). `at_ns` and `allocs` are the clock and Ruby's allocation count now.
+/// is measured). `at_ns` and `allocs` are the process's CPU clock and Ruby's allocation count
+/// now.
 pub fn start(setup: Setup, at_ns: u64, allocs: u64) -> std::io::Result<()> {
     let ledger = &LEDGER;
     for counter in [
@@ -259,6 +264,11 @@ fn sleep_until(deadline: Instant, stop: &AtomicBool) -> bool {
     }
 }
 
+/// The process's CPU clock, in nanoseconds.
+pub fn process_cpu_ns() -> u64 {
+    crate::thread_cpu::clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0).max(0) as u64
+}
+
 /// The hook's counters now: allocations seen, and nanoseconds of allocation jobs.
 fn counters() -> (u64, u64) {
     (SEEN.load(Ordering::Relaxed), JOB_NS.load(Ordering::Relaxed))
@@ -326,8 +336,8 @@ fn on_slot(
 /// instead, and ends early by the usual lateness of its end: this thread wakes later after a
 /// long sleep than after a short one (measured here: about 100 µs against 55), so on absolute
 /// deadlines the hook was on 7% less than meant (`alloc-count` 9% low), and on deadlines from
-/// each wake-up 5% more (4% high). What the hook cost in the block, against the program's own
-/// time in it, times `every`, is its cost while on: what sizes the next blocks.
+/// each wake-up 5% more (4% high). What the hook cost in the block, against the CPU the program
+/// used in it, times `every`, is its cost while on: what sizes the next blocks.
 fn run(setup: &Setup, stop: &AtomicBool) {
     let mut rng = Jitter::new();
     let mut every = 1u64;
@@ -337,6 +347,7 @@ fn run(setup: &Setup, stop: &AtomicBool) {
     let mut late_ns = 0.0;
     loop {
         let from = counters();
+        let cpu_from = process_cpu_ns();
         let per_alloc_ns = hook_cost_ns(setup.hook_cost_ns);
         // Drawn before the block: the one slot of `every` that is on.
         let on_at = ((rng.unit() * every as f64) as u64).min(every - 1);
@@ -366,7 +377,10 @@ fn run(setup: &Setup, stop: &AtomicBool) {
         };
         let end = Instant::now();
         ALL_NS.store(end.duration_since(begun).as_nanos() as u64, Ordering::Relaxed);
-        let elapsed = end.duration_since(block).as_nanos() as f64;
+        // Against the CPU the process used meanwhile, not the clock: a program that waits most of
+        // the time and allocates hard in between must not have the hook always on (its busy
+        // moments would run 46% slower), nor pay for the time it is switched out.
+        let elapsed = process_cpu_ns().saturating_sub(cpu_from) as f64;
         let share = (cost / (elapsed - cost).max(1.0) * every as f64).min(MAX_OVERHEAD);
         // Far behind (this thread did not run for a while): start afresh from now.
         let planned = block + nominal + Duration::from_nanos(cost as u64);
