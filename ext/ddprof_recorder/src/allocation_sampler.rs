@@ -311,7 +311,7 @@ fn native_start(
                 crate::duty_cycle::Setup { target: overhead, hook_cost_ns, job: window_job };
             if let Err(e) = crate::duty_cycle::start(
                 setup,
-                crate::duty_cycle::process_cpu_ns(),
+                crate::duty_cycle::program_cpu_ns(),
                 total_allocated(),
             ) {
                 stop();
@@ -486,7 +486,7 @@ unsafe extern "C" fn window_job(_data: *mut c_void) {
         if !live {
             return;
         }
-        let at_ns = crate::duty_cycle::process_cpu_ns();
+        let at_ns = crate::duty_cycle::program_cpu_ns();
         let seen_every = SEEN_EVERY.load(Ordering::Relaxed);
         crate::duty_cycle::switched(HOOK.is_on(), seen_every, at_ns, total_allocated());
         match crate::duty_cycle::DESIRED.load(Ordering::Acquire) {

@@ -40,7 +40,7 @@
 //! # How many slots a block has
 //!
 //! `every = ceil(overhead / target)`, within 1..=[`MAX_EVERY`], where `overhead` is what the
-//! hook cost in a block against the CPU the process used in it (less that cost), times
+//! hook cost in a block against the CPU the program used in it (less that cost), times
 //! `every` (the slowdown while on, less 1; at most [`MAX_OVERHEAD`], smoothed over the
 //! blocks). It is set before
 //! each block is drawn, from the blocks before it, so each slot's probability is known when it
@@ -93,8 +93,8 @@ static EVERY: AtomicU64 = AtomicU64::new(1);
 
 static THREAD: NativeThread = NativeThread::new();
 
-/// What the job saw at each switch, summed by the hook's state before it: the process's CPU
-/// time (not the clock: on a busy machine the time the Ruby thread is switched out would
+/// What the job saw at each switch, summed by the hook's state before it: the program's CPU
+/// time ([`program_cpu_ns`]; not the clock: on a busy machine the time the Ruby thread is switched out would
 /// count, at random, for the hook or against it; with a build running on both cores the count
 /// came out 23% high), allocations
 /// (Ruby's `total_allocated_objects`) and, while on, time in the allocation jobs. The on and
@@ -135,7 +135,8 @@ static LEDGER: Ledger = Ledger {
 const LEDGER_MIN_ALLOCS: u64 = 50_000;
 
 /// A switch of the hook, from the job: `was_on` is the state it ends (seen under `every`),
-/// `at_ns` the process's CPU clock and `allocs` Ruby's allocation count now.
+/// `at_ns` the program's CPU clock ([`program_cpu_ns`]) and `allocs` Ruby's allocation count
+/// now.
 pub fn switched(was_on: bool, every: u64, at_ns: u64, allocs: u64) {
     let job_ns = JOB_NS.load(Ordering::Relaxed);
     let ledger = &LEDGER;
@@ -179,8 +180,8 @@ pub struct Setup {
 }
 
 /// Starts the duty cycle: the hook is wanted on at once (`every = 1` until the first on-slot
-/// is measured). `at_ns` and `allocs` are the process's CPU clock and Ruby's allocation count
-/// now.
+/// is measured). `at_ns` and `allocs` are the program's CPU clock ([`program_cpu_ns`]) and
+/// Ruby's allocation count now.
 pub fn start(setup: Setup, at_ns: u64, allocs: u64) -> std::io::Result<()> {
     let ledger = &LEDGER;
     for counter in [
@@ -264,10 +265,21 @@ fn sleep_until(deadline: Instant, stop: &AtomicBool) -> bool {
     }
 }
 
-/// The process's CPU clock, in nanoseconds.
-pub fn process_cpu_ns() -> u64 {
-    crate::thread_cpu::clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0).max(0) as u64
+/// The CPU the process used, less that of this thread and of the sampling trigger's, in
+/// nanoseconds: the program's CPU (and the Ruby sampler thread's). This thread's own wake-ups
+/// fall mostly in the on-slots; counted, they made the hook look 5 ns an allocation dearer,
+/// and the count 6% high.
+pub fn program_cpu_ns() -> u64 {
+    let process = crate::thread_cpu::clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0);
+    let own = match THREAD_TID.load(Ordering::Acquire) {
+        0 => 0,
+        tid => crate::thread_cpu::cpu_time_ns(tid).unwrap_or(0),
+    };
+    (process - own - crate::trigger::thread_cpu_ns()).max(0) as u64
 }
+
+/// This thread's Linux id while it runs (0: none).
+static THREAD_TID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
 
 /// The hook's counters now: allocations seen, and nanoseconds of allocation jobs.
 fn counters() -> (u64, u64) {
@@ -339,6 +351,13 @@ fn on_slot(
 /// each wake-up 5% more (4% high). What the hook cost in the block, against the CPU the program
 /// used in it, times `every`, is its cost while on: what sizes the next blocks.
 fn run(setup: &Setup, stop: &AtomicBool) {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    THREAD_TID.store(unsafe { libc::gettid() }, Ordering::Release);
+    run_blocks(setup, stop);
+    THREAD_TID.store(0, Ordering::Release);
+}
+
+fn run_blocks(setup: &Setup, stop: &AtomicBool) {
     let mut rng = Jitter::new();
     let mut every = 1u64;
     let mut overhead: Option<f64> = None;
@@ -347,7 +366,7 @@ fn run(setup: &Setup, stop: &AtomicBool) {
     let mut late_ns = 0.0;
     loop {
         let from = counters();
-        let cpu_from = process_cpu_ns();
+        let cpu_from = program_cpu_ns();
         let per_alloc_ns = hook_cost_ns(setup.hook_cost_ns);
         // Drawn before the block: the one slot of `every` that is on.
         let on_at = ((rng.unit() * every as f64) as u64).min(every - 1);
@@ -380,7 +399,7 @@ fn run(setup: &Setup, stop: &AtomicBool) {
         // Against the CPU the process used meanwhile, not the clock: a program that waits most of
         // the time and allocates hard in between must not have the hook always on (its busy
         // moments would run 46% slower), nor pay for the time it is switched out.
-        let elapsed = process_cpu_ns().saturating_sub(cpu_from) as f64;
+        let elapsed = program_cpu_ns().saturating_sub(cpu_from) as f64;
         let share = (cost / (elapsed - cost).max(1.0) * every as f64).min(MAX_OVERHEAD);
         // Far behind (this thread did not run for a while): start afresh from now.
         let planned = block + nominal + Duration::from_nanos(cost as u64);
