@@ -265,17 +265,17 @@ fn sleep_until(deadline: Instant, stop: &AtomicBool) -> bool {
     }
 }
 
-/// The CPU the process used, less that of this thread and of the sampling trigger's, in
-/// nanoseconds: the program's CPU (and the Ruby sampler thread's). This thread's own wake-ups
-/// fall mostly in the on-slots; counted, they made the hook look 5 ns an allocation dearer,
-/// and the count 6% high.
+/// The CPU the process used, less this thread's, in nanoseconds: the program's CPU (with the
+/// sampling trigger's and the Ruby sampler thread's, spread evenly over on and off periods).
+/// This thread's own wake-ups fall mostly in the on-slots; counted, they made the hook look 5
+/// ns an allocation dearer, and the count 6% high.
 pub fn program_cpu_ns() -> u64 {
     let process = crate::thread_cpu::clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0);
     let own = match THREAD_TID.load(Ordering::Acquire) {
         0 => 0,
         tid => crate::thread_cpu::cpu_time_ns(tid).unwrap_or(0),
     };
-    (process - own - crate::trigger::thread_cpu_ns()).max(0) as u64
+    (process - own).max(0) as u64
 }
 
 /// This thread's Linux id while it runs (0: none).
