@@ -41,6 +41,7 @@
 require "json"
 require "optparse"
 require "rbconfig"
+require_relative "support/measure"
 
 module AllocationBench
   KINDS = %w[baseline cpu hooked always default every gc heap stackprof].freeze
@@ -103,15 +104,9 @@ module AllocationBench
     end
   end
 
+  extend BenchMeasure
+
   module_function
-
-  def cpu_ns
-    Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID, :nanosecond)
-  end
-
-  def wall_ns
-    Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
-  end
 
   # In the child: runs the work under `kind`, prints one JSON line.
   def child(kind, iterations, workload)
@@ -129,11 +124,11 @@ module AllocationBench
     profiler = DdprofRecorder::Profiler.new(compression: :none, **options).start if options
     StackProf.start(mode: :object, interval: 1, raw: false) if kind == "stackprof"
     allocated = GC.stat(:total_allocated_objects)
-    cpu = cpu_ns
-    wall = wall_ns
+    cpu = thread_cpu_ns
+    wall = monotonic_ns
     work.call(iterations)
-    cpu = cpu_ns - cpu
-    wall = wall_ns - wall
+    cpu = thread_cpu_ns - cpu
+    wall = monotonic_ns - wall
     allocated = GC.stat(:total_allocated_objects) - allocated
     result = { kind: kind, cpu_ns: cpu, wall_ns: wall }
     if profiler
@@ -150,12 +145,6 @@ module AllocationBench
       result[:top] = frames.sort_by { |f| -f[:samples] }.first(5).map { |f| [f[:name].split(/[.#]/).last, f[:samples]] }
     end
     puts JSON.generate(result)
-  end
-
-  def median(values)
-    sorted = values.sort
-    n = sorted.size
-    n.odd? ? sorted[n / 2] : (sorted[(n / 2) - 1] + sorted[n / 2]) / 2.0
   end
 
   def shares(top)
@@ -184,7 +173,7 @@ module AllocationBench
         runs[kind] << JSON.parse(line.lines.last, symbolize_names: true)
       end
     end
-    load = File.read("/proc/loadavg").split.first(3).join(" ")
+    load = load_average
     cpu = kinds.to_h { |k| [k, median(runs[k].map { |r| r[:cpu_ns] })] }
     # Paired: the ratio of each round's runs, then the median of the ratios (nil: a kind not run).
     ratio = lambda do |a, b|

@@ -52,6 +52,9 @@ require "fileutils"
 require "json"
 require "optparse"
 require "rbconfig"
+require_relative "support/measure"
+
+include BenchMeasure # rubocop:disable Style/MixinUsage
 
 ROOT = File.expand_path("..", __dir__)
 OUT = File.join(ROOT, "bench", "out", "overhead")
@@ -156,25 +159,11 @@ def child(kind, hz, rounds, workload)
   puts JSON.generate(result)
 end
 
-def median(values)
-  sorted = values.compact.sort
-  return nil if sorted.empty?
-
-  mid = sorted.size / 2
-  sorted.size.odd? ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2.0
-end
-
 def quartiles(values)
   sorted = values.compact.sort
   return [nil, nil] if sorted.empty?
 
   [sorted[sorted.size / 4], sorted[(sorted.size * 3) / 4]]
-end
-
-def load_average
-  File.read("/proc/loadavg").split.first(3).join(" ")
-rescue SystemCallError
-  "?"
 end
 
 def children_cpu

@@ -51,6 +51,7 @@ require "optparse"
 require "rbconfig"
 require "timeout"
 require "tmpdir"
+require_relative "support/measure"
 
 module RateBench
   ROOT = File.expand_path("..", __dir__)
@@ -59,6 +60,8 @@ module RateBench
   ON_CPU_TARGETS = { 99 => 90, 999 => 800 }.freeze
   SERVER_HZ = 99
   SERVER_TARGET_PCT = 1.0
+
+  extend BenchMeasure
 
   module_function
 
@@ -86,28 +89,6 @@ module RateBench
       abort "bench/profiler_rate.rb: #{e.message}\n#{p}"
     end
     o
-  end
-
-  def clock_ns
-    Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
-  end
-
-  def process_cpu_ns
-    Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID, :nanosecond)
-  end
-
-  def median(values)
-    sorted = values.compact.sort
-    return nil if sorted.empty?
-
-    mid = sorted.size / 2
-    sorted.size.odd? ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2.0
-  end
-
-  def load_average
-    File.read("/proc/loadavg").split.first(3).join(" ")
-  rescue SystemCallError
-    "?"
   end
 
   # ---- in the child -----------------------------------------------------------------------
@@ -194,9 +175,9 @@ module RateBench
     switches0 = preemptions(busy_tids)
     c0 = process_cpu_ns
     profiler = DdprofRecorder::Profiler.new(hz: hz)
-    t0 = clock_ns
+    t0 = monotonic_ns
     profiler.start
-    start_ns = clock_ns - t0
+    start_ns = monotonic_ns - t0
     sleep o[:seconds]
     trigger = trigger_cpu_ns # the trigger thread ends at stop
     pprof = profiler.stop&.last
@@ -229,7 +210,7 @@ module RateBench
     Thread.pass until idle.all? { |t| t.status == "sleep" }
     RateWork.fixed_work(o[:iterations] / 20) # warm up
 
-    t0 = clock_ns
+    t0 = monotonic_ns
     c0 = process_cpu_ns
     profiler = DdprofRecorder::Profiler.new(hz: SERVER_HZ).start if o[:profiled]
     busy = Thread.new { RateWork.fixed_work(o[:iterations]) }
@@ -237,7 +218,7 @@ module RateBench
     busy.join
     stats = profiler&.stats
     trigger = profiler && trigger_cpu_ns
-    wall = clock_ns - t0
+    wall = monotonic_ns - t0
     cpu = process_cpu_ns - c0
     profiler&.stop
     idle.size.times { queue << :done }
@@ -251,9 +232,9 @@ module RateBench
     require File.join(ROOT, "bench", "profiler_rate_work")
     n = 200_000
     RateWork.fixed_work(n)
-    t0 = clock_ns
+    t0 = monotonic_ns
     RateWork.fixed_work(n * 5)
-    per_ns = (n * 5) / (clock_ns - t0).to_f
+    per_ns = (n * 5) / (monotonic_ns - t0).to_f
     puts JSON.generate(iterations: (per_ns * o[:server_seconds] * 1e9).to_i)
   end
 
