@@ -86,9 +86,11 @@ pub static DESIRED: AtomicU64 = AtomicU64::new(0);
 pub static SEEN: AtomicU64 = AtomicU64::new(0);
 /// CPU nanoseconds spent in the allocation jobs (the samples' cost, paid only while on).
 pub static JOB_NS: AtomicU64 = AtomicU64::new(0);
-/// For stats: the thread's time with the hook wanted on and in all, and the latest `every`.
+/// For stats: the thread's time with the hook wanted on (added at each on-slot's end), when it
+/// started and ended (the monotonic clock; 0: still running), and the latest `every`.
 static ON_NS: AtomicU64 = AtomicU64::new(0);
-static ALL_NS: AtomicU64 = AtomicU64::new(0);
+static BEGUN_NS: AtomicU64 = AtomicU64::new(0);
+static ENDED_NS: AtomicU64 = AtomicU64::new(0);
 static EVERY: AtomicU64 = AtomicU64::new(1);
 
 static THREAD: NativeThread = NativeThread::new();
@@ -186,7 +188,7 @@ pub fn start(setup: Setup, at_ns: u64, allocs: u64) -> std::io::Result<()> {
     let ledger = &LEDGER;
     for counter in [
         &ON_NS,
-        &ALL_NS,
+        &ENDED_NS,
         &ledger.on_ns,
         &ledger.on_allocs,
         &ledger.on_job_ns,
@@ -198,6 +200,7 @@ pub fn start(setup: Setup, at_ns: u64, allocs: u64) -> std::io::Result<()> {
     }
     ledger.at_ns.store(at_ns, Ordering::Relaxed);
     ledger.allocs.store(allocs, Ordering::Relaxed);
+    BEGUN_NS.store(monotonic_ns(), Ordering::Relaxed);
     ledger.job_ns.store(JOB_NS.load(Ordering::Relaxed), Ordering::Relaxed);
     EVERY.store(1, Ordering::Relaxed);
     DESIRED.store(1, Ordering::Release);
@@ -222,7 +225,11 @@ pub struct Stats {
 }
 
 pub fn stats(calibrated: f64) -> Stats {
-    let all = ALL_NS.load(Ordering::Relaxed);
+    let ended = match ENDED_NS.load(Ordering::Relaxed) {
+        0 => monotonic_ns(),
+        ended => ended,
+    };
+    let all = ended.saturating_sub(BEGUN_NS.load(Ordering::Relaxed));
     let on = ON_NS.load(Ordering::Relaxed);
     Stats {
         on_share: if all == 0 { 1.0 } else { on as f64 / all as f64 },
@@ -355,14 +362,18 @@ fn run(setup: &Setup, stop: &AtomicBool) {
     THREAD_TID.store(unsafe { libc::gettid() }, Ordering::Release);
     run_blocks(setup, stop);
     THREAD_TID.store(0, Ordering::Release);
+    ENDED_NS.store(monotonic_ns(), Ordering::Relaxed);
+}
+
+fn monotonic_ns() -> u64 {
+    crate::trigger::monotonic_ns().max(0) as u64
 }
 
 fn run_blocks(setup: &Setup, stop: &AtomicBool) {
     let mut rng = Jitter::new();
     let mut every = 1u64;
     let mut overhead: Option<f64> = None;
-    let begun = Instant::now();
-    let mut block = begun;
+    let mut block = Instant::now();
     let mut late_ns = 0.0;
     loop {
         let from = counters();
@@ -395,7 +406,6 @@ fn run_blocks(setup: &Setup, stop: &AtomicBool) {
             cost_since(per_alloc_ns, from)
         };
         let end = Instant::now();
-        ALL_NS.store(end.duration_since(begun).as_nanos() as u64, Ordering::Relaxed);
         // Against the CPU the process used meanwhile, not the clock: a program that waits most of
         // the time and allocates hard in between must not have the hook always on (its busy
         // moments would run 46% slower), nor pay for the time it is switched out.
