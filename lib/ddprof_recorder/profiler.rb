@@ -9,8 +9,13 @@ module DdprofRecorder
   # its stack with
   #
   # - `cpu-time`: nanoseconds of CPU the thread itself used, read from its own kernel CPU
-  #   clock, charged at *on-CPU samples*: the thread that holds the GVL is sampled `hz` times
-  #   a second by a postponed job that a native trigger thread asks Ruby to run (no signal);
+  #   clock, charged at *on-CPU samples*. By default (`signals: true`) each thread has a timer
+  #   on its own CPU clock that sends it a signal every `1/hz` of its CPU time, and the stack
+  #   is read in the signal handler, where the CPU is being spent (see {#sampling_mode});
+  #   with `signals: false`, the thread that holds the GVL is sampled `hz` times a second by
+  #   a postponed job that a native trigger thread asks Ruby to run, at the VM's next
+  #   interrupt check (no signal; cheap C methods then take the CPU of the Ruby code around
+  #   them);
   # - `cpu-samples`: how many samples;
   # - `wall-time`: nanoseconds since the thread's previous sample (every live thread is
   #   sampled at the asked rate, running or not);
@@ -44,11 +49,11 @@ module DdprofRecorder
   # allocations or heap), then `heap-live-samples`, `heap-live-size` (with heap): a profile
   # without these options is the same as before them.
   #
-  # Known bias: the job runs at the GVL holder's next interrupt check, so CPU spent inside a
-  # C method that does not call back into Ruby or check interrupts (a big `Array#sort`,
-  # `JSON.generate`) is seen when that method returns, at its caller's next check: such time
-  # can be charged to the caller's code right after the call. bench/RESULTS.md measures it
-  # against stackprof (`bench/run accuracy`).
+  # Known bias of `signals: false` (and of the `:safepoint` mode): the job runs at the GVL
+  # holder's next interrupt check, which in practice finds a C method on top of the stack
+  # far more often than the CPU is in one, and CPU spent inside a C method that does not
+  # call back into Ruby or check interrupts (a big `Array#sort`) is seen when that method
+  # returns. bench/RESULTS.md measures both modes against stackprof (`bench/run accuracy`).
   #
   # @example
   #   pprof = DdprofRecorder::Profiler.profile(hz: 99) { work }
@@ -103,6 +108,10 @@ module DdprofRecorder
     JOBLESS_PERIODS = 2
     # How often the sampler thread looks at the log and the windows while jobs run.
     HOUSEKEEPING_SECONDS = 0.1
+
+    # Environment variable that, set to `0`, `false` or `off`, makes the default `signals:`
+    # false (see {#initialize}).
+    SIGNALS_ENV = "DDPROF_RECORDER_SIGNALS"
 
     @current = nil
     @current_lock = Mutex.new
@@ -170,13 +179,17 @@ module DdprofRecorder
     #   may cost, in (0, 1]; 1.0 keeps it always on.
     # @param heap [Boolean] report the live heap at each window (samples allocations too).
     # @param gc [Boolean] charge GC time to a `(garbage collection)` frame.
+    # @param signals [Boolean] read on-CPU stacks at each thread's CPU tick, from a signal
+    #   (the default, unless the environment's {SIGNALS_ENV} says `0`); false: at the VM's
+    #   interrupt checks, with no signal (for programs whose C extensions cannot take one).
     # @raise [ArgumentError] on a bad option.
     def initialize(hz: DEFAULT_HZ, interval: nil, exporter: nil, max_frames: StackRecorder::DEFAULT_MAX_FRAMES,
                    compression: :gzip, allocations: false, allocation_interval: DEFAULT_ALLOCATION_INTERVAL,
-                   allocation_overhead: DEFAULT_ALLOCATION_OVERHEAD, heap: false, gc: false, &block)
+                   allocation_overhead: DEFAULT_ALLOCATION_OVERHEAD, heap: false, gc: false,
+                   signals: Profiler.signals_default, &block)
       raise ArgumentError, "hz must be an Integer in #{HZ_RANGE}, got #{hz.inspect}" unless hz.is_a?(Integer) && HZ_RANGE.cover?(hz)
 
-      { allocations: allocations, heap: heap, gc: gc }.each do |name, value|
+      { allocations: allocations, heap: heap, gc: gc, signals: signals }.each do |name, value|
         raise ArgumentError, "#{name} must be true or false, got #{shown(value)}" unless [true, false].include?(value)
       end
       unless Integer === allocation_interval && ALLOCATION_INTERVAL_RANGE.cover?(allocation_interval)
@@ -206,6 +219,7 @@ module DdprofRecorder
       @allocation_overhead = allocation_overhead.to_f
       @heap = heap
       @gc = gc
+      @signals = signals
       # Fails now, not in start, on a bad max_frames / compression.
       @recorder = new_recorder
       @lifecycle = Mutex.new
@@ -240,10 +254,30 @@ module DdprofRecorder
         @sampler_thread.name = "ddprof_recorder sampler"
         @sampler_thread.report_on_exception = false
         @sampler.baseline(Profiler._native_task_ids, Thread.list)
-        Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno)
+        start_sampling(run)
         start_memory
       end
       self
+    end
+
+    # How on-CPU stacks are read in the current or last run:
+    #
+    # - `:handler`: in the signal handler, at the thread's CPU tick (the default);
+    # - `:safepoint`: at the tick's signal, but the stack is read at the thread's next
+    #   interrupt check: with YJIT on (its machine code does not keep the frame's pc current,
+    #   which reading a stack in a signal handler needs), and on Ruby 3.1 with
+    #   `GC.auto_compact` on (its read barrier);
+    # - `:off`: with `signals: false`, at the trigger's job (interrupt checks, no signal).
+    #
+    # @return [Symbol, nil] nil before the first start.
+    attr_reader :sampling_mode
+
+    # @return [String, nil] why the mode is not `:handler`, when signals were asked for.
+    attr_reader :sampling_mode_reason
+
+    # The default of `signals:`: true unless {SIGNALS_ENV} says `0`, `false` or `off`.
+    def self.signals_default(env = ENV)
+      !%w[0 false off no].include?(env[SIGNALS_ENV].to_s.strip.downcase)
     end
 
     # @return [Array<Array(String, String)>] the value types of this profiler's profiles.
@@ -276,7 +310,7 @@ module DdprofRecorder
         @stopped_ns = now_ns
         return nil unless Process.pid == @pid
 
-        Profiler._native_sampling_stop
+        Profiler._native_sampling_stop(self)
         stop_memory
         { thread: @sampler_thread, wake: @wake_writer, exporting: @exporting, sampler: @sampler,
           recorder: @recorder }
@@ -357,6 +391,10 @@ module DdprofRecorder
         seconds: seconds,
         effective_hz: per_second.call(counts[:passes]),
         on_cpu_hz: per_second.call(counts[:on_cpu_samples]),
+        signal_samples: counts[:signal_samples],
+        sampling_mode: @sampling_mode,
+        sampling_mode_reason: @sampling_mode_reason,
+        signals: @started ? signal_stats(Profiler._native_sampling_stats) : @signal_stats,
         sampler_cpu_ns: (thread_cpu || 0) + counts[:job_cpu_ns],
         trigger_cpu_ns: @started ? Profiler._native_sampling_stats[:trigger_cpu_ns] : @trigger_cpu_ns,
         recorder: @recorder.stats,
@@ -428,6 +466,16 @@ module DdprofRecorder
       Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
     end
 
+    SIGNAL_STATS = %i[signal signals signals_read_in_handler signals_read_at_job signals_without_gvl signals_in_gc
+                      signals_slot_busy signals_in_job signals_stale signal_samples_dropped signal_arm_failures threads_armed].freeze
+    private_constant :SIGNAL_STATS
+
+    def signal_stats(native)
+      return nil if @sampling_mode == :off
+
+      native.slice(*SIGNAL_STATS)
+    end
+
     def internal_thread?(thread)
       thread.equal?(@sampler_thread) || (@exporting && thread.equal?(@exporting.thread))
     end
@@ -469,8 +517,37 @@ module DdprofRecorder
     end
 
     def give_up
-      Profiler._native_sampling_stop
+      Profiler._native_sampling_stop(self)
       @running = false
+    end
+
+    # With the lifecycle lock, at the end of {#start}: the native trigger (and the signal
+    # handler, in signal mode), then every thread's timer. Another profiler sampling in this
+    # process makes it raise, and this run's threads are let go.
+    def start_sampling(run)
+      @sampling_mode, @sampling_mode_reason = choose_sampling_mode
+      begin
+        Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno, @sampling_mode, self)
+      rescue StandardError
+        @started = @running = false
+        @run = nil if @run.equal?(run)
+        @wake_writer.write_nonblock("!", exception: false)
+        @sampler_thread.join(STOP_TIMEOUT)
+        @wake_writer.close
+        @exporting&.close(0)
+        raise
+      end
+      @sampler.start_signals(1_000_000_000 / @hz) unless @sampling_mode == :off
+    end
+
+    def choose_sampling_mode
+      return [:off, nil] unless @signals
+      return [:safepoint, "YJIT is on"] if defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled?
+      if Gem::Version.new(RUBY_VERSION) < Gem::Version.new("3.2") && GC.respond_to?(:auto_compact) && GC.auto_compact
+        return [:safepoint, "GC.auto_compact is on (Ruby < 3.2)"]
+      end
+
+      [:handler, nil]
     end
 
     # In the sampler thread, every `interval`: closes the window (with what the threads hold)
@@ -488,7 +565,9 @@ module DdprofRecorder
     def finish_run(run, caller_cpu_ns, caller_stack)
       stop_sampler_thread(run[:thread], run[:wake])
       run[:wake].close
-      @trigger_cpu_ns = Profiler._native_sampling_stats[:trigger_cpu_ns]
+      native = Profiler._native_sampling_stats
+      @trigger_cpu_ns = native[:trigger_cpu_ns]
+      @signal_stats = signal_stats(native)
       sampler = run[:sampler]
       sampler.write_log
       run[:exporting]&.close(EXPORT_TIMEOUT)

@@ -8,11 +8,12 @@ require "rbconfig"
 require "timeout"
 require "tmpdir"
 
-# The profiler does not disturb the program it profiles (trigger.rs's module doc: no signal is
-# used; the job runs at the GVL holder's next interrupt check): no signal is delivered and no
-# handler installed, blocked threads are neither woken early nor see EINTR, the program's own
-# trap("PROF") stays its own, and interrupts sent between the program's threads (Thread#kill,
-# Thread#raise, Timeout) still arrive. All at 999 Hz; the margins are wide (a shared 2-core VM).
+# The profiler does not disturb the program it profiles: with `signals: false` no signal is
+# delivered and no handler installed (trigger.rs); by default only its own real-time signal,
+# and only to a thread that is using the CPU (signal_sampler.rs). Either way, blocked threads
+# are neither woken early nor see EINTR, the program's own trap("PROF") stays its own, and
+# interrupts sent between the program's threads (Thread#kill, Thread#raise, Timeout) still
+# arrive. All at 999 Hz; the margins are wide (a shared 2-core VM).
 RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
   root = File.expand_path("../..", __dir__)
   lib = File.join(root, "lib")
@@ -62,8 +63,10 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
     # already): the main thread loops over Ruby work for a second while another sleeps 5 ms
     # at a time, profiled at 999 Hz. It reads its signal masks before loading the gem, after
     # loading it, while profiling and after stopping, and prints them with the profiler's
-    # counters as JSON. glibc (2.34+) installs its SIGSETXID handler at the process's first
-    # pthread_create, which is not the profiler's doing: a thread is made before the first read.
+    # counters, the sampling signal and the sleeper's native id as JSON. glibc (2.34+)
+    # installs its SIGSETXID handler at the process's first pthread_create, which is not the
+    # profiler's doing: a thread is made before the first read. DDPROF_RECORDER_SIGNALS picks
+    # the mode (Profiler.signals_default).
     program = <<~'RUBY'
       def masks = File.read("/proc/self/status").scan(/^(Sig\w+|ShdPnd):\s*(\S+)$/).to_h
       def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
@@ -77,49 +80,94 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
       deadline = now + 1
       x = 0
       x += [x % 7, 1].map { |v| v * 2 }.sum while now < deadline
+      sleeper_id = sleeper.native_thread_id
       sleeper.join
       seen["running"] = masks
       profiler.stop
       seen["stopped"] = masks
-      puts JSON.generate("masks" => seen, "stats" => profiler.stats.slice(:on_cpu_samples, :samples))
+      stats = profiler.stats
+      puts JSON.generate("masks" => seen, "stats" => stats.slice(:on_cpu_samples, :samples, :sampling_mode),
+                         "signal" => stats[:signals]&.fetch(:signal), "sleeper" => sleeper_id, "main" => Process.pid)
     RUBY
 
-    # Runs the program (after `prefix`, e.g. strace); returns its JSON output, parsed.
-    define_method(:run_program) do |*prefix|
-      out, err, status = Open3.capture3(*prefix, RbConfig.ruby, "-I", lib, "-e", program)
+    # Runs the program (after `prefix`, e.g. strace) with `env`; returns its JSON output, parsed.
+    define_method(:run_program) do |*prefix, env: {}|
+      out, err, status = Open3.capture3(env, *prefix, RbConfig.ruby, "-I", lib, "-e", program)
       expect(status.success?).to be(true), "#{status.inspect}\n#{err}"
       JSON.parse(out)
     end
 
-    def expect_masks_unchanged(masks)
+    def expect_no_pending(masks)
       %w[loaded running stopped].each do |moment|
-        expect(masks[moment].values_at("SigCgt", "SigIgn")).to eq(masks["before"].values_at("SigCgt", "SigIgn")),
-                                                               "handled / ignored signals #{moment}"
         expect(masks[moment].values_at("SigPnd", "ShdPnd")).to all(match(/\A0+\z/)), "pending signals #{moment}"
       end
     end
 
-    it "installs no signal handler and leaves no signal pending" do
-      result = run_program
-      expect(result["stats"]["on_cpu_samples"]).to be > 50 # it sampled meanwhile (999 Hz for 1 s)
-      expect_masks_unchanged(result["masks"])
+    # The handled signals at each moment, as signal numbers.
+    def handled(masks, moment)
+      bits = masks[moment]["SigCgt"].to_i(16)
+      (1..64).select { |n| bits[n - 1] == 1 }
     end
 
-    it "delivers no signal to the process (strace)" do
+    # strace's `PID --- SIGxxx {...} ---` lines: one per signal delivered.
+    def traced_signals(prefix_ok, env)
       _, probe_err, probe = begin
         Open3.capture3("strace", "-qq", "-e", "trace=none", "-o", File::NULL, "true")
       rescue Errno::ENOENT
         skip "strace is not installed (apt-get install strace)"
       end
-      skip "strace cannot trace here (ptrace not permitted?): #{probe_err.strip}" unless probe.success?
+      skip "strace cannot trace here (ptrace not permitted?): #{probe_err.strip}" unless probe.success? && prefix_ok
 
       Dir.mktmpdir("ddprof_recorder_strace") do |dir|
         trace = File.join(dir, "strace.out")
-        result = run_program("strace", "-f", "-qq", "-e", "trace=none", "-e", "signal=all", "-o", trace)
-        # strace writes one `PID --- SIGxxx {si_signo=...} ---` line per signal delivered.
-        expect(File.readlines(trace).grep(/--- SIG/)).to eq([])
+        result = run_program("strace", "-f", "-qq", "-e", "trace=none", "-e", "signal=all", "-o", trace, env: env)
+        [result, File.readlines(trace).grep(/--- SIG/)]
+      end
+    end
+
+    context "with signals: false" do
+      env = { "DDPROF_RECORDER_SIGNALS" => "0" }
+
+      it "installs no signal handler and leaves no signal pending" do
+        result = run_program(env: env)
+        expect(result["stats"]["sampling_mode"]).to eq("off")
+        expect(result["stats"]["on_cpu_samples"]).to be > 50 # it sampled meanwhile (999 Hz for 1 s)
+        %w[loaded running stopped].each do |moment|
+          expect(handled(result["masks"], moment)).to eq(handled(result["masks"], "before")), "handled signals #{moment}"
+        end
+        expect_no_pending(result["masks"])
+      end
+
+      it "delivers no signal to the process (strace)" do
+        result, signals = traced_signals(true, env)
+        expect(signals).to eq([])
         expect(result["stats"]["on_cpu_samples"]).to be > 10 # slowed down by strace (38 seen on a busy machine), but sampling
-        expect_masks_unchanged(result["masks"])
+        expect_no_pending(result["masks"])
+      end
+    end
+
+    context "with signals (the default)" do
+      it "handles one real-time signal more, and leaves none pending" do
+        result = run_program
+        expect(result["stats"]["sampling_mode"]).to eq("handler")
+        expect(result["stats"]["on_cpu_samples"]).to be > 50
+        before = handled(result["masks"], "before")
+        added = handled(result["masks"], "running") - before
+        expect(added.size).to eq(1)
+        expect(added.first).to be > 32 # a real-time signal: not SIGPROF nor any other that trap can take
+        expect(result["signal"]).to match(/\ASIGRTMIN\+\d+\z/)
+        expect(handled(result["masks"], "stopped")).to eq(handled(result["masks"], "running")) # it stays, harmless
+        expect_no_pending(result["masks"])
+      end
+
+      it "signals only the thread that runs, never the sleeping one (strace)" do
+        result, signals = traced_signals(true, {})
+        expect(result["stats"]["on_cpu_samples"]).to be > 10
+        expect(signals).not_to be_empty
+        # Every one is our timer's (SI_TIMER), to the main thread (its tid is the pid), none to
+        # the thread that sleeps between its 5 ms naps.
+        expect(signals).to all(match(/\A#{result["main"]} +--- SIGRT_\d+ \{si_signo=SIGRT_\d+, si_code=SI_TIMER,/))
+        expect(signals.grep(/\A#{result["sleeper"]} +---/)).to eq([])
       end
     end
   end

@@ -14,10 +14,12 @@ mod native_thread;
 mod nogvl;
 mod pprof_views;
 mod sampling_job;
+mod signal_sampler;
 mod stack_capture;
 mod stack_recorder;
 mod thread_cpu;
 mod trigger;
+mod vm;
 
 use magnus::{Error, Ruby};
 

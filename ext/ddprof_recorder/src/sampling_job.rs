@@ -22,10 +22,11 @@ use std::sync::Once;
 
 use magnus::{
     function, prelude::*, rb_sys::AsRawValue, rb_sys::FromRawValue, value::LazyId, Error, RHash,
-    RModule, Ruby, Value,
+    RModule, Ruby, Symbol, Value,
 };
 
 use crate::errors::{arg_error, entry, gem_error};
+use crate::signal_sampler;
 use crate::thread_cpu::own_cpu_ns;
 use crate::trigger::{self, Tick};
 
@@ -42,13 +43,16 @@ const LATE_AFTER_NS: i64 = 30_000;
 static ENABLED: AtomicBool = AtomicBool::new(false);
 /// A job is running (possibly switched out inside the handler's Ruby code).
 static IN_JOB: AtomicBool = AtomicBool::new(false);
-/// The handler (a Ruby object with `call`), or Qnil. A GC root.
+/// The handler (a Ruby object with `call` and `signal_samples`), or Qnil. A GC root.
 static HANDLER: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
+/// The profiler that started sampling (one per process), or Qnil. A GC root.
+static OWNER: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
 /// Jobs that sampled (the trigger watches it to know when to wake the Ruby sampler thread).
 static JOBS: AtomicU64 = AtomicU64::new(0);
 static LATE_JOBS: AtomicU64 = AtomicU64::new(0);
 
 static CALL: LazyId = LazyId::new("call");
+static SIGNAL_SAMPLES: LazyId = LazyId::new("signal_samples");
 
 thread_local! {
     /// This thread's Linux id, read once per process (`gettid` is a system call), with the
@@ -70,14 +74,22 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         // SAFETY: `HANDLER` is a static, so the address stays valid for the process's life;
         // an AtomicUsize has the layout of a VALUE. Called once, with the GVL (at load).
         unsafe { rb_sys::rb_gc_register_address(HANDLER.as_ptr().cast()) };
+        // SAFETY: as above.
+        unsafe { rb_sys::rb_gc_register_address(OWNER.as_ptr().cast()) };
         // SAFETY: registers a plain function with no data; Ruby calls it with the GVL after
         // every `at_exit` block, before the VM is torn down (Ruby 3.1 `eval_jump.c`,
         // `rb_ec_exec_end_proc`), which is when the trigger thread must be gone.
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
     });
     let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_sampling_start", function!(native_sampling_start, 3))?;
-    class.define_singleton_method("_native_sampling_stop", function!(native_sampling_stop, 0))?;
+    class.define_singleton_method("_native_sampling_start", function!(native_sampling_start, 5))?;
+    class.define_singleton_method("_native_sampling_stop", function!(native_sampling_stop, 1))?;
+    class.define_singleton_method("_native_signal_arm", function!(native_signal_arm, 3))?;
+    class.define_singleton_method("_native_signal_disarm", function!(native_signal_disarm, 1))?;
+    let root_class = class.define_class("SignalSlotsRoot", ruby.class_object())?;
+    root_class.undef_default_alloc_func();
+    // One object for the process's life: marks the frames waiting in the signal slots.
+    ruby.gc_register_mark_object(ruby.obj_wrap(signal_sampler::SlotsRoot));
     class.define_singleton_method("_native_sampling_stats", function!(native_sampling_stats, 0))?;
     class.define_singleton_method(
         "_native_current_thread_cpu_time_ns",
@@ -94,19 +106,66 @@ unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
 fn stop() {
     ENABLED.store(false, Ordering::Release);
     trigger::stop();
+    signal_sampler::stop();
     HANDLER.store(rb_sys::Qnil as usize, Ordering::Release);
+    OWNER.store(rb_sys::Qnil as usize, Ordering::Release);
 }
 
-/// `Profiler._native_sampling_start(hz, handler, wake_fd)`: calls `handler.call(on_time,
-/// cpu_ns, now_ns)` from the sampling job, about `hz` times a second while any thread runs
-/// Ruby, and writes a byte to `wake_fd` (a non-blocking pipe) on ticks when none does.
-fn native_sampling_start(ruby: &Ruby, hz: u32, handler: Value, wake_fd: i32) -> Result<(), Error> {
+/// How the profiler samples on-CPU stacks: `:off` (the trigger's job, at interrupt checks),
+/// or on each thread's CPU tick, reading the stack in the signal handler (`:handler`) or at
+/// the job the handler asks for (`:safepoint`). See `signal_sampler`.
+fn signal_mode(ruby: &Ruby, mode: Symbol) -> Result<Option<signal_sampler::Mode>, Error> {
+    match mode.name()?.as_ref() {
+        "off" => Ok(None),
+        "handler" => Ok(Some(signal_sampler::Mode::Handler)),
+        "safepoint" => Ok(Some(signal_sampler::Mode::Safepoint)),
+        other => Err(arg_error(
+            ruby,
+            format!("signal mode must be :off, :handler or :safepoint, got :{other}"),
+        )),
+    }
+}
+
+/// `Profiler._native_sampling_start(hz, handler, wake_fd, signals, owner)`: calls
+/// `handler.call(on_time, cpu_ns, now_ns)` from the sampling job, about `hz` times a second
+/// while any thread runs Ruby, and writes a byte to `wake_fd` (a non-blocking pipe) on ticks
+/// when none does. With `signals` `:handler` or `:safepoint`, installs the signal handler
+/// (threads are armed one by one, `_native_signal_arm`), whose samples go to
+/// `handler.signal_samples(samples, job_cpu_ns)`. Returns the signal number (0 with `:off`).
+/// One profiler per process: raises if another `owner` is sampling.
+fn native_sampling_start(
+    ruby: &Ruby,
+    hz: u32,
+    handler: Value,
+    wake_fd: i32,
+    signals: Symbol,
+    owner: Value,
+) -> Result<i32, Error> {
     entry(ruby, || {
         if !(1..=10_000).contains(&hz) {
             return Err(arg_error(ruby, format!("hz must be in 1..10000, got {hz}")));
         }
+        let mode = signal_mode(ruby, signals)?;
+        let current = OWNER.load(Ordering::Acquire);
+        if ENABLED.load(Ordering::Acquire)
+            && trigger::is_running()
+            && current != rb_sys::Qnil as usize
+            && current != owner.as_raw() as usize
+        {
+            return Err(gem_error(
+                ruby,
+                "another DdprofRecorder::Profiler is already sampling in this process (one profiler per process: stop it first)",
+            ));
+        }
         stop();
+        let signo = match mode {
+            Some(mode) => {
+                signal_sampler::start(mode, signal_job).map_err(|e| gem_error(ruby, e))?
+            }
+            None => 0,
+        };
         HANDLER.store(handler.as_raw() as usize, Ordering::Release);
+        OWNER.store(owner.as_raw() as usize, Ordering::Release);
         // A fork taken while a job was switched out leaves the flag set in the child.
         IN_JOB.store(false, Ordering::Release);
         ENABLED.store(true, Ordering::Release);
@@ -124,13 +183,41 @@ fn native_sampling_start(ruby: &Ruby, hz: u32, handler: Value, wake_fd: i32) -> 
         trigger::start(setup).map_err(|e| {
             stop();
             gem_error(ruby, format!("could not start the sampling trigger thread: {e}"))
-        })
+        })?;
+        Ok(signo)
     })
 }
 
-fn native_sampling_stop(ruby: &Ruby) -> Result<(), Error> {
+/// `Profiler._native_sampling_stop(owner)`: stops sampling if `owner` started it (nil: in
+/// any case). Returns whether it stopped.
+fn native_sampling_stop(ruby: &Ruby, owner: Value) -> Result<bool, Error> {
     entry(ruby, || {
+        let current = OWNER.load(Ordering::Acquire);
+        if !owner.is_nil() && current != rb_sys::Qnil as usize && current != owner.as_raw() as usize
+        {
+            return Ok(false);
+        }
         stop();
+        Ok(true)
+    })
+}
+
+/// `Profiler._native_signal_arm(tid, period_ns, first_ns)`: arms thread `tid` (a CPU-time
+/// timer every `period_ns` of its CPU, the first after `first_ns`). Returns whether it is
+/// armed (false: no slot, or the kernel refused; counted in stats).
+fn native_signal_arm(ruby: &Ruby, tid: i32, period_ns: i64, first_ns: i64) -> Result<bool, Error> {
+    entry(ruby, || {
+        if period_ns <= 0 || first_ns <= 0 {
+            return Err(arg_error(ruby, "period_ns and first_ns must be positive"));
+        }
+        Ok(signal_sampler::arm(tid, period_ns, first_ns))
+    })
+}
+
+/// `Profiler._native_signal_disarm(tid)`: disarms thread `tid` (a no-op if it is not armed).
+fn native_signal_disarm(ruby: &Ruby, tid: i32) -> Result<(), Error> {
+    entry(ruby, || {
+        signal_sampler::disarm(tid);
         Ok(())
     })
 }
@@ -146,6 +233,27 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
         hash.aset(
             ruby.to_symbol("jobs_deferring_interrupts"),
             crate::interrupt_mask::DEFERRING.load(Ordering::Relaxed),
+        )?;
+        let c = &signal_sampler::COUNTERS;
+        for (name, counter) in [
+            ("signals", &c.signals),
+            ("signals_read_in_handler", &c.read_in_handler),
+            ("signals_read_at_job", &c.read_at_job),
+            ("signals_without_gvl", &c.without_gvl),
+            ("signals_in_gc", &c.in_gc),
+            ("signals_slot_busy", &c.slot_busy),
+            ("signals_in_job", &c.in_job),
+            ("signals_stale", &c.stale),
+            ("signal_samples_dropped", &c.dropped),
+            ("signal_arm_failures", &c.arm_failures),
+        ] {
+            hash.aset(ruby.to_symbol(name), counter.load(Ordering::Relaxed))?;
+        }
+        hash.aset(ruby.to_symbol("threads_armed"), signal_sampler::armed())?;
+        let signo = signal_sampler::signal();
+        hash.aset(
+            ruby.to_symbol("signal"),
+            (signo != 0).then(|| signal_sampler::signal_name(signo)),
         )?;
         Ok(hash)
     })
@@ -212,25 +320,13 @@ fn run_job() {
     let tid = own_tid();
     let timely = on_time(trigger::TICK.read(), tid, now_ns, cpu_ns);
     if let Ok(ruby) = Ruby::get() {
-        let raw = HANDLER.load(Ordering::Acquire);
-        // SAFETY: HANDLER holds Qnil or a live object kept by the GC root; we hold the GVL.
-        let handler = unsafe { Value::from_raw(raw as rb_sys::VALUE) };
-        // The program's Thread#raise / Thread#kill / Timeout wait until the job is over, so
-        // that they reach the program's code, not the handler (see `interrupt_mask`).
-        // SAFETY: in a postponed job with the GVL; dropped before the job returns.
-        let deferred = unsafe { crate::interrupt_mask::defer_async_interrupts() };
-        JOB_HERE.with(|here| here.set(true));
-        // magnus calls through `rb_protect` and clears `$!`: an exception comes back as an
-        // `Err`, which the handler (it rescues everything) should never produce anyway.
-        let sampled = !handler.is_nil()
-            && handler
-                .funcall::<_, _, bool>(
-                    LazyId::get_inner_with(&CALL, &ruby),
-                    (timely, cpu_ns, now_ns),
-                )
-                .unwrap_or(false);
-        JOB_HERE.with(|here| here.set(false));
-        drop(deferred);
+        let sampled = call_handler(|handler| {
+            handler.funcall::<_, _, bool>(
+                LazyId::get_inner_with(&CALL, &ruby),
+                (timely, cpu_ns, now_ns),
+            )
+        })
+        .unwrap_or(false);
         // Only jobs that sampled count: one on the profiler's own thread (the GVL holder when
         // the tick came) must not keep the trigger from waking that thread.
         if sampled {
@@ -242,6 +338,60 @@ fn run_job() {
         }
     }
     IN_JOB.store(false, Ordering::Release);
+}
+
+/// The job the signal handler registers (see `signal_sampler`). Never unwinds.
+unsafe extern "C" fn signal_job(_data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(run_signal_job));
+}
+
+fn run_signal_job() {
+    if !ENABLED.load(Ordering::Acquire) || IN_JOB.swap(true, Ordering::AcqRel) {
+        // A job is switched out in its handler: the samples wait in their slots for the next.
+        return;
+    }
+    let job_cpu_ns = own_cpu_ns();
+    let own = own_tid();
+    let mut flat: Vec<i64> = Vec::new();
+    signal_sampler::drain(own, |sample| {
+        flat.extend([i64::from(sample.tid), sample.cpu_ns, sample.at_ns, sample.depth as i64])
+    });
+    if !flat.is_empty() {
+        if let Ok(ruby) = Ruby::get() {
+            call_handler(|handler| {
+                let samples = ruby.ary_from_vec(flat);
+                handler.funcall::<_, _, Value>(
+                    LazyId::get_inner_with(&SIGNAL_SAMPLES, &ruby),
+                    (samples, job_cpu_ns),
+                )
+            });
+        }
+    }
+    IN_JOB.store(false, Ordering::Release);
+}
+
+/// Calls the handler (if any) with the program's asynchronous interrupts deferred and the
+/// memory hooks told to leave the job out. With the GVL, in a job.
+fn call_handler<T>(call: impl FnOnce(Value) -> Result<T, Error>) -> Option<T> {
+    let raw = HANDLER.load(Ordering::Acquire);
+    // SAFETY: HANDLER holds Qnil or a live object kept by the GC root; we hold the GVL.
+    let handler = unsafe { Value::from_raw(raw as rb_sys::VALUE) };
+    if handler.is_nil() {
+        return None;
+    }
+    // The program's Thread#raise / Thread#kill / Timeout wait until the job is over, so
+    // that they reach the program's code, not the handler (see `interrupt_mask`).
+    // SAFETY: in a postponed job with the GVL; dropped before the job returns.
+    let deferred = unsafe { crate::interrupt_mask::defer_async_interrupts() };
+    JOB_HERE.with(|here| here.set(true));
+    signal_sampler::JOB_TID.store(own_tid(), Ordering::Release);
+    // magnus calls through `rb_protect` and clears `$!`: an exception comes back as an
+    // `Err`, which the handler (it rescues everything) should never produce anyway.
+    let result = call(handler).ok();
+    signal_sampler::JOB_TID.store(0, Ordering::Release);
+    JOB_HERE.with(|here| here.set(false));
+    drop(deferred);
+    result
 }
 
 #[cfg(test)]

@@ -163,15 +163,26 @@ const UNKNOWN: u32 = u32::MAX;
 
 /// Reads the caller's caller's stack, leaf first, into `key`'s slot; returns its depth.
 fn capture(key: i64) -> usize {
+    read_stack(key, Skip::OwnFrames)
+}
+
+/// Reads the calling thread's stack, whole, into `key`'s slot; returns its depth. For a
+/// postponed job, which runs with no frame of its own on the Ruby stack.
+pub fn capture_here(key: i64) -> usize {
+    read_stack(key, Skip::Nothing)
+}
+
+fn read_stack(key: i64, skip: Skip) -> usize {
     BUFFER.with(|buffer| {
         let Ok(mut buffer) = buffer.try_borrow_mut() else { return 0 };
         let Buffer { frames, lines, slots } = &mut *buffer;
-        // SAFETY: both buffers hold MAX_DEPTH entries; we hold the GVL (a method of ours).
+        // SAFETY: both buffers hold MAX_DEPTH entries; we hold the GVL (a method of ours, or
+        // a postponed job).
         let n = unsafe {
             rb_sys::rb_profile_frames(0, MAX_DEPTH as i32, frames.as_mut_ptr(), lines.as_mut_ptr())
         };
         let n = usize::try_from(n).unwrap_or(0).min(MAX_DEPTH);
-        store_frames(key, &frames[..n], &lines[..n], slots, Skip::OwnFrames)
+        store_frames(key, &frames[..n], &lines[..n], slots, skip)
     })
 }
 

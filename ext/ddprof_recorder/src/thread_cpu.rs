@@ -85,7 +85,14 @@ pub fn cpu_time_ns(tid: libc::pid_t) -> Option<i64> {
     if tid <= 0 {
         return None;
     }
-    clock_ns(((!tid) << 3) | CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED)
+    clock_ns(cpu_clock_id(tid))
+}
+
+/// The clock id of the CPU clock of thread `tid` (see the module doc), for `clock_gettime`
+/// and `timer_create`.
+#[cfg(target_os = "linux")]
+pub fn cpu_clock_id(tid: libc::pid_t) -> libc::clockid_t {
+    ((!tid) << 3) | CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED
 }
 
 #[cfg(not(target_os = "linux"))]

@@ -40,6 +40,11 @@ module DdprofRecorder
       # sampling rather than flood the log of a program that would keep failing the same way.
       MAX_CONSECUTIVE_ERRORS = 10
       GC_FRAME = ["(garbage collection)", "", 0].freeze
+      # Where ext/ddprof_recorder/src/signal_sampler.rs keeps a signal sample's stack:
+      # `native id + SIGNAL_KEY_OFFSET`.
+      SIGNAL_KEY_OFFSET = 1 << 32
+      # Signal samples kept while a pass holds the lock (switched out), for the next job.
+      MAX_PENDING_SIGNAL_SAMPLES = 256
       GC_KIND_LABEL = "gc kind"
       # The GC's phases and kinds, in the order Profiler._native_take_gc gives their times.
       GC_BUCKETS = [["(marking)", "minor"], ["(marking)", "major"], ["(sweeping)", "minor"],
@@ -73,14 +78,17 @@ module DdprofRecorder
       # CPU clock when it was last looked at (idle detection); `labels` and what they were
       # made from; `locations`, the stack last recorded; `on_cpu_locations`, the stack of its
       # last on-CPU sample; `index`, its place in the scan arrays; `sample_mark`, the pass
-      # count after which its passes are idle ones not recorded yet (see #flush_idle).
+      # count after which its passes are idle ones not recorded yet (see #flush_idle);
+      # `armed`, the native id its CPU-time timer was armed for (see #start_signals);
+      # `signal_pass`, the pass count at its latest signal sample.
       ThreadState = Struct.new(:thread, :wall_ns, :seen_cpu_ns, :native_id, :name, :labels, :locations,
-                               :on_cpu_locations, :index, :sample_mark)
+                               :on_cpu_locations, :index, :sample_mark, :armed, :signal_pass)
       private_constant :ThreadState
 
       # @return [Hash{Symbol => Integer}] counters: `:passes`, `:samples` (thread samples
-      #   recorded or added up), `:on_cpu_samples`, `:carried_cpu_samples` (samples whose CPU
-      #   was carried), `:job_cpu_ns` (CPU the jobs' own work used), `:errors`.
+      #   recorded or added up), `:on_cpu_samples`, `:signal_samples` (on-CPU samples taken
+      #   at a thread's CPU tick, see #signal_samples), `:carried_cpu_samples` (samples whose
+      #   CPU was carried), `:job_cpu_ns` (CPU the jobs' own work used), `:errors`.
       attr_reader :counts
       # @return [Integer, nil] monotonic ns of the latest job, nil before the first.
       attr_reader :last_job_ns
@@ -114,7 +122,12 @@ module DdprofRecorder
         @scan_states = []
         @scan_tids = []
         @scan_seen = []
-        @counts = { passes: 0, samples: 0, on_cpu_samples: 0, carried_cpu_samples: 0, job_cpu_ns: 0, errors: 0 }
+        @counts = { passes: 0, samples: 0, on_cpu_samples: 0, signal_samples: 0, carried_cpu_samples: 0,
+                    job_cpu_ns: 0, errors: 0 }
+        # Signal sampling (#start_signals): the timers' period, and the states by native id.
+        @signal_period_ns = nil
+        @by_tid = {}
+        @pending_signal = []
         @last_job_ns = nil
         @last_pass_ns = @clock.now_ns
         @consecutive_errors = 0
@@ -157,13 +170,61 @@ module DdprofRecorder
         begin
           @last_job_ns = now_ns
           thread = Thread.current
-          sample_running(thread, key ? (key if depth.positive?) : locations, on_time, cpu_ns, now_ns)
+          # An armed thread's on-CPU samples come from its CPU ticks (#signal_samples), not
+          # from here, where its stack is wherever the VM checked interrupts.
+          armed = @threads[thread]&.armed
+          sample_running(thread, key ? (key if depth.positive?) : locations, on_time, cpu_ns, now_ns) unless armed
           pass_locked(now_ns, thread)
           succeeded
         rescue StandardError => e
           failed(e)
         ensure
-          skip_own_cpu(thread, cpu_ns, on_time)
+          skip_own_cpu(thread, cpu_ns, on_time && !armed)
+          @lock.unlock
+        end
+        true
+      end
+
+      # From now on every thread (known and new) gets a CPU-time timer every `period_ns` of
+      # its CPU (Profiler._native_signal_arm), and its on-CPU samples come from them
+      # (#signal_samples). After Profiler._native_sampling_start installed the handler.
+      def start_signals(period_ns)
+        @lock.synchronize do
+          @signal_period_ns = period_ns
+          @threads.each_value { |state| arm(state) }
+        end
+      end
+
+      # The sampling job of the signal handler (ext/ddprof_recorder/src/signal_sampler.rs),
+      # with the GVL: each sample was taken at a thread's CPU tick, with its stack read then.
+      # The thread's CPU since its previous on-CPU sample is charged to that stack.
+      #
+      # @param samples [Array<Integer>] `[tid, cpu_ns, at_ns, depth]` per sample, flat: the
+      #   thread's native id, its CPU clock and the monotonic clock at the tick, and the
+      #   depth of the stack kept under `tid + SIGNAL_KEY_OFFSET` (0: none).
+      # @param job_cpu_ns [Integer] the calling thread's CPU clock when the job started.
+      # @return [Boolean] false if the samples wait for the next job (a pass is under way).
+      def signal_samples(samples, job_cpu_ns)
+        unless !gave_up? && @lock.try_lock
+          @pending_signal.concat(samples) if @pending_signal.size < MAX_PENDING_SIGNAL_SAMPLES * 4
+          return false
+        end
+
+        begin
+          unless @pending_signal.empty?
+            samples = @pending_signal.concat(samples)
+            @pending_signal = []
+          end
+          i = 0
+          while i < samples.size
+            signal_sample(samples[i], samples[i + 1], samples[i + 2], samples[i + 3])
+            i += 4
+          end
+          succeeded
+        rescue StandardError => e
+          failed(e)
+        ensure
+          skip_own_cpu(Thread.current, job_cpu_ns, false)
           @lock.unlock
         end
         true
@@ -233,12 +294,47 @@ module DdprofRecorder
 
       def new_state(thread, wall_ns)
         state = ThreadState.new(thread, wall_ns, nil, nil, nil, nil, nil, nil, @scan_states.size,
-                                @counts[:passes] + 1)
+                                @counts[:passes] + 1, nil, nil)
         @scan_states << state
         @scan_tids << nil
         @scan_seen << nil
         refresh_labels(state, thread)
+        arm(state) if @signal_period_ns
         state
+      end
+
+      # Its CPU-time timer, first after a random part of a period (so that threads are not in
+      # step). A thread that cannot be armed is sampled at interrupt checks (counted natively).
+      def arm(state)
+        tid = state.native_id
+        return if tid.nil? || state.armed == tid
+
+        first = 1 + rand(@signal_period_ns)
+        return unless Profiler._native_signal_arm(tid, @signal_period_ns, first)
+
+        state.armed = tid
+        @by_tid[tid] = state
+      end
+
+      # A sample of #signal_samples.
+      def signal_sample(tid, cpu_ns, at_ns, depth)
+        state = @by_tid[tid]
+        # Not armed for this thread any more, or nothing to record: its CPU stays uncharged,
+        # for its next sample.
+        return unless state && state.armed == tid && depth.positive?
+
+        flush_idle(state)
+        refresh_labels(state, state.thread) unless same_labels?(state, state.thread)
+        take_gc(state, at_ns)
+        cpu_used = uncharged_cpu(tid, cpu_ns)
+        @charged_cpu[tid] = cpu_ns if cpu_used.positive? || @charged_cpu[tid].nil?
+        key = tid + SIGNAL_KEY_OFFSET
+        state.on_cpu_locations = key
+        @counts[:on_cpu_samples] += 1
+        @counts[:signal_samples] += 1
+        record(state, key, cpu_used, 1, at_ns)
+        state.signal_pass = @counts[:passes]
+        looked(state, cpu_ns)
       end
 
       # Its CPU clock when looked at; the scan finds it idle while the clock reads that, if
@@ -306,7 +402,11 @@ module DdprofRecorder
         end
         @clock.moved(@scan_tids, @scan_seen).each do |i|
           state = @scan_states[i]
-          sample_other(state.thread, state, now_ns) unless state.thread.equal?(except)
+          next if state.thread.equal?(except)
+          # It had a sample at its CPU tick since the previous pass: its time is accounted.
+          next if state.armed && state.signal_pass == @counts[:passes]
+
+          sample_other(state.thread, state, now_ns)
         end
         @counts[:passes] += 1
         prune_locked if (@counts[:passes] % 64).zero?
@@ -332,8 +432,9 @@ module DdprofRecorder
         refresh_labels(state, thread) unless same_labels?(state, thread)
         cpu_used = 0
         # "run": runnable but not the GVL holder, i.e. preempted while running Ruby: its stack
-        # is where it ran. "sleep": blocked; its CPU is carried (see the class doc).
-        if cpu && status == "run"
+        # is where it ran. "sleep": blocked; its CPU is carried (see the class doc). An armed
+        # thread's CPU is charged at its CPU ticks only.
+        if cpu && status == "run" && !state.armed
           take_gc(state, now_ns)
           cpu_used = uncharged_cpu(state.native_id, cpu)
           @charged_cpu[state.native_id] = cpu
@@ -388,7 +489,8 @@ module DdprofRecorder
         wall = now_ns - state.wall_ns
         wall = 0 if wall.negative?
         record_stack(stack, values(cpu_ns, count, wall), state.labels)
-        state.wall_ns = now_ns
+        # A signal sample can come after a pass that looked later (its job ran late).
+        state.wall_ns = now_ns if now_ns > state.wall_ns
         state.locations = stack.is_a?(Integer) ? nil : stack
         # Its passes after this one are idle ones (a sample in a job comes before its pass).
         state.sample_mark = @counts[:passes] + 1
@@ -445,6 +547,7 @@ module DdprofRecorder
 
           flush_thread(thread, state)
           forget_stacks(state.native_id)
+          disarm(state)
           true
         end
         @charged_cpu.delete_if { |tid, _| @clock.thread_cpu_ns(tid).nil? }
@@ -463,6 +566,17 @@ module DdprofRecorder
 
         Profiler._native_forget_stack(tid)
         Profiler._native_forget_stack(-tid)
+        Profiler._native_forget_stack(tid + SIGNAL_KEY_OFFSET)
+      end
+
+      # Ruby gives the native thread of a finished thread to a new one, which then has the
+      # timer (and the native id) already: only the last state armed for an id disarms it.
+      def disarm(state)
+        tid = state.armed
+        return unless tid && @by_tid[tid].equal?(state)
+
+        @by_tid.delete(tid)
+        Profiler._native_signal_disarm(tid)
       end
 
       def same_labels?(state, thread)

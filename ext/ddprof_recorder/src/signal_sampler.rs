@@ -1,0 +1,605 @@
+//! Reading a thread's stack at the moment its CPU tick comes, in a signal handler, rather than
+//! at the VM's next interrupt check (which charges the CPU of Ruby code to the cheap C methods
+//! around it: safepoint bias).
+//!
+//! # The ticks
+//!
+//! Each Ruby thread that the profiler samples is *armed*: it gets a POSIX timer on its own
+//! CPU clock (`timer_create` on the clock id `MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`, see
+//! `thread_cpu`), firing every `1/hz` of that thread's CPU time, whose signal goes to that
+//! thread only (`SIGEV_THREAD_ID`). A CPU-clock timer expires at a scheduler tick while its
+//! thread is on a CPU, and Linux sends the signal from the tick's task work, on the thread's
+//! return to user mode: a thread that waits (`read(2)`, `sleep`, `IO.select`, `Queue#pop`,
+//! a futex, a libc call through Fiddle) uses no CPU, so its timer never expires and it is
+//! never interrupted, and a signal never lands inside a blocking system call. The handler is
+//! installed with `SA_RESTART` all the same. The signal is a real-time one that nothing else
+//! in the process handles (see [`install`]): Ruby's `trap` cannot take real-time signals, so
+//! a program's own `trap("PROF")` and the profiler never meet.
+//!
+//! The kernel checks CPU timers at its scheduler tick (`CONFIG_HZ`, 250 on Debian's kernels),
+//! so a thread gets at most that many signals a second, whatever `hz` asks: above it, each
+//! signal stands for the CPU since the previous one (values are differences of CPU clocks,
+//! so no CPU is lost; the stacks are just fewer).
+//!
+//! # The handler
+//!
+//! Each armed thread has a [`Slot`]: a state, the tick's CPU clock and time, and a buffer for
+//! the frames, allocated when the thread is armed and reused (never freed). The timer's
+//! signal carries the slot's index and generation (`sigev_value`), so the handler finds its
+//! slot without thread-local storage (whose first use in a `dlopen`ed library can allocate).
+//! The handler does only async-signal-safe work: atomics, `clock_gettime`,
+//! `ruby_thread_has_gvl_p` and `rb_during_gc` (plain reads of the thread's and the VM's
+//! state, Ruby 3.1 `thread.c` and `gc.c`), `rb_profile_frames` and
+//! `rb_postponed_job_register_one`. It reads the frames only when
+//!
+//! - the thread holds the GVL (`ruby_thread_has_gvl_p`, which is "not inside a blocking
+//!   region"): then no other thread runs Ruby, so nothing moves or frees the objects it reads;
+//! - no GC runs (`rb_during_gc`): the GC itself may be moving objects (compaction);
+//! - its slot is empty: a sample still waiting for its job is not overwritten.
+//!
+//! Otherwise it counts why and returns: that thread's CPU is charged at its next sample
+//! (`lib/ddprof_recorder/profiler/thread_sampler.rb`), so nothing is lost.
+//!
+//! `rb_profile_frames` reads the running thread's control frames (`ec->cfp` down to the end
+//! frame, Ruby 3.1 `vm_backtrace.c`), and for each its iseq or method entry and line, with no
+//! allocation and no lock. Reading them in a handler is sound since Ruby 3.0: `vm_push_frame`
+//! fills a frame before it moves `ec->cfp` to it (ruby/ruby PR #3296, commit 0e276dc), so an
+//! interrupted push shows either the old top or a whole new frame; ruby/ruby PR #11036 (3.2.5,
+//! 3.3.4, 3.4) adds a compiler fence that keeps the compiler from reordering those stores, which
+//! the compilers checked in that PR did not do anyway (Debian's 3.1.2 has no fence). This is
+//! what stackprof does on Ruby 3.0+ (its PRs #150 and #172), and dd-trace-rb on 3.2.5+/3.3.4+
+//! (its PRs #4785, #4786). Where it is not sound, the handler only asks for the job, which
+//! then reads the stack at the thread's next interrupt check, as the trigger's job does (the
+//! safepoint mode, [`Mode::Safepoint`]):
+//!
+//! - with YJIT on: JIT code does not keep `cfp->pc` current, and `rb_profile_frames` turns the
+//!   pc into a line (stackprof #179/#180: crashes);
+//! - with `GC.auto_compact` on, before Ruby 3.2: compaction then protects heap pages with a
+//!   read barrier (`mprotect`, whose fault handler is not async-signal-safe) between GC steps.
+//!
+//! Known limits: `ruby_thread_has_gvl_p` also says yes for a thread that a time slice took the
+//! GVL from and that waits to get it back (it is not in a blocking region); such a thread
+//! uses no CPU while it waits, so its timer can expire only in the few microseconds of the
+//! hand-over itself. And rb_profile_frames walks environment pointers
+//! (`rb_vm_frame_method_entry`), which `vm_make_env_each` leaves inconsistent for a few
+//! instructions while it moves an environment to the heap (ruby/ruby PR #16615, open): a
+//! risk that stackprof and dd-trace-rb share.
+//!
+//! # The job
+//!
+//! The handler then registers [`Setup::job`] (`sampling_job`), a postponed job that runs at
+//! the thread's next interrupt check with the GVL: [`drain`] names the frames
+//! (`stack_capture::store_read_frames`) and hands each sample to the profiler. Between the
+//! handler and the job the frame objects are marked by [`SlotsRoot`], a GC root (marking
+//! also pins them against compaction); the GC runs with the GVL, and the handler writes a
+//! slot only with the GVL, so the root never reads a slot being written.
+//!
+//! # Lifecycle
+//!
+//! Threads are armed and disarmed with the GVL held (`ThreadSampler`), the handler is
+//! installed once and stays (a signal after `stop` finds [`ENABLED`] false and returns; with
+//! no handler the default action of a real-time signal would end the process). A forked
+//! child has the handler but no timers (POSIX timers are not inherited): its slots are
+//! forgotten at its first start. `execve` deletes timers before it resets handlers.
+use std::ffi::c_void;
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
+};
+use std::sync::Mutex;
+
+use magnus::{gc, rb_sys::FromRawValue, DataTypeFunctions, TypedData, Value};
+
+use crate::thread_cpu::{clock_ns, cpu_clock_id, own_cpu_ns};
+
+/// Most threads armed at once; past it, a thread is sampled at safepoints (counted).
+pub const MAX_SLOTS: usize = 256;
+/// Deepest stack read in the handler (the root-most frames of deeper ones are left out).
+pub const DEPTH: usize = 1024;
+/// Key offset under which `stack_capture` keeps a signal sample's stack (`tid + KEY_OFFSET`),
+/// apart from the safepoint job's (`tid`, `-tid`).
+pub const KEY_OFFSET: i64 = 1 << 32;
+
+/// How the handler samples.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    /// Reads the stack in the handler.
+    Handler,
+    /// Asks for the job, which reads the stack at the thread's next interrupt check.
+    Safepoint,
+}
+
+// Slot states.
+const FREE: u8 = 0;
+const EMPTY: u8 = 1;
+const WRITING: u8 = 2;
+const FULL: u8 = 3;
+const READING: u8 = 4;
+
+/// `depth` of a sample whose stack the job must read (safepoint mode).
+const READ_AT_JOB: u32 = u32::MAX;
+
+/// Frames read in the handler: what `rb_profile_frames` fills.
+struct Frames {
+    frames: [rb_sys::VALUE; DEPTH],
+    lines: [i32; DEPTH],
+}
+
+/// One armed thread.
+struct Slot {
+    state: AtomicU8,
+    /// Bumped at each arm and disarm; the timer's signal carries it, so a signal of an earlier
+    /// timer of this slot is ignored.
+    generation: AtomicU32,
+    tid: AtomicI32,
+    /// The `timer_t` (a pointer-sized id), valid while armed.
+    timer: AtomicUsize,
+    /// The thread's CPU clock and the monotonic clock at the tick.
+    cpu_ns: AtomicI64,
+    at_ns: AtomicI64,
+    /// Frames read, or [`READ_AT_JOB`].
+    depth: AtomicU32,
+    /// Allocated at the first arm, never freed (a handler may hold it).
+    frames: AtomicPtr<Frames>,
+}
+
+impl Slot {
+    const fn new() -> Self {
+        Self {
+            state: AtomicU8::new(FREE),
+            generation: AtomicU32::new(0),
+            tid: AtomicI32::new(0),
+            timer: AtomicUsize::new(0),
+            cpu_ns: AtomicI64::new(0),
+            at_ns: AtomicI64::new(0),
+            depth: AtomicU32::new(0),
+            frames: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+}
+
+static SLOTS: [Slot; MAX_SLOTS] = [const { Slot::new() }; MAX_SLOTS];
+
+/// Whether signals sample: false before `start` and after `stop`.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+/// [`Mode::Handler`] if true.
+static IN_HANDLER: AtomicBool = AtomicBool::new(true);
+/// The signal number in use (0: the handler is not installed yet).
+static SIGNO: AtomicI32 = AtomicI32::new(0);
+/// The job the handler registers.
+static JOB: AtomicUsize = AtomicUsize::new(0);
+/// The Linux id of the thread running one of the profiler's jobs (0: none): a tick that
+/// comes then is the profiler's own CPU, which it leaves out of the thread's account.
+pub static JOB_TID: AtomicI32 = AtomicI32::new(0);
+/// The fork generation the slots' timers were made in.
+static SLOTS_GENERATION: AtomicU64 = AtomicU64::new(0);
+/// Taken (with the GVL) around arming and disarming, so that two never race for a slot.
+static ARMING: Mutex<()> = Mutex::new(());
+
+/// What the handler did, for `stats`. Counted per run ([`start`] clears them).
+pub struct Counters {
+    pub signals: AtomicU64,
+    pub read_in_handler: AtomicU64,
+    pub read_at_job: AtomicU64,
+    pub without_gvl: AtomicU64,
+    pub in_gc: AtomicU64,
+    pub slot_busy: AtomicU64,
+    pub in_job: AtomicU64,
+    pub stale: AtomicU64,
+    pub arm_failures: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+pub static COUNTERS: Counters = Counters {
+    signals: AtomicU64::new(0),
+    read_in_handler: AtomicU64::new(0),
+    read_at_job: AtomicU64::new(0),
+    without_gvl: AtomicU64::new(0),
+    in_gc: AtomicU64::new(0),
+    slot_busy: AtomicU64::new(0),
+    in_job: AtomicU64::new(0),
+    stale: AtomicU64::new(0),
+    arm_failures: AtomicU64::new(0),
+    dropped: AtomicU64::new(0),
+};
+
+impl Counters {
+    fn clear(&self) {
+        for c in [
+            &self.signals,
+            &self.read_in_handler,
+            &self.read_at_job,
+            &self.without_gvl,
+            &self.in_gc,
+            &self.slot_busy,
+            &self.in_job,
+            &self.stale,
+            &self.arm_failures,
+            &self.dropped,
+        ] {
+            c.store(0, Relaxed);
+        }
+    }
+}
+
+/// The signal in use, or 0 if none was installed yet.
+pub fn signal() -> i32 {
+    SIGNO.load(Acquire)
+}
+
+/// The signal's name, e.g. `SIGRTMIN+8`.
+pub fn signal_name(signo: i32) -> String {
+    let base = libc::SIGRTMIN();
+    if signo >= base {
+        format!("SIGRTMIN+{}", signo - base)
+    } else {
+        format!("signal {signo}")
+    }
+}
+
+/// Threads armed now.
+pub fn armed() -> usize {
+    SLOTS.iter().filter(|s| s.state.load(Acquire) != FREE).count()
+}
+
+/// Installs the handler on the first real-time signal that has none (once per process), and
+/// starts sampling with `mode`; `job` is the postponed job the handler registers.
+///
+/// # Errors
+///
+/// When no real-time signal is free, or `sigaction` fails: a message naming the signal.
+pub fn start(mode: Mode, job: unsafe extern "C" fn(*mut c_void)) -> Result<i32, String> {
+    let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
+    forget_if_forked();
+    disarm_all_locked();
+    COUNTERS.clear();
+    JOB.store(job as *const () as usize, Release);
+    IN_HANDLER.store(mode == Mode::Handler, Release);
+    let signo = install()?;
+    ENABLED.store(true, Release);
+    Ok(signo)
+}
+
+/// Stops sampling: every thread is disarmed. The handler stays installed.
+pub fn stop() {
+    ENABLED.store(false, Release);
+    let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
+    forget_if_forked();
+    disarm_all_locked();
+}
+
+/// The first free real-time signal, with our handler installed on it (or the one installed
+/// already).
+fn install() -> Result<i32, String> {
+    let installed = SIGNO.load(Acquire);
+    if installed != 0 {
+        return Ok(installed);
+    }
+    // glibc keeps the first real-time signals for itself (SIGRTMIN() is past them); others
+    // (threading libraries, runtimes) often take the first few of the rest.
+    let first = libc::SIGRTMIN() + 8;
+    for signo in first..=libc::SIGRTMAX() {
+        // SAFETY: a zeroed sigaction is a valid out-parameter; a null new action only reads.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; `signo` is a valid signal number (between SIGRTMIN and SIGRTMAX).
+        if unsafe { libc::sigaction(signo, std::ptr::null(), &mut old) } != 0 {
+            continue;
+        }
+        if old.sa_sigaction != libc::SIG_DFL {
+            continue; // somebody's (or ignored): leave it alone
+        }
+        // SAFETY: zeroed, then every field we rely on set; `on_signal` has the SA_SIGINFO
+        // signature and never unwinds.
+        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+        action.sa_sigaction = on_signal as *const () as usize;
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        // SAFETY: `sa_mask` is a valid sigset_t to fill.
+        unsafe { libc::sigemptyset(&mut action.sa_mask) };
+        // SAFETY: valid action; no old action wanted.
+        if unsafe { libc::sigaction(signo, &action, std::ptr::null_mut()) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(format!(
+                "could not install the sampling signal handler on {}: {e}",
+                signal_name(signo)
+            ));
+        }
+        SIGNO.store(signo, Release);
+        return Ok(signo);
+    }
+    Err(format!(
+        "every real-time signal from {} to SIGRTMAX already has a handler: none is free for sampling (start with signals: false)",
+        signal_name(first)
+    ))
+}
+
+/// In a forked child, the slots describe the parent's timers, which the child does not have:
+/// forget them (no `timer_delete`: the ids mean nothing here). Called with [`ARMING`].
+fn forget_if_forked() {
+    let generation = crate::stack_recorder::fork_generation();
+    if SLOTS_GENERATION.swap(generation, AcqRel) == generation {
+        return;
+    }
+    for slot in &SLOTS {
+        slot.generation.fetch_add(1, AcqRel);
+        slot.timer.store(0, Release);
+        slot.tid.store(0, Release);
+        slot.state.store(FREE, Release);
+    }
+}
+
+/// Arms the thread `tid` (a thread of this process, with the GVL held): a CPU-time timer
+/// every `period_ns` of its CPU, first at `first_ns`. Returns false when it cannot be armed
+/// (all slots taken, or the kernel refused), which is counted; true if armed (or already).
+pub fn arm(tid: i32, period_ns: i64, first_ns: i64) -> bool {
+    let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
+    forget_if_forked();
+    if SLOTS.iter().any(|s| s.state.load(Acquire) != FREE && s.tid.load(Acquire) == tid) {
+        return true;
+    }
+    let armed = arm_locked(tid, period_ns, first_ns);
+    if !armed {
+        COUNTERS.arm_failures.fetch_add(1, Relaxed);
+    }
+    armed
+}
+
+fn arm_locked(tid: i32, period_ns: i64, first_ns: i64) -> bool {
+    let signo = SIGNO.load(Acquire);
+    let Some((index, slot)) = SLOTS.iter().enumerate().find(|(_, s)| s.state.load(Acquire) == FREE)
+    else {
+        return false;
+    };
+    if signo == 0 || tid <= 0 {
+        return false;
+    }
+    if slot.frames.load(Acquire).is_null() {
+        let frames = Box::new(Frames { frames: [0; DEPTH], lines: [0; DEPTH] });
+        slot.frames.store(Box::into_raw(frames), Release);
+    }
+    let generation = slot.generation.fetch_add(1, AcqRel).wrapping_add(1);
+    // SAFETY: a zeroed sigevent is valid; the fields the kernel reads for SIGEV_THREAD_ID
+    // (notify, signo, value, tid) are set below.
+    let mut event: libc::sigevent = unsafe { std::mem::zeroed() };
+    event.sigev_notify = libc::SIGEV_THREAD_ID;
+    event.sigev_signo = signo;
+    event.sigev_value = libc::sigval { sival_ptr: signal_value(index, generation) as *mut c_void };
+    event.sigev_notify_thread_id = tid;
+    let mut timer: libc::timer_t = std::ptr::null_mut();
+    // SAFETY: `event` and `timer` are valid for the call; the kernel checks that the clock
+    // is a thread of this process's (EINVAL otherwise).
+    if unsafe { libc::timer_create(cpu_clock_id(tid), &mut event, &mut timer) } != 0 {
+        return false;
+    }
+    slot.tid.store(tid, Release);
+    slot.timer.store(timer as usize, Release);
+    slot.state.store(EMPTY, Release);
+    let spec =
+        libc::itimerspec { it_interval: timespec(period_ns), it_value: timespec(first_ns.max(1)) };
+    // SAFETY: `timer` was just created; `spec` is a valid itimerspec.
+    if unsafe { libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()) } != 0 {
+        disarm_slot(slot);
+        return false;
+    }
+    true
+}
+
+fn timespec(ns: i64) -> libc::timespec {
+    libc::timespec { tv_sec: (ns / 1_000_000_000) as _, tv_nsec: (ns % 1_000_000_000) as _ }
+}
+
+/// What the timer's signal carries: the slot's index and generation.
+fn signal_value(index: usize, generation: u32) -> usize {
+    index | ((generation as usize & 0xff_ffff) << 16)
+}
+
+/// Disarms the thread `tid` if armed. With the GVL held.
+pub fn disarm(tid: i32) {
+    let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
+    forget_if_forked();
+    for slot in &SLOTS {
+        if slot.state.load(Acquire) != FREE && slot.tid.load(Acquire) == tid {
+            disarm_slot(slot);
+        }
+    }
+}
+
+fn disarm_all_locked() {
+    for slot in &SLOTS {
+        if slot.state.load(Acquire) != FREE {
+            disarm_slot(slot);
+        }
+    }
+}
+
+fn disarm_slot(slot: &Slot) {
+    let timer = slot.timer.swap(0, AcqRel);
+    if timer != 0 {
+        // SAFETY: a timer this process created (the slots of a parent's are forgotten in a
+        // forked child before we get here); deleting it also drops its pending signal.
+        unsafe { libc::timer_delete(timer as libc::timer_t) };
+    }
+    // A signal of the old timer already being handled sees another generation from here on.
+    slot.generation.fetch_add(1, AcqRel);
+    // A handler on another thread may still be writing (see the module doc): let it finish.
+    let mut spins = 0u32;
+    while slot.state.load(Acquire) == WRITING && spins < 1_000_000 {
+        std::hint::spin_loop();
+        spins += 1;
+    }
+    if matches!(slot.state.load(Acquire), FULL) {
+        COUNTERS.dropped.fetch_add(1, Relaxed);
+    }
+    slot.tid.store(0, Release);
+    slot.state.store(FREE, Release);
+}
+
+/// One sample for the profiler: the thread, its CPU clock and the time at its tick, and the
+/// depth of the stack kept under `tid + KEY_OFFSET` (0: none could be kept).
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    pub tid: i32,
+    pub cpu_ns: i64,
+    pub at_ns: i64,
+    pub depth: usize,
+}
+
+/// Takes every sample waiting in the slots, names its frames, and hands it to `take`. With
+/// the GVL held, in a postponed job. `own_tid` is the calling thread's id: a sample whose
+/// stack is to be read at the job (safepoint mode) is read here if it is this thread's, and
+/// dropped otherwise (its CPU is charged at the thread's next sample).
+pub fn drain(own_tid: i32, mut take: impl FnMut(Sample)) {
+    for slot in &SLOTS {
+        if slot.state.compare_exchange(FULL, READING, AcqRel, Acquire).is_err() {
+            continue;
+        }
+        let tid = slot.tid.load(Acquire);
+        let depth = slot.depth.load(Acquire);
+        let sample = |depth| Sample {
+            tid,
+            cpu_ns: slot.cpu_ns.load(Acquire),
+            at_ns: slot.at_ns.load(Acquire),
+            depth,
+        };
+        let key = i64::from(tid) + KEY_OFFSET;
+        let taken = if depth == READ_AT_JOB {
+            (tid == own_tid).then(|| sample(crate::stack_capture::capture_here(key)))
+        } else {
+            let frames = slot.frames.load(Acquire);
+            let depth = (depth as usize).min(DEPTH);
+            // SAFETY: the slot is READING: the handler does not write it, and the root marks
+            // its first `depth` frames, which are alive since the handler read them (marked
+            // at every GC since); we hold the GVL.
+            let kept = unsafe {
+                let frames = &*frames;
+                if frames.frames[..depth].iter().all(|&f| is_frame_object(f)) {
+                    crate::stack_capture::store_read_frames(
+                        key,
+                        &frames.frames[..depth],
+                        &frames.lines[..depth],
+                    )
+                } else {
+                    0
+                }
+            };
+            Some(sample(kept))
+        };
+        slot.state.store(EMPTY, Release);
+        match taken {
+            Some(sample) => take(sample),
+            None => {
+                COUNTERS.dropped.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+/// Whether `v` is what `rb_profile_frames` gives: an iseq or a method entry (`T_IMEMO`
+/// objects). A frame that a compaction moved would be `T_MOVED` (see the module doc).
+fn is_frame_object(v: rb_sys::VALUE) -> bool {
+    crate::vm::is_imemo(v)
+}
+
+/// The signal handler. Never unwinds: it only calls functions that do not panic.
+extern "C" fn on_signal(_signo: libc::c_int, info: *mut libc::siginfo_t, _context: *mut c_void) {
+    // SAFETY: errno is thread-local; saved and restored so the interrupted code sees its own.
+    let errno = unsafe { *libc::__errno_location() };
+    handle(info);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+fn handle(info: *mut libc::siginfo_t) {
+    COUNTERS.signals.fetch_add(1, Relaxed);
+    if !ENABLED.load(Acquire) || info.is_null() {
+        return;
+    }
+    // SAFETY: the kernel passes a valid siginfo; for a timer's signal `si_value` is the
+    // sigev_value we set in `arm`.
+    let value = unsafe { (*info).si_value().sival_ptr } as usize;
+    let Some(slot) = SLOTS.get(value & 0xffff) else { return };
+    if (slot.generation.load(Acquire) as usize & 0xff_ffff) != value >> 16 {
+        COUNTERS.stale.fetch_add(1, Relaxed);
+        return;
+    }
+    if JOB_TID.load(Acquire) == slot.tid.load(Acquire) {
+        COUNTERS.in_job.fetch_add(1, Relaxed);
+        return;
+    }
+    // SAFETY: both only read the calling thread's and the VM's state (see the module doc);
+    // the VM is running (ENABLED is cleared by an end proc before it is torn down).
+    if unsafe { crate::vm::ruby_thread_has_gvl_p() } == 0 {
+        COUNTERS.without_gvl.fetch_add(1, Relaxed);
+        return;
+    }
+    // SAFETY: as above.
+    if unsafe { rb_sys::rb_during_gc() } != 0 {
+        COUNTERS.in_gc.fetch_add(1, Relaxed);
+        return;
+    }
+    if slot.state.compare_exchange(EMPTY, WRITING, AcqRel, Acquire).is_err() {
+        COUNTERS.slot_busy.fetch_add(1, Relaxed);
+        return;
+    }
+    slot.cpu_ns.store(own_cpu_ns(), Release);
+    slot.at_ns.store(clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0), Release);
+    let depth = if IN_HANDLER.load(Acquire) {
+        let frames = slot.frames.load(Acquire);
+        // SAFETY: the buffer was allocated at arm and is never freed; the slot is WRITING, so
+        // nobody else reads or writes it; rb_profile_frames is sound here (module doc).
+        let n = unsafe {
+            rb_sys::rb_profile_frames(
+                0,
+                DEPTH as i32,
+                (*frames).frames.as_mut_ptr(),
+                (*frames).lines.as_mut_ptr(),
+            )
+        };
+        COUNTERS.read_in_handler.fetch_add(1, Relaxed);
+        u32::try_from(n).unwrap_or(0).min(DEPTH as u32)
+    } else {
+        COUNTERS.read_at_job.fetch_add(1, Relaxed);
+        READ_AT_JOB
+    };
+    slot.depth.store(depth, Release);
+    slot.state.store(FULL, Release);
+    let job = JOB.load(Acquire);
+    if job != 0 {
+        // SAFETY: `job` is the `extern "C"` job given to `start` (it never unwinds); the
+        // register is async-signal-safe (vm_trace.c: atomics on the VM's job buffer and the
+        // interrupt flag of the current thread's context) and runs the job on this thread,
+        // which holds the GVL; the data pointer is the bug #19991 decoy (see `trigger`).
+        unsafe {
+            let job: unsafe extern "C" fn(*mut c_void) = std::mem::transmute(job);
+            rb_sys::rb_postponed_job_register_one(0, Some(job), crate::trigger::decoy_data());
+        }
+    }
+}
+
+/// Marks the frames of the samples waiting in the slots: their GC root.
+#[derive(TypedData)]
+#[magnus(class = "DdprofRecorder::Profiler::SignalSlotsRoot", mark, free_immediately)]
+pub struct SlotsRoot;
+
+impl DataTypeFunctions for SlotsRoot {
+    fn mark(&self, marker: &gc::Marker) {
+        for slot in &SLOTS {
+            if !matches!(slot.state.load(Acquire), FULL | READING) {
+                continue;
+            }
+            let depth = slot.depth.load(Acquire);
+            if depth == READ_AT_JOB {
+                continue;
+            }
+            let frames = slot.frames.load(Acquire);
+            // SAFETY: the slot is FULL or READING: the handler does not write it, and its
+            // first `depth` frames were alive when read and marked since (module doc).
+            let frames: &Frames = unsafe { &*frames };
+            for &frame in &frames.frames[..(depth as usize).min(DEPTH)] {
+                if is_frame_object(frame) {
+                    // SAFETY: a live object (see above).
+                    marker.mark(unsafe { Value::from_raw(frame) });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! Facts about the Ruby VM that no public API gives, each with the Ruby source it comes from,
+//! for every Ruby version the gem runs on. Code elsewhere asks here rather than knowing them.
+//!
+//! (The interrupt mask's offsets, `interrupt_mask`, and the bug #19991 decoy, `trigger`,
+//! are older facts that still live beside the code that uses them.)
+
+/// `RUBY_T_MASK` and `RUBY_T_IMEMO` (`include/ruby/internal/value_type.h`, the same in 3.1,
+/// 3.3 and 3.4): an object's type is the low 5 bits of its `RBasic::flags`.
+const T_MASK: u64 = 0x1f;
+const T_IMEMO: u64 = 0x1a;
+
+/// `imemo_ment` and `imemo_iseq` (`internal/imemo.h`: 6 and 7 in 3.1, 3.3 and 3.4), stored
+/// in `flags` from bit `FL_USHIFT` (12) on, 4 bits (`IMEMO_MASK`).
+const IMEMO_SHIFT: u64 = 12;
+const IMEMO_MASK: u64 = 0x0f;
+const IMEMO_MENT: u64 = 6;
+const IMEMO_ISEQ: u64 = 7;
+
+/// Whether `v` is a heap object of the kinds `rb_profile_frames` returns (an iseq or a
+/// callable method entry): a frame object read earlier that a compaction moved in the
+/// meantime would read as `T_MOVED` instead.
+///
+/// # Safety (of the read inside)
+///
+/// `v` must be 0, a special constant, or a pointer into the Ruby heap (a slot that stays
+/// mapped: heap pages are freed only by a GC, and the callers hold frames read from a live
+/// stack and marked since).
+pub fn is_imemo(v: rb_sys::VALUE) -> bool {
+    // Special constants (immediates, nil, false) have low bits set or are small.
+    if v == 0 || v & 0x7 != 0 {
+        return false;
+    }
+    // SAFETY: a heap slot's first word is its `RBasic::flags` (see the doc above).
+    let flags = unsafe { std::ptr::read_volatile(v as *const u64) };
+    let imemo = (flags >> IMEMO_SHIFT) & IMEMO_MASK;
+    flags & T_MASK == T_IMEMO && (imemo == IMEMO_MENT || imemo == IMEMO_ISEQ)
+}
+
+extern "C" {
+    /// Whether the calling native thread is a Ruby thread outside a blocking region (so, most
+    /// of the time, the GVL holder): Ruby 3.1 `thread.c` reads the thread-local execution
+    /// context and its thread's `blocking_region_buffer`, nothing else. Exported by libruby
+    /// (3.1, 3.3, 3.4) but declared in no header that rb-sys binds.
+    pub fn ruby_thread_has_gvl_p() -> std::ffi::c_int;
+}
