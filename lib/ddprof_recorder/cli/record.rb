@@ -23,12 +23,14 @@ module DdprofRecorder
       # @!attribute allocation_overhead [Float] the share of time the allocation hook may cost.
       # @!attribute heap [Boolean] report the live heap (--heap).
       # @!attribute gc [Boolean] GC time on its own frame (--gc).
+      # @!attribute signals [Boolean] read stacks at each thread's CPU tick (--no-signals: false).
       Options = Struct.new(:command, :out, :hz, :interval, :allocations, :allocation_interval, :allocation_overhead,
-                           :heap, :gc, keyword_init: true)
+                           :heap, :gc, :signals, keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new(out: DEFAULT_OUT, hz: Profiler::DEFAULT_HZ, allocations: false, heap: false, gc: false,
+                              signals: true,
                               allocation_interval: Profiler::DEFAULT_ALLOCATION_INTERVAL,
                               allocation_overhead: Profiler::DEFAULT_ALLOCATION_OVERHEAD)
         parser = OptionParser.new do |o|
@@ -56,6 +58,10 @@ module DdprofRecorder
             options.heap = options.allocations = true
           end
           o.on("--gc", "charge GC time to a (garbage collection) frame") { options.gc = true }
+          o.on("--no-signals", "read stacks at the VM's interrupt checks, with no signal (for C extensions",
+               "that cannot take one; cheap C methods then get the CPU of the Ruby code around them)") do
+            options.signals = false
+          end
           o.separator ""
           o.separator "Forked children (a server's workers) are profiled too, each into a file of its own:"
           o.separator "FILE with its pid (profile.pid4242.pb.gz; windows: profile.pid4242.0001.pb.gz)."
@@ -131,7 +137,7 @@ module DdprofRecorder
           Recording::HEAP => options.heap ? "1" : nil,
           Recording::GC => options.gc ? "1" : nil,
           Recording::OWNER => nil,
-        )
+        ).merge(options.signals ? {} : { Profiler::SIGNALS_ENV => "0" })
       end
 
       # Runs the command and waits, leaving Ctrl-C to it: the program gets the SIGINT (same
