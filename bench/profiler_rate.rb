@@ -22,8 +22,9 @@
 #   sample adds up every sample of one stack and thread, and a busy thread's wall samples
 #   taken while it waits for the GVL share the stack of its on-CPU ones, and a wall sample
 #   that finds it preempted is charged its CPU too), and `jobs` = the on-time sampling jobs
-#   that ran on that thread, counted exactly by a wrapper around ThreadSampler's private
-#   `sample_running` (one Hash increment per job; the wrapper is not on the sampled stack);
+#   that ran on that thread, and with signals (the default) its signal samples, counted
+#   exactly by wrappers around ThreadSampler's private `sample_running` and `signal_sample`
+#   (one Hash increment per sample; the wrappers are not on the sampled stack);
 # - wall/s: per live thread (busy, sleeper, main), the `cpu-samples` of all its pprof samples
 #   over the window: every thread should get about hz, running or not;
 # - late jobs (`stats[:late_jobs]`; in parentheses, those whose previous job ran on another
@@ -119,6 +120,14 @@ module RateBench
         super(thread, stack, on_time, *rest)
       end
       private :sample_running
+
+      # With signals, a busy thread's on-CPU samples come from its CPU ticks instead.
+      define_method(:signal_sample) do |tid, cpu_ns, at_ns, depth|
+        thread = @by_tid[tid]&.thread
+        counts[thread] += 1 if thread && depth.positive?
+        super(tid, cpu_ns, at_ns, depth)
+      end
+      private :signal_sample
     end)
     [counts, late]
   end

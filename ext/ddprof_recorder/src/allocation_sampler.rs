@@ -195,6 +195,8 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         // with the GVL (at load).
         unsafe { rb_sys::rb_gc_register_address(HANDLER.as_ptr().cast()) };
         HOOK.register();
+        crate::postponed::prepare(job);
+        crate::postponed::prepare(window_job);
         // SAFETY: a plain function with no data, run with the GVL after every `at_exit` block
         // (Ruby 3.1 `eval_jump.c`, `rb_ec_exec_end_proc`).
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
@@ -426,11 +428,8 @@ fn newobj(tracepoint: rb_sys::VALUE) {
     let object = if state.heap { object } else { 0 };
     state.pending.push(Pending { thread, klass, object, weight, start, depth });
     drop(guard);
-    // SAFETY: `job` is an `extern "C"` function that never unwinds; the data pointer is the
-    // bug #19991 decoy (module doc). Registering only sets an interrupt flag.
-    unsafe {
-        rb_sys::rb_postponed_job_register_one(0, Some(job), crate::trigger::decoy_data());
-    }
+    // Registering only sets an interrupt flag.
+    crate::postponed::trigger(job);
 }
 
 /// The postponed job. Never unwinds.

@@ -250,11 +250,7 @@ fn every_for(target: f64, overhead: f64) -> u64 {
 /// Sets what the hook should be, and has a job apply it if that changed.
 fn want(word: u64, job: unsafe extern "C" fn(*mut c_void)) {
     if DESIRED.swap(word, Ordering::AcqRel) != word {
-        // SAFETY: callable from a thread Ruby does not know since Ruby 3.1 (see `trigger`);
-        // `job` never unwinds; the data pointer is the bug #19991 decoy.
-        unsafe {
-            rb_sys::rb_postponed_job_register_one(0, Some(job), crate::trigger::decoy_data());
-        }
+        crate::postponed::trigger(job);
     }
 }
 

@@ -12,6 +12,7 @@ mod internal_hook;
 mod interrupt_mask;
 mod native_thread;
 mod nogvl;
+mod postponed;
 mod pprof_views;
 mod sampling_job;
 mod signal_sampler;

@@ -564,14 +564,11 @@ fn handle(info: *mut libc::siginfo_t) {
     slot.state.store(FULL, Release);
     let job = JOB.load(Acquire);
     if job != 0 {
-        // SAFETY: `job` is the `extern "C"` job given to `start` (it never unwinds); the
-        // register is async-signal-safe (vm_trace.c: atomics on the VM's job buffer and the
-        // interrupt flag of the current thread's context) and runs the job on this thread,
-        // which holds the GVL; the data pointer is the bug #19991 decoy (see `trigger`).
-        unsafe {
-            let job: unsafe extern "C" fn(*mut c_void) = std::mem::transmute(job);
-            rb_sys::rb_postponed_job_register_one(0, Some(job), crate::trigger::decoy_data());
-        }
+        // SAFETY: JOB only ever holds the `postponed::Job` given to `start`.
+        let job: crate::postponed::Job = unsafe { std::mem::transmute(job) };
+        // Async-signal-safe (see `postponed`); the job runs on this thread, which holds the
+        // GVL, at its next interrupt check.
+        crate::postponed::trigger(job);
     }
 }
 

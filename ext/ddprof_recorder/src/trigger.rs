@@ -265,11 +265,8 @@ fn tick(job: unsafe extern "C" fn(*mut c_void)) {
     let tid = LAST_JOB_TID.load(Ordering::Relaxed);
     let cpu_ns = if tid > 0 { cpu_time_ns(tid).unwrap_or(-1) } else { -1 };
     TICK.publish(Tick { at_ns: monotonic_ns(), tid, cpu_ns });
-    // SAFETY: callable from a thread Ruby does not know since Ruby 3.1 (module doc); `job` is
-    // an `extern "C"` function that never unwinds; the data pointer is the bug #19991 decoy.
-    unsafe {
-        rb_sys::rb_postponed_job_register_one(0, Some(job), decoy_data());
-    }
+    // Callable from a thread Ruby does not know (module doc, and `postponed`).
+    crate::postponed::trigger(job);
     TICKS.fetch_add(1, Ordering::Relaxed);
 }
 
