@@ -182,6 +182,7 @@ module RateBench
 
     busy_tids = threads.map(&:native_thread_id)
     switches0 = preemptions(busy_tids)
+    busy_cpu0 = busy_tids.sum { |tid| DdprofRecorder::Profiler._native_thread_cpu_time_ns(tid) }
     c0 = process_cpu_ns
     profiler = DdprofRecorder::Profiler.new(hz: hz)
     t0 = monotonic_ns
@@ -190,6 +191,7 @@ module RateBench
     sleep o[:seconds]
     trigger = trigger_cpu_ns # the trigger thread ends at stop
     pprof = profiler.stop&.last
+    busy_cpu = busy_tids.sum { |tid| DdprofRecorder::Profiler._native_thread_cpu_time_ns(tid) } - busy_cpu0
     # After stop: the counters, the window (start to stop) and the pprof then cover the same
     # time; the process CPU includes stop's serialization (a few ms at most).
     c1 = process_cpu_ns
@@ -206,7 +208,7 @@ module RateBench
     names["main"] = jobs && jobs[Thread.main]
     puts JSON.generate(hz: hz, busy: busy, stats: stats.except(:recorder), native: native, process_cpu_ns: c1 - c0,
                        trigger_cpu_ns: trigger, late_jobs_by_thread_change: late, busy_preemptions: switches,
-                       start_ns: start_ns,
+                       start_ns: start_ns, busy_cpu_ns: busy_cpu,
                        jobs_on_cpu: names, pprof: pprof && o[:out])
   end
 
@@ -325,6 +327,12 @@ module RateBench
     {
       hz: r[:hz], busy: r[:busy], seconds: seconds.round(3), load: load,
       on_cpu_hz: s[:on_cpu_hz].round(1), effective_hz: s[:effective_hz].round(1),
+      # On-CPU samples per second of the busy threads' own CPU: with signals, what a busy
+      # thread gets per second when it has a core to itself (on a loaded machine it gets less
+      # than one core, and so fewer per wall second).
+      on_cpu_per_cpu_s: (s[:on_cpu_samples] / (r[:busy_cpu_ns] / 1e9)).round(1),
+      busy_cpu_share: (r[:busy_cpu_ns] / (seconds * 1e9)).round(3),
+      sampling_mode: s[:sampling_mode],
       start_ms: (r[:start_ns] / 1e6).round(1),
       # The trigger starts at the end of Profiler#start, the window at its beginning.
       on_cpu_hz_while_ticking: (s[:on_cpu_samples] / (seconds - (r[:start_ns] / 1e9))).round(1),
@@ -431,8 +439,10 @@ module RateBench
       target = ON_CPU_TARGETS[row[:hz]]
       next unless target
 
-      puts format("target   hz %d, %d busy: on-CPU %.1f/s (>= %d): %s", row[:hz], row[:busy], row[:on_cpu_hz], target,
-                  row[:on_cpu_hz] >= target ? "met" : format("MISSED by %.1f/s", target - row[:on_cpu_hz]))
+      puts format("target   hz %d, %d busy (%s): on-CPU %.1f/s (>= %d): %s; per second of the busy threads' CPU " \
+                  "(%.2f of a core): %.1f/s", row[:hz], row[:busy], row[:sampling_mode], row[:on_cpu_hz], target,
+                  row[:on_cpu_hz] >= target ? "met" : format("MISSED by %.1f/s", target - row[:on_cpu_hz]),
+                  row[:busy_cpu_share], row[:on_cpu_per_cpu_s])
     end
   end
 
