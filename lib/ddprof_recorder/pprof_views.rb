@@ -158,7 +158,8 @@ module DdprofRecorder
     #   `:start` and `:finish` (Time), `:duration` (seconds, Float), `:samples` (distinct
     #   pprof samples), `:functions`, `:thread_ids`, `:thread_names` and `:process_ids`
     #   (distinct values of the profiler's `"thread id"` / `"thread name"` / `"process id"`
-    #   labels).
+    #   labels), `:comments` (the pprof's `comment` strings, e.g. StackRecorder#comments=;
+    #   each distinct one once, in the order they first appear, over all the pprofs given).
     # @param max_decompressed_bytes [Integer] see {.folded}.
     # @raise [ArgumentError] if `pprof` is not a pprof.
     # @raise [DdprofRecorder::Error] if several pprofs have different value types, or a pprof
@@ -177,6 +178,7 @@ module DdprofRecorder
         thread_ids: s[:thread_ids],
         thread_names: s[:thread_names],
         process_ids: s[:process_ids],
+        comments: s[:comments],
       }
     end
 

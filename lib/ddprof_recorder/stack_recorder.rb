@@ -114,14 +114,36 @@ module DdprofRecorder
     # Back to the initial state (both windows empty, endpoints dropped, start time = now),
     # whatever state a fork left the recorder in. A forked child need not call it: the
     # recorder notices the fork by itself and does the same before its first use there. The
-    # counters of {#stats} are kept: they are over the recorder's life, the parent's part
-    # included. It never waits: a serialization in progress in another thread finishes with the
+    # counters of {#stats} are kept (they are over the recorder's life, the parent's part
+    # included), and so are the {#comments}. It never waits: a serialization in progress in another thread finishes with the
     # window it took.
     #
     # @return [true]
     # @raise [DdprofRecorder::Error] on an internal error (a native panic); nothing is changed.
     def reset_after_fork
       self.class._native_reset_after_fork(self)
+    end
+
+    # Sets the comments every pprof serialized from now on carries, in pprof's `comment` field
+    # (`go tool pprof -comments FILE` prints them; {DdprofRecorder.summary} returns them), e.g.
+    # how the profile was sampled: `["sampling: at each thread's CPU tick"]`. A serialization
+    # already under way keeps the comments it started with. They are kept across
+    # {#reset_after_fork} and forks, like the value types. `[]` (the default) writes no
+    # `comment` field: the pprof is byte for byte what it was before comments existed.
+    #
+    # @param comments [Array<String>] at most MAX_COMMENTS, each non-empty and at most
+    #   MAX_COMMENT_BYTES bytes long (invalid UTF-8 becomes U+FFFD, as for every string).
+    # @return [Array<String>] `comments`.
+    # @raise [TypeError] if `comments` is not an Array or an entry not a String.
+    # @raise [ArgumentError] if there are too many, or one is empty or too long (naming it);
+    #   the comments are then unchanged.
+    def comments=(comments)
+      _native_set_comments(comments)
+    end
+
+    # @return [Array<String>] the comments set by {#comments=} (new Strings; `[]` if none).
+    def comments
+      _native_comments
     end
 
     # Counters over the recorder's life.
@@ -143,6 +165,7 @@ module DdprofRecorder
       self.class._native_serializer_mutex(self)
     end
 
-    private :_native_record_sample, :_native_record_endpoint, :_native_stats
+    private :_native_record_sample, :_native_record_endpoint, :_native_stats, :_native_set_comments,
+            :_native_comments
   end
 end

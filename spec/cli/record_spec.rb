@@ -66,6 +66,47 @@ RSpec.describe "ddprof-recorder record" do
     ])
   end
 
+  describe "the sampling line" do
+    def summary_lines(files)
+      options = DdprofRecorder::CLI::Record::Options.new(command: ["ruby", "app.rb"], out: "s.pb", hz: 99)
+      summary = DdprofRecorder::CLI::RecordSummary.new(options, status_of("exit 0"), 1, files)
+      Dir.chdir(@dir) { summary.lines }
+    end
+
+    let(:signals) { "sampling: at each thread's CPU tick, stacks read in the signal handler (SIGRTMIN+8)" }
+
+    it "says how the profiles were sampled, from their \"sampling: \" comment, after the samples" do
+      files = %w[s.0001.pb s.0002.pb].map do |name|
+        write_profile(name, CliHelpers::HOT_SAMPLES, comments: ["by: a spec", signals])
+      end
+      lines = summary_lines({ nil => files })
+      expect(lines[2]).to start_with("  samples   ")
+      expect(lines[3]).to eq("  sampling  at each thread's CPU tick, stacks read in the signal handler (SIGRTMIN+8)")
+      expect(lines.grep(/sampling|by: a spec/).size).to eq(1)
+    end
+
+    it "lists each distinct text once when the processes differ" do
+      safepoint = "sampling: at safepoints, in a postponed job"
+      one = write_profile("s.pb", CliHelpers::HOT_SAMPLES, comments: [signals])
+      two = write_profile("s.pid12.pb", CliHelpers::HOT_SAMPLES, comments: [safepoint])
+      three = write_profile("s.pid13.pb", CliHelpers::HOT_SAMPLES, comments: [signals])
+      lines = summary_lines({ nil => [one], 12 => [two], 13 => [three] })
+      expect(lines[3, 3]).to eq([
+        "  sampling  at each thread's CPU tick, stacks read in the signal handler (SIGRTMIN+8)",
+        "            at safepoints, in a postponed job",
+        "  threads   0: cruncher, sleeper",
+      ])
+    end
+
+    it "is not printed when no file has a \"sampling: \" comment" do
+      one = write_profile("s.pb", CliHelpers::HOT_SAMPLES, comments: ["by: a spec", "sampling:no space"])
+      two = write_profile("s.pid12.pb", CliHelpers::HOT_SAMPLES)
+      lines = summary_lines({ nil => [one], 12 => [two] })
+      expect(lines.map { |l| l[0, 12].strip }).not_to include("sampling")
+      expect(lines[3]).to start_with("  threads   ")
+    end
+  end
+
   it "records allocations, the live heap and GC time when asked, and names the hottest allocator" do
     program = <<~RUBY
       KEEP = []

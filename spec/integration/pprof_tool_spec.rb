@@ -137,4 +137,27 @@ RSpec.describe "go tool pprof on the recorder's output" do
     expect(out).to include("thread name:[main]", "trace endpoint:[GET /users]", "2 frames omitted", "leaf /app/a.rb:3")
     expect(raw_totals(out)).to eq("cpu-time" => 5, "cpu-samples" => 1, "wall-time" => 5)
   end
+
+  it "prints the comments (StackRecorder#comments=) with -comments, raw, gzip and merged" do
+    comments = ["sampling: at each thread's CPU tick", "recorded by a spec"]
+    files = { "commented.pb" => :none, "commented.pb.gz" => :gzip }.map do |name, compression|
+      recorder = DdprofRecorder::StackRecorder.new(compression: compression)
+      recorder.comments = comments
+      recorder.record_sample([["leaf", "/app/a.rb", 3]], [5, 1, 5])
+      File.join(@dir, name).tap { |file| File.binwrite(file, recorder.serialize!) }
+    end
+    merged = File.join(@dir, "merged.pb.gz")
+    File.binwrite(merged, DdprofRecorder.merge(files.map { |f| File.binread(f) }))
+
+    (files + [merged]).each do |file|
+      out, err, status = Open3.capture3(go_env, "go", "tool", "pprof", "-comments", file)
+
+      expect(status.exitstatus).to eq(0), "go tool pprof -comments #{file} failed:\n#{err}"
+      expect(out.lines(chomp: true)).to eq comments
+    end
+    uncommented = File.join(@dir, "uncommented.pb")
+    File.binwrite(uncommented, DdprofRecorder::StackRecorder.new.serialize!)
+    out, err, status = Open3.capture3(go_env, "go", "tool", "pprof", "-comments", uncommented)
+    expect([out, status.exitstatus]).to eq(["", 0]), err
+  end
 end

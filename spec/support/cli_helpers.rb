@@ -19,11 +19,13 @@ module CliHelpers
   end
 
   # Writes `name` in @dir: a pprof of the profiler's value types (cpu-time, cpu-samples,
-  # wall-time) with `samples`, `[stack (leaf first), [cpu, count, wall], labels]` each.
+  # wall-time) with `samples`, `[stack (leaf first), [cpu, count, wall], labels]` each, and
+  # `comments` (StackRecorder#comments=).
   #
   # @return [String] the file's path.
-  def write_profile(name, samples)
+  def write_profile(name, samples, comments: [])
     recorder = DdprofRecorder::StackRecorder.new(compression: name.end_with?(".gz") ? :gzip : :none)
+    recorder.comments = comments
     samples.each { |stack, values, labels| recorder.record_sample(stack, values, labels) }
     path = File.join(@dir, name)
     File.binwrite(path, recorder.serialize!)

@@ -61,6 +61,21 @@ RSpec.describe "DdprofRecorder.merge" do
     expect(DdprofRecorder.top([worker_two])).to eq(DdprofRecorder.top(worker_two))
   end
 
+  it "keeps every distinct comment once, in the order they first appear" do
+    commented = lambda do |comments|
+      recorder = DdprofRecorder::StackRecorder.new
+      recorder.comments = comments
+      recorder.record_sample([["crunch", "app.rb", 3]], [1, 1, 1])
+      recorder.serialize!
+    end
+    inputs = [commented.call(["sampling: ticks", "process 11"]), worker_two,
+              commented.call(["process 12", "sampling: ticks", "process 12"])]
+    merged = decode_pprof(DdprofRecorder.merge(inputs))
+    expect(merged.comment.map { |i| merged.string_table[i] }).to eq(["sampling: ticks", "process 11", "process 12"])
+    expect(merged.string_table.to_a.uniq).to eq(merged.string_table.to_a)
+    expect(decode_pprof(DdprofRecorder.merge([worker_one, worker_two])).comment.to_a).to eq([])
+  end
+
   it "refuses different value types with DdprofRecorder::Error, and bad input with ArgumentError or TypeError" do
     alloc = DdprofRecorder::StackRecorder.new(value_types: [%w[alloc-samples count]])
     alloc.record_sample([["new", "a.rb", 1]], [1])

@@ -69,7 +69,7 @@ impl Target for OneMutex {
     fn serialize(&self) -> Result<usize, String> {
         let mut profile = self.profile.lock();
         let now = Timestamp::now();
-        let bytes = pprof::encode(&mut profile, self.config.value_types(), now);
+        let bytes = pprof::encode(&mut profile, self.config.value_types(), &[], now);
         profile.reset(now);
         Ok(bytes.len())
     }

@@ -14,6 +14,17 @@ pub enum ConfigError {
         name: &'static str,
         value: usize,
     },
+    /// More than [`MAX_COMMENTS`](crate::MAX_COMMENTS) comments.
+    CommentsCount(usize),
+    /// Comment `index` is empty.
+    EmptyComment {
+        index: usize,
+    },
+    /// Comment `index` is longer than [`MAX_COMMENT_BYTES`](crate::MAX_COMMENT_BYTES).
+    CommentTooLong {
+        index: usize,
+        bytes: usize,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -35,6 +46,15 @@ impl fmt::Display for ConfigError {
             Self::Limit { name, value } => {
                 write!(f, "{name} must be in 1..={}, got {value}", crate::Limits::MAX)
             }
+            Self::CommentsCount(n) => {
+                write!(f, "comments must have at most {} entries, got {n}", crate::MAX_COMMENTS)
+            }
+            Self::EmptyComment { index } => write!(f, "comments[{index}] is empty"),
+            Self::CommentTooLong { index, bytes } => write!(
+                f,
+                "comments[{index}] is {bytes} bytes long, more than {}",
+                crate::MAX_COMMENT_BYTES
+            ),
         }
     }
 }

@@ -35,3 +35,9 @@ pub const LOCAL_ROOT_SPAN_ID_LABEL: &str = "local root span id";
 pub const MAX_VALUE_TYPES: usize = 16;
 /// Smallest and largest accepted `max_frames`.
 pub const MAX_FRAMES_RANGE: std::ops::RangeInclusive<usize> = 2..=10_000;
+/// Most comments ([`Recorder::set_comments`]) a recorder's profiles may carry, and the longest
+/// one, in bytes. Comments say how a profile was recorded, in a line or two each; every window
+/// interns them again, beyond `max_strings`, so their size is bounded like the rest of a
+/// window: 64 comments of 4 KiB are 256 KiB at most, a mistake (a comment per sample) an error.
+pub const MAX_COMMENTS: usize = 64;
+pub const MAX_COMMENT_BYTES: usize = 4096;

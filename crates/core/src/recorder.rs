@@ -42,9 +42,17 @@
 //! running while the profile is encoded; the only blocking lock of the protocol, step 2, waits
 //! there for a sampler that holds the GVL.
 //!
-//! Nobody but the flip's step 2 ever parks on a lock of the recorder: samplers and the serializer
-//! lock use `try_lock`, and there is one serializer at a time, so a slot has at most one parked
-//! waiter, and only while the serializer lock is held.
+//! Nobody but the flip's step 2 ever parks on a slot or the serializer lock: samplers and the
+//! serializer lock use `try_lock`, and there is one serializer at a time, so a slot has at most
+//! one parked waiter, and only while the serializer lock is held.
+//!
+//! # Comments
+//!
+//! The comments every serialized profile carries ([`Recorder::set_comments`]) are configuration
+//! that can change: an `Arc<[String]>` behind a lock of their own, replaced whole. A
+//! serialization clones the `Arc` in [`Recorder::start_next_profile`] and encodes with its
+//! clone, so the lock is only ever held to clone or replace a pointer, the sampler never takes
+//! it, and setting comments never waits for an encode (nor an encode for it).
 //!
 //! # Reset and fork
 //!
@@ -60,7 +68,8 @@
 //!
 //! So [`Recorder::after_fork`] never unlocks, and never waits for, a lock of the inherited
 //! recorder (it only reads whether they are held, one atomic load each, which does not touch
-//! the parking table): the child gets fresh locks and fresh profiles, with the counters copied.
+//! the parking table): the child gets fresh locks and fresh profiles, with the counters and
+//! comments copied (the comments read without their lock, when it is free).
 //! The inherited recorder is dropped only if no thread was inside it at the fork (no lock held
 //! but the inactive slot's, no other reference); otherwise it is kept, never touched again,
 //! since dropping it would unlock locks with parked waiters and free profiles a parent thread
@@ -86,7 +95,7 @@ use crate::pprof::{self, Compression};
 use crate::profile::{validate, Limits, Profile};
 use crate::sample::{Sample, SpanId, ValueType};
 use crate::time::Timestamp;
-use crate::{MAX_FRAMES_RANGE, MAX_VALUE_TYPES};
+use crate::{MAX_COMMENTS, MAX_COMMENT_BYTES, MAX_FRAMES_RANGE, MAX_VALUE_TYPES};
 
 /// What a recorder records: its value types (in value order), the stack depth limit and the
 /// per-profile [`Limits`].
@@ -210,6 +219,13 @@ struct SerializerSide {
 
 pub struct Recorder {
     config: Config,
+    /// What every profile serialized from now on says in its `comment` field, replaced whole
+    /// by [`Recorder::set_comments`]. The lock is held only to clone or replace the `Arc`:
+    /// never by a sampler, never while encoding (a serialization takes its clone in
+    /// [`Recorder::start_next_profile`]).
+    comments: Mutex<Arc<[String]>>,
+    /// Heap bytes of `comments`, for [`Recorder::heap_bytes`] (which takes no lock).
+    comments_heap: AtomicUsize,
     slots: [Slot; 2],
     /// `heap_bytes` of each slot's profile, written by the holder of that slot's lock.
     slot_heap: [AtomicUsize; 2],
@@ -237,6 +253,8 @@ pub struct PendingFlip<'a> {
     recorder: &'a Recorder,
     side: MutexGuard<'a, SerializerSide>,
     finish: Timestamp,
+    /// The recorder's comments when the serialization started.
+    comments: Arc<[String]>,
 }
 
 impl std::fmt::Debug for PendingFlip<'_> {
@@ -248,16 +266,23 @@ impl std::fmt::Debug for PendingFlip<'_> {
 impl Recorder {
     /// A recorder whose first profile starts at `start`, with slot one active.
     pub fn new(config: Config, start: Timestamp) -> Self {
-        Self::with_stats(config, start, Arc::default())
+        Self::with_stats(config, start, Arc::default(), Arc::new([]))
     }
 
-    fn with_stats(config: Config, start: Timestamp, stats: Arc<Stats>) -> Self {
+    fn with_stats(
+        config: Config,
+        start: Timestamp,
+        stats: Arc<Stats>,
+        comments: Arc<[String]>,
+    ) -> Self {
         let profiles = [config.new_profile(start), config.new_profile(start)];
         let slot_heap = profiles.each_ref().map(|p| AtomicUsize::new(p.heap_bytes()));
         let slots = profiles.map(|p| Arc::new(Mutex::new(p)));
         let inactive = slots[1].lock_arc();
         Self {
             config,
+            comments_heap: AtomicUsize::new(comments_heap_bytes(&comments)),
+            comments: Mutex::new(comments),
             serializer: Mutex::new(SerializerSide { inactive: Some(inactive) }),
             slot_heap,
             slots,
@@ -268,6 +293,42 @@ impl Recorder {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Sets the comments (pprof's `comment` field: one line each, e.g. how the profile was
+    /// sampled) of every profile whose serialization starts after this call; a serialization
+    /// already under way keeps the comments it started with. At most [`MAX_COMMENTS`], each
+    /// non-empty and at most [`MAX_COMMENT_BYTES`] long; on error nothing changes. None (the
+    /// default): profiles have no `comment` field. Kept by [`Recorder::renewed`] and
+    /// [`Recorder::after_fork`], like the config.
+    ///
+    /// Never touches a slot, so a sampler never waits for it. The lock it takes is held by
+    /// others only to clone an `Arc`, and in the binding only with the GVL held, as here: it is
+    /// never contended there.
+    pub fn set_comments(&self, comments: Vec<String>) -> Result<(), ConfigError> {
+        if comments.len() > MAX_COMMENTS {
+            return Err(ConfigError::CommentsCount(comments.len()));
+        }
+        for (index, comment) in comments.iter().enumerate() {
+            if comment.is_empty() {
+                return Err(ConfigError::EmptyComment { index });
+            }
+            if comment.len() > MAX_COMMENT_BYTES {
+                return Err(ConfigError::CommentTooLong { index, bytes: comment.len() });
+            }
+        }
+        let comments: Arc<[String]> = comments.into();
+        let mut held = self.comments.lock();
+        self.comments_heap.store(comments_heap_bytes(&comments), Relaxed);
+        let old = std::mem::replace(&mut *held, comments);
+        drop(held);
+        drop(old); // freed after the lock is released
+        Ok(())
+    }
+
+    /// The comments every profile serialized from now on carries ([`Recorder::set_comments`]).
+    pub fn comments(&self) -> Arc<[String]> {
+        Arc::clone(&self.comments.lock())
     }
 
     /// Records a sample in the active profile. Never blocks. On error nothing is recorded.
@@ -346,7 +407,7 @@ impl Recorder {
         let mut side = self.serializer.try_lock().ok_or(SerializeError::Busy)?;
         let inactive = side.inactive.as_mut().ok_or(SerializeError::Inconsistent)?;
         inactive.reset(finish);
-        Ok(PendingFlip { recorder: self, side, finish })
+        Ok(PendingFlip { recorder: self, side, finish, comments: self.comments() })
     }
 
     /// Ends the current window at `now` and returns it as pprof: [`Recorder::start_next_profile`]
@@ -357,10 +418,11 @@ impl Recorder {
 
     /// A new recorder in the initial state (slot one active and empty, slot two held and
     /// empty, both starting at `now`, no endpoints) with this one's config, sharing its
-    /// counters: the by-hand reset, in the same process. Touches no lock of `self`, so it never
-    /// waits for a serialization in progress, which finishes with `self`.
+    /// counters and comments: the by-hand reset, in the same process. Touches no slot or
+    /// serializer lock of `self` (only the comments lock, to clone an `Arc`), so it never waits
+    /// for a serialization in progress, which finishes with `self`.
     pub fn renewed(&self, now: Timestamp) -> Recorder {
-        Self::with_stats(self.config.clone(), now, Arc::clone(&self.stats))
+        Self::with_stats(self.config.clone(), now, Arc::clone(&self.stats), self.comments())
     }
 
     /// For a forked child: replaces `recorder` (the recorder as the fork copied it) with a new
@@ -372,7 +434,14 @@ impl Recorder {
     /// do not exist there, and no other thread of the child may be using it.
     pub fn after_fork(recorder: &mut Arc<Recorder>, now: Timestamp) {
         let stats = Arc::new(recorder.stats.copy());
-        let fresh = Arc::new(Self::with_stats(recorder.config.clone(), now, stats));
+        let comments = recorder.comments_after_fork();
+        let comments_were_free = comments.is_some();
+        let fresh = Arc::new(Self::with_stats(
+            recorder.config.clone(),
+            now,
+            stats,
+            comments.unwrap_or_else(|| Arc::new([])),
+        ));
         let inherited = std::mem::replace(recorder, fresh);
         // Whether any lock is held but the one the serializer side keeps on the inactive slot:
         // a plain load of each lock's state. Nobody parks on a slot without holding the
@@ -380,6 +449,7 @@ impl Recorder {
         // dropping unlocks only the inactive slot, on parking_lot's fast path.
         let inactive = usize::from(inherited.active_slot() == 1);
         let quiet = !inherited.serializer.is_locked()
+            && comments_were_free
             && !inherited.slots[1 - inactive].is_locked()
             && inherited.slots[inactive].is_locked();
         match Arc::try_unwrap(inherited) {
@@ -388,6 +458,22 @@ impl Recorder {
             // Another reference: a thread of the parent was using it.
             Err(shared) => keep_after_fork(shared),
         }
+    }
+
+    /// A forked child's copy of the comments, read without the comments lock (taking it, or
+    /// rather releasing it, could touch parking_lot's parking table: see the module docs).
+    /// `None` if a thread of the parent held the lock at the fork: the child then starts with
+    /// none. (Never in Ruby: whoever takes it holds the GVL, which the forking thread held.)
+    ///
+    /// Only for [`Recorder::after_fork`]: the caller is the process's only user of `self`.
+    fn comments_after_fork(&self) -> Option<Arc<[String]>> {
+        if self.comments.is_locked() {
+            return None;
+        }
+        // SAFETY: the lock is free, so no thread of the parent was writing the `Arc` at the
+        // fork, and in the child no other thread uses `self` (`after_fork`'s contract): the
+        // read races with nothing.
+        Some(Arc::clone(unsafe { &*self.comments.data_ptr() }))
     }
 
     /// Heap bytes both profiles hold (plus the recorder's own allocations), without taking
@@ -404,7 +490,7 @@ impl Recorder {
                 .iter()
                 .map(|v| v.r#type.capacity() + v.unit.capacity())
                 .sum::<usize>();
-        slots + arcs + config
+        slots + arcs + config + self.comments_heap.load(Relaxed)
     }
 
     /// 1 or 2: the slot samplers currently record into. For tests and debugging.
@@ -432,6 +518,14 @@ impl Recorder {
     }
 }
 
+/// Heap bytes of a comments list: the `Arc`'s block (two counters and the `String`s) and the
+/// strings' bytes.
+fn comments_heap_bytes(comments: &[String]) -> usize {
+    2 * std::mem::size_of::<usize>()
+        + std::mem::size_of_val(comments)
+        + comments.iter().map(String::capacity).sum::<usize>()
+}
+
 /// Inherited recorders that a forked child could not drop (see [`Recorder::after_fork`]), kept
 /// reachable so that leak checkers (valgrind, LeakSanitizer, Miri) see memory kept on purpose.
 static KEPT_AFTER_FORK: std::sync::Mutex<Vec<Arc<Recorder>>> = std::sync::Mutex::new(Vec::new());
@@ -452,7 +546,7 @@ impl PendingFlip<'_> {
     /// binding.
     pub fn flip(self, output: Output) -> Result<Serialized, SerializeError> {
         let began = Instant::now();
-        let Self { recorder, mut side, finish } = self;
+        let Self { recorder, mut side, finish, comments } = self;
         let previously_inactive = side.inactive.take().ok_or(SerializeError::Inconsistent)?;
         let inactive_index =
             usize::from(Arc::ptr_eq(SlotGuard::mutex(&previously_inactive), &recorder.slots[1]));
@@ -466,8 +560,10 @@ impl PendingFlip<'_> {
             Output::Pprof(compression) => {
                 let value_types = &recorder.config.value_types;
                 match compression {
-                    Compression::None => Ok(pprof::encode(profile, value_types, finish)),
-                    Compression::Gzip => pprof::encode_gzip(profile, value_types, finish),
+                    Compression::None => Ok(pprof::encode(profile, value_types, &comments, finish)),
+                    Compression::Gzip => {
+                        pprof::encode_gzip(profile, value_types, &comments, finish)
+                    }
                 }
             }
             Output::Discard => Ok(Vec::new()),
@@ -484,5 +580,34 @@ impl PendingFlip<'_> {
             stats.last_serialization_bytes.store(bytes.len() as u64, Relaxed);
         }
         Ok(Serialized { start, finish, bytes })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recorder() -> Recorder {
+        let config = Config::new(vec![ValueType::new("cpu-samples", "count")], 8).unwrap();
+        Recorder::new(config, Timestamp::default())
+    }
+
+    /// A parent thread inside `set_comments` at the fork (its lock held for ever): the child
+    /// does not wait for that lock (the test would hang) and starts without comments.
+    #[test]
+    fn a_comments_lock_held_at_the_fork_is_left_alone() {
+        let mut r = Arc::new(recorder());
+        r.set_comments(vec!["a comment".to_string()]).unwrap();
+        std::mem::forget(r.comments.lock());
+        Recorder::after_fork(&mut r, Timestamp::default());
+        assert!(r.comments().is_empty());
+        assert!(r.serialize(Compression::None).is_ok());
+
+        let mut r = Arc::new(recorder());
+        r.set_comments(vec!["a comment".to_string()]).unwrap();
+        let inherited = Arc::downgrade(&r);
+        Recorder::after_fork(&mut r, Timestamp::default());
+        assert_eq!(&r.comments()[..], ["a comment"]);
+        assert!(inherited.upgrade().is_none(), "a quiet recorder is freed");
     }
 }

@@ -236,3 +236,81 @@ fn sampler_never_blocks_and_nothing_is_lost_or_double_counted() {
     assert_eq!(r.stats().samples_lost, 0);
     assert_eq!(r.stats().samples_recorded as i64, recorded[0]);
 }
+
+/// The comments of a pprof, resolved.
+fn comments(pprof: &[u8]) -> Vec<String> {
+    let d = PprofProfile::decode(pprof).unwrap();
+    d.comment.iter().map(|&c| d.string_table[c as usize].clone()).collect()
+}
+
+#[test]
+fn comments_go_into_every_profile_serialized_after_they_are_set() {
+    let r = recorder();
+    record(&r, "a", [1, 1]);
+    let before = r.serialize(Compression::None).unwrap().bytes;
+    assert!(PprofProfile::decode(&before[..]).unwrap().comment.is_empty());
+
+    let set = vec!["sampling: at each tick".to_string(), "by: a test".to_string()];
+    r.set_comments(set.clone()).unwrap();
+    assert_eq!(&r.comments()[..], &set[..]);
+    for compression in [Compression::None, Compression::Gzip, Compression::None] {
+        record(&r, "a", [1, 1]);
+        let mut bytes = r.serialize(compression).unwrap().bytes;
+        if compression == Compression::Gzip {
+            let mut raw = Vec::new();
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&bytes[..]), &mut raw)
+                .unwrap();
+            bytes = raw;
+        }
+        assert_eq!(comments(&bytes), set);
+        assert_eq!(totals(&bytes), [1, 1]);
+    }
+    r.set_comments(Vec::new()).unwrap();
+    assert!(comments(&r.serialize(Compression::None).unwrap().bytes).is_empty());
+}
+
+#[test]
+fn a_serialization_under_way_keeps_the_comments_it_started_with() {
+    let r = recorder();
+    r.set_comments(vec!["first".to_string()]).unwrap();
+    let pending = r.start_next_profile(Timestamp::now()).unwrap();
+    // Setting comments never waits for the serializer.
+    r.set_comments(vec!["second".to_string()]).unwrap();
+    assert_eq!(comments(&pending.flip(Output::Pprof(Compression::None)).unwrap().bytes), ["first"]);
+    assert_eq!(comments(&r.serialize(Compression::None).unwrap().bytes), ["second"]);
+}
+
+#[test]
+fn bad_comments_are_refused_and_change_nothing() {
+    let r = recorder();
+    r.set_comments(vec!["kept".to_string()]).unwrap();
+    let heap = r.heap_bytes();
+    let long = "x".repeat(ddprof_recorder_core::MAX_COMMENT_BYTES + 1);
+    let cases = [
+        (vec!["fine".to_string(), String::new()], "comments[1] is empty"),
+        (vec![long], "comments[0] is 4097 bytes long, more than 4096"),
+        (
+            vec!["c".to_string(); ddprof_recorder_core::MAX_COMMENTS + 1],
+            "comments must have at most 64 entries, got 65",
+        ),
+    ];
+    for (comments, message) in cases {
+        assert_eq!(r.set_comments(comments).unwrap_err().to_string(), message);
+    }
+    assert_eq!(&r.comments()[..], ["kept"]);
+    assert_eq!(r.heap_bytes(), heap);
+    let longest = "y".repeat(ddprof_recorder_core::MAX_COMMENT_BYTES);
+    r.set_comments(vec![longest.clone(); ddprof_recorder_core::MAX_COMMENTS]).unwrap();
+    assert!(r.heap_bytes() >= heap + ddprof_recorder_core::MAX_COMMENTS * longest.len());
+}
+
+#[test]
+fn comments_survive_a_reset_and_a_fork() {
+    let r = recorder();
+    r.set_comments(vec!["sampling: kept".to_string()]).unwrap();
+    let fresh = r.renewed(Timestamp::now());
+    assert_eq!(comments(&fresh.serialize(Compression::None).unwrap().bytes), ["sampling: kept"]);
+    let mut shared = Arc::new(fresh);
+    Recorder::after_fork(&mut shared, Timestamp::now());
+    assert_eq!(comments(&shared.serialize(Compression::None).unwrap().bytes), ["sampling: kept"]);
+}

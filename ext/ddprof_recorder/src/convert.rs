@@ -7,7 +7,7 @@
 //! also where non-UTF-8 bytes become U+FFFD: pprof strings must be valid UTF-8.
 use std::cell::Cell;
 
-use ddprof_recorder_core::{Frame, Label, LabelValue, Sample, SpanId, ValueType};
+use ddprof_recorder_core::{ConfigError, Frame, Label, LabelValue, Sample, SpanId, ValueType};
 use magnus::{
     prelude::*, r_hash::ForEach, rb_sys::AsRawValue, rb_sys::FromRawValue, value::LazyId,
     value::Opaque, Error, Fixnum, RArray, RBignum, RClass, RHash, RString, Ruby, Symbol, Value,
@@ -381,6 +381,18 @@ pub fn value_types(ruby: &Ruby, v: Value) -> Result<Vec<ValueType>, Error> {
         out.push(ValueType::new(r#type, unit));
     }
     Ok(out)
+}
+
+/// `comments=`'s argument: an Array of Strings, copied. Its length is checked first, so that a
+/// huge Array is refused without copying it; the core checks the rest (`Recorder::set_comments`).
+pub fn comments(ruby: &Ruby, v: Value) -> Result<Vec<String>, Error> {
+    let list = array(ruby, v, "comments")?;
+    if list.len() > ddprof_recorder_core::MAX_COMMENTS {
+        return Err(arg_error(ruby, ConfigError::CommentsCount(list.len()).to_string()));
+    }
+    (0..list.len())
+        .map(|i| text(ruby, list.entry(i as isize)?, &format!("comments[{i}]")))
+        .collect()
 }
 
 /// `record_endpoint`'s span id: an Integer (any size) or a String. Bignums beyond i64 go

@@ -282,12 +282,13 @@ struct Summary {
     thread_ids: Vec<LabelValue>,
     thread_names: Vec<LabelValue>,
     process_ids: Vec<LabelValue>,
+    comments: Vec<String>,
 }
 
 /// `_native_summary(pprof, max_decompressed_bytes)` → Hash with Symbol keys: `:value_types` (`[[type, unit], ...]`),
 /// `:totals` (one per value type), `:time_nanos`, `:duration_nanos`, `:samples` (distinct
 /// pprof samples), `:functions`, `:thread_ids`, `:thread_names` and `:process_ids` (distinct
-/// label values).
+/// label values), `:comments` (each distinct comment once, in order).
 fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Result<RHash, Error> {
     entry(ruby, || {
         let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
@@ -302,6 +303,7 @@ fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Res
                 thread_ids: p.label_values(THREAD_ID_LABEL),
                 thread_names: p.label_values(THREAD_NAME_LABEL),
                 process_ids: p.label_values(PROCESS_ID_LABEL),
+                comments: p.distinct_comments(),
             })
         })?;
 
@@ -321,6 +323,7 @@ fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Res
         hash.aset(ruby.to_symbol("thread_ids"), labels(summary.thread_ids))?;
         hash.aset(ruby.to_symbol("thread_names"), labels(summary.thread_names))?;
         hash.aset(ruby.to_symbol("process_ids"), labels(summary.process_ids))?;
+        hash.aset(ruby.to_symbol("comments"), summary.comments)?;
         Ok(hash)
     })
 }

@@ -178,6 +178,8 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.const_set("DEFAULT_MAX_STRINGS", Limits::DEFAULT.max_strings)?;
     class.const_set("DEFAULT_MAX_LABEL_SETS", Limits::DEFAULT.max_label_sets)?;
     class.const_set("DEFAULT_MAX_SAMPLES", Limits::DEFAULT.max_samples)?;
+    class.const_set("MAX_COMMENTS", ddprof_recorder_core::MAX_COMMENTS)?;
+    class.const_set("MAX_COMMENT_BYTES", ddprof_recorder_core::MAX_COMMENT_BYTES)?;
     class.define_singleton_method("_native_serialize", function!(native_serialize, 1))?;
     class.define_singleton_method("_native_clear", function!(native_clear, 1))?;
     class.define_singleton_method(
@@ -192,6 +194,8 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.define_method("_native_record_captured", method!(native_record_captured, 3))?;
     class.define_method("_native_record_endpoint", method!(native_record_endpoint, 2))?;
     class.define_method("_native_stats", method!(native_stats, 0))?;
+    class.define_method("_native_set_comments", method!(native_set_comments, 1))?;
+    class.define_method("_native_comments", method!(native_comments, 0))?;
     testing::init(class)
 }
 
@@ -533,6 +537,23 @@ fn native_stats(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RHash, Error> {
             hash.aset(ruby.to_symbol(key), value)?;
         }
         Ok(hash)
+    })
+}
+
+/// `_native_set_comments(comments)`: the comments of every profile serialized from now on. All
+/// or nothing: a bad Array raises (naming `comments` or `comments[i]`) and changes nothing.
+fn native_set_comments(ruby: &Ruby, rb_self: &StackRecorder, comments: Value) -> Result<(), Error> {
+    rb_self.entry(ruby, |recorder| {
+        let comments = convert::comments(ruby, comments)?;
+        recorder.set_comments(comments).map_err(|e| e.into_ruby_error(ruby))
+    })
+}
+
+/// `_native_comments` → Array of the comments set (new Strings, UTF-8).
+fn native_comments(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RArray, Error> {
+    rb_self.entry(ruby, |recorder| {
+        let comments = recorder.comments();
+        Ok(ruby.ary_from_iter(comments.iter().map(|c| ruby.str_new(c))))
     })
 }
 

@@ -4,13 +4,17 @@ require_relative "format"
 
 module DdprofRecorder
   class CLI
-    # `record`'s output: one screen about a recording (duration, samples, threads, the hottest
-    # function, the files by process, how to look at them).
+    # `record`'s output: one screen about a recording (duration, samples, how they were taken,
+    # threads, the hottest function, the files by process, how to look at them).
     class RecordSummary
       include Format
 
       # The summary lists this many processes, one per line; the rest are counted.
       MAX_PROCESS_LINES = 8
+
+      # A pprof comment that starts with this says how the profile was sampled (the profiler
+      # sets it, through StackRecorder#comments=); the summary's `sampling` line shows the rest.
+      SAMPLING_COMMENT = "sampling: "
 
       # @param options [Record::Options] what `record` was asked.
       # @param status [Process::Status] how the program ended.
@@ -51,6 +55,7 @@ module DdprofRecorder
                  format(", about %.0f per second per thread (asked %d)", samples / thread_ids.size / duration, @options.hz)
                end
         lines << row("samples", "#{samples}#{rate}")
+        lines.concat(sampling_lines(summaries))
         lines << row("threads", "#{thread_ids.size}: #{threads.first(6).join(', ')}#{threads.size > 6 ? ', ...' : ''}")
         lines << row("cpu-time", format("%.2f s   wall-time %.2f s", totals["cpu-time"] / 1e9, totals["wall-time"] / 1e9))
         lines.concat(hottest_lines(totals["cpu-time"]))
@@ -69,6 +74,17 @@ module DdprofRecorder
         summaries.each { |s| s[:totals].each { |k, v| totals[k] += v } }
         pid = child_pid || summaries.flat_map { |s| s[:process_ids] }.first
         { pid: pid, paths: paths, data: data, summaries: summaries, totals: totals, bytes: data.sum(&:bytesize) }
+      end
+
+      # How the files say they were sampled: the text of each distinct "sampling: " comment
+      # over every process's files, once (the first on the `sampling` line, any other below
+      # it); nothing when no file has one.
+      def sampling_lines(summaries)
+        texts = summaries.flat_map { |s| s[:comments] }
+                         .select { |c| c.start_with?(SAMPLING_COMMENT) }
+                         .map { |c| c.delete_prefix(SAMPLING_COMMENT) }
+                         .reject(&:empty?).uniq
+        texts.each_with_index.map { |text, i| row(i.zero? ? "sampling" : "", text) }
       end
 
       # The function with the most cpu-time as a leaf, over every file.

@@ -20,11 +20,16 @@ mod messages;
 
 use messages::ProfileMessage;
 
-/// Encodes `profile` as a pprof covering `profile.start()..finish`. Takes `&mut` only to
-/// intern the strings the output needs besides the samples' own (value types, the
-/// `"trace endpoint"` key).
-pub fn encode(profile: &mut Profile, value_types: &[InputValueType], finish: Timestamp) -> Vec<u8> {
-    let message = ProfileMessage::new(profile, value_types, finish);
+/// Encodes `profile` as a pprof covering `profile.start()..finish`, with `comments` in its
+/// `comment` field (none: the field is absent). Takes `&mut` only to intern the strings the
+/// output needs besides the samples' own (value types, comments, the `"trace endpoint"` key).
+pub fn encode(
+    profile: &mut Profile,
+    value_types: &[InputValueType],
+    comments: &[String],
+    finish: Timestamp,
+) -> Vec<u8> {
+    let message = ProfileMessage::new(profile, value_types, comments, finish);
     // The raw output is returned whole: size it exactly, once, rather than grow it by doubling
     // (which held up to 1.5x its size more at the peak).
     let mut bytes = Vec::with_capacity(output_capacity(Counter::len_of(&message)));
@@ -37,10 +42,11 @@ pub fn encode(profile: &mut Profile, value_types: &[InputValueType], finish: Tim
 pub(super) fn encode_streaming(
     profile: &mut Profile,
     value_types: &[InputValueType],
+    comments: &[String],
     finish: Timestamp,
     writer: &mut dyn Write,
 ) -> std::io::Result<()> {
-    let message = ProfileMessage::new(profile, value_types, finish);
+    let message = ProfileMessage::new(profile, value_types, comments, finish);
     let mut out = Chunks { buf: Vec::with_capacity(2 * STREAM_CHUNK), writer, error: None };
     message.write_fields(&mut out);
     out.flush();
@@ -231,7 +237,7 @@ mod tests {
     #[test]
     fn empty_profile_has_types_times_and_no_mapping() {
         let mut p = Profile::new(2, Timestamp { secs: 10, nanos: 5 });
-        let d = decode(&encode(&mut p, &vts(), Timestamp { secs: 12, nanos: 7 }));
+        let d = decode(&encode(&mut p, &vts(), &[], Timestamp { secs: 12, nanos: 7 }));
         assert_eq!(d.string_table[0], "");
         assert_eq!(d.sample_type.len(), 2);
         assert_eq!(d.string_table[d.sample_type[1].r#type as usize], "wall-time");
@@ -264,7 +270,7 @@ mod tests {
         )
         .unwrap();
         p.record_endpoint(SpanId::Str("77"), "GET /users");
-        let d = decode(&encode(&mut p, &vts(), Timestamp { secs: 1, nanos: 0 }));
+        let d = decode(&encode(&mut p, &vts(), &[], Timestamp { secs: 1, nanos: 0 }));
         let s = |i: i64| d.string_table[i as usize].as_str();
 
         // Every string once.
@@ -305,5 +311,45 @@ mod tests {
         );
         assert!(d.sample[1].label.is_empty());
         assert_eq!(d.sample[1].value, vec![1, 1]);
+    }
+
+    #[test]
+    fn comments_are_strings_of_the_table_in_order_and_absent_when_none() {
+        let frames = [Frame { function_name: "leaf", filename: "a.rb", line: 3 }];
+        let fill = || {
+            let mut p = Profile::new(2, Timestamp::default());
+            let sample =
+                Sample { frames: &frames, omitted_frames: 0, values: &[1, 2], labels: &[] };
+            p.add(&sample, 10).unwrap();
+            p
+        };
+        let finish = Timestamp { secs: 1, nanos: 0 };
+        // A comment equal to a string the profile has ("leaf") reuses it; one given twice is
+        // written twice, as given.
+        let comments: Vec<String> =
+            ["sampling: at each tick", "leaf", "sampling: at each tick"].map(String::from).into();
+        let bytes = encode(&mut fill(), &vts(), &comments, finish);
+        let d = decode(&bytes);
+        let resolved: Vec<&str> =
+            d.comment.iter().map(|&c| d.string_table[c as usize].as_str()).collect();
+        assert_eq!(resolved, comments);
+        let mut sorted = d.string_table.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), d.string_table.len(), "every string once");
+        assert_eq!(d.comment[0], d.comment[2]);
+        assert_eq!(d.sample[0].value, vec![1, 2]);
+        assert_eq!(
+            bytes.len(),
+            Counter::len_of(&ProfileMessage::new(&mut fill(), &vts(), &comments, finish))
+        );
+
+        // Without comments, no field 13 at all: the bytes of a profile that never had any.
+        let plain = encode(&mut fill(), &vts(), &[], finish);
+        assert!(decode(&plain).comment.is_empty());
+        let mut without = d.clone();
+        without.comment.clear();
+        without.string_table.retain(|s| s != "sampling: at each tick");
+        assert_eq!(plain, without.encode_to_vec());
     }
 }

@@ -22,12 +22,14 @@ pub const GZIP_LEVEL: u32 = 1;
 pub fn encode_gzip(
     profile: &mut Profile,
     value_types: &[ValueType],
+    comments: &[String],
     finish: Timestamp,
 ) -> Result<Vec<u8>, SerializeError> {
     let mut output = GrowByQuarter { bytes: Vec::new(), min_step: STREAM_CHUNK };
     let mut encoder =
         flate2::write::GzEncoder::new(&mut output, flate2::Compression::new(GZIP_LEVEL));
-    encode_streaming(profile, value_types, finish, &mut encoder).map_err(compression_error)?;
+    encode_streaming(profile, value_types, comments, finish, &mut encoder)
+        .map_err(compression_error)?;
     encoder.finish().map_err(compression_error)?;
     let mut bytes = output.bytes;
     // The growth steps can leave up to a fifth of the buffer unused.
@@ -71,7 +73,7 @@ mod tests {
         let frames = [Frame { function_name: "f", filename: "x.rb", line: 1 }];
         p.add(&Sample { frames: &frames, omitted_frames: 0, values: &[1, 2], labels: &[] }, 10)
             .unwrap();
-        let raw = encode(&mut p, &vts(), Timestamp::default());
+        let raw = encode(&mut p, &vts(), &[], Timestamp::default());
         assert_eq!(gunzip(&gzip(&raw).unwrap()), raw);
     }
 
@@ -108,10 +110,10 @@ mod tests {
             p
         };
         let finish = Timestamp { secs: 9, nanos: 1 };
-        let raw = encode(&mut fill(), &vts(), finish);
+        let raw = encode(&mut fill(), &vts(), &[], finish);
         assert!(raw.len() > 4 * STREAM_CHUNK);
         assert_eq!(raw.capacity(), output_capacity(raw.len()), "sized once, up front");
-        let gz = encode_gzip(&mut fill(), &vts(), finish).unwrap();
+        let gz = encode_gzip(&mut fill(), &vts(), &[], finish).unwrap();
         assert_eq!(gz.capacity(), output_capacity(gz.len()));
         assert!(gunzip(&gz) == raw, "gzip stream differs from the raw encoding");
         <crate::pprof::PprofProfile as prost::Message>::decode(&raw[..]).unwrap();

@@ -158,6 +158,8 @@ pub struct StackProfile {
     pub value_types: Vec<(String, String)>,
     pub time_nanos: i64,
     pub duration_nanos: i64,
+    /// The profile's comments (pprof's `comment` field), in order.
+    pub comments: Vec<String>,
     pub functions: Vec<ResolvedFunction>,
     pub samples: Vec<StackSample>,
     /// What each view's output may take (a fresh budget of the same size as reading's).
@@ -412,6 +414,15 @@ impl StackProfile {
                 Ok((name, strings.get(vt.unit, "a unit")?.to_string()))
             })
             .collect::<Result<Vec<_>, ViewError>>()?;
+        let comments = p
+            .comment
+            .iter()
+            .map(|&c| {
+                let comment = strings.get(c, "a comment")?;
+                budget.charge_usize(size_of::<String>() + comment.len(), "the comments")?;
+                Ok(comment.to_string())
+            })
+            .collect::<Result<Vec<_>, ViewError>>()?;
 
         let frames = Frames::read(&p, &strings, &mut budget)?;
         let mut samples = Vec::with_capacity(p.sample.len());
@@ -434,6 +445,7 @@ impl StackProfile {
             value_types,
             time_nanos: p.time_nanos,
             duration_nanos: p.duration_nanos,
+            comments,
             functions: frames.functions,
             samples,
             output_budget,
@@ -532,6 +544,29 @@ mod tests {
         let mut p = profile(&[]);
         p.sample_type.clear();
         assert!(err(&p.encode_to_vec()).contains("no sample types"));
+    }
+
+    #[test]
+    fn reads_the_comments_in_order_and_checks_them() {
+        let mut p = profile(&[(&[3], [1, 1], "t")]);
+        assert!(read(&p.encode_to_vec()).unwrap().comments.is_empty());
+        p.string_table.push("sampling: at each tick".into());
+        let tick = p.string_table.len() as i64 - 1;
+        p.comment = vec![tick, 4, tick];
+        let comments = read(&p.encode_to_vec()).unwrap().comments;
+        assert_eq!(comments, ["sampling: at each tick", "main", "sampling: at each tick"]);
+
+        p.comment.push(99);
+        let e = read(&p.encode_to_vec()).unwrap_err().to_string();
+        assert!(e.contains("a comment refers to string 99"), "{e}");
+
+        // A huge string named by many comments is refused, not copied each time.
+        let mut p = profile(&[]);
+        p.string_table.push("x".repeat(1 << 20));
+        p.comment = vec![p.string_table.len() as i64 - 1; 64];
+        let limits = ReadLimits::new(2 << 20);
+        let e = StackProfile::from_bytes(&p.encode_to_vec(), &limits).unwrap_err();
+        assert!(matches!(e, ViewError::OverBudget { what: "the comments", .. }), "{e}");
     }
 
     #[test]

@@ -269,6 +269,7 @@ mod tests {
             ],
             time_nanos: 1,
             duration_nanos: 2,
+            comments: Vec::new(),
             functions,
             samples: samples
                 .iter()

@@ -1,5 +1,5 @@
-//! What a profile holds, in numbers: the totals of its values and the distinct values of a
-//! label (the summary of `DdprofRecorder.summary` and `ddprof-recorder summary`).
+//! What a profile holds, in numbers: the totals of its values, the distinct values of a label
+//! and its comments (the summary of `DdprofRecorder.summary` and `ddprof-recorder summary`).
 use std::collections::HashSet;
 
 use super::reader::{ResolvedLabelValue, StackProfile};
@@ -22,6 +22,13 @@ impl StackProfile {
         values.sort();
         values
     }
+
+    /// The profile's comments, each once, in the order they first appear (a merge of several
+    /// profiles already keeps each once: `merge`).
+    pub fn distinct_comments(&self) -> Vec<String> {
+        let mut seen = HashSet::new();
+        self.comments.iter().filter(|c| seen.insert(c.as_str())).cloned().collect()
+    }
 }
 
 #[cfg(test)]
@@ -35,6 +42,14 @@ mod tests {
             p.label_values("thread name").iter().map(ToString::to_string).collect();
         assert_eq!(names, ["other", "sleeper", "worker"]);
         assert!(p.label_values("nope").is_empty());
+    }
+
+    #[test]
+    fn comments_are_distinct_in_first_appearance_order() {
+        let mut p = example();
+        assert!(p.distinct_comments().is_empty());
+        p.comments = ["b", "a", "b", "c", "a"].map(String::from).into();
+        assert_eq!(p.distinct_comments(), ["b", "a", "c"]);
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub(super) struct ProfileMessage<'a> {
     endpoint_key: Option<StringId>,
     labels: EncodedLabels,
     finish: Timestamp,
+    /// String ids of the comments, in order (empty: no `comment` field).
+    comments: Vec<i64>,
 }
 
 impl<'a> ProfileMessage<'a> {
@@ -29,11 +31,13 @@ impl<'a> ProfileMessage<'a> {
     const STRING_TABLE: u32 = 6;
     const TIME_NANOS: u32 = 9;
     const DURATION_NANOS: u32 = 10;
+    const COMMENT: u32 = 13;
 
     /// Interns the strings the output needs, then borrows the profile.
     pub(super) fn new(
         profile: &'a mut Profile,
         value_types: &[InputValueType],
+        comments: &[String],
         finish: Timestamp,
     ) -> Self {
         let value_types = value_types
@@ -45,10 +49,11 @@ impl<'a> ProfileMessage<'a> {
                 )
             })
             .collect();
+        let comments = comments.iter().map(|c| i64::from(profile.strings.intern(c))).collect();
         let (endpoints, endpoint_key) = profile.resolve_endpoints();
         let profile = &*profile;
         let labels = EncodedLabels::new(&profile.labels);
-        Self { profile, value_types, endpoints, endpoint_key, labels, finish }
+        Self { profile, value_types, endpoints, endpoint_key, labels, finish, comments }
     }
 
     /// The `"trace endpoint"` label of label set `set`, if it has an endpoint.
@@ -100,6 +105,7 @@ impl Message for ProfileMessage<'_> {
         let start = profile.start();
         sink.varint_field(Self::TIME_NANOS, start.unix_nanos() as u64);
         sink.varint_field(Self::DURATION_NANOS, self.finish.nanos_since(start) as u64);
+        sink.packed_int64s(Self::COMMENT, &self.comments);
     }
 }
 
