@@ -122,10 +122,10 @@ module RateBench
       private :sample_running
 
       # With signals, a busy thread's on-CPU samples come from its CPU ticks instead.
-      define_method(:signal_sample) do |tid, cpu_ns, at_ns, depth|
+      define_method(:signal_sample) do |tid, cpu_ns, at_ns, depth, key|
         thread = @by_tid[tid]&.thread
         counts[thread] += 1 if thread && depth.positive?
-        super(tid, cpu_ns, at_ns, depth)
+        super(tid, cpu_ns, at_ns, depth, key)
       end
       private :signal_sample
     end)

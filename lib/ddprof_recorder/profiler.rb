@@ -467,7 +467,8 @@ module DdprofRecorder
     end
 
     SIGNAL_STATS = %i[signal signals signals_read_in_handler signals_read_at_job signals_without_gvl signals_in_gc
-                      signals_slot_busy signals_in_job signals_stale signal_samples_dropped signal_arm_failures threads_armed].freeze
+                      signals_slot_busy signals_in_job signals_stale signal_samples_dropped signal_arm_failures signal_blocked_threads threads_armed
+                      threads_armed_peak].freeze
     private_constant :SIGNAL_STATS
 
     def signal_stats(native)
@@ -538,6 +539,19 @@ module DdprofRecorder
         raise
       end
       @sampler.start_signals(1_000_000_000 / @hz) unless @sampling_mode == :off
+      @recorder.comments = [sampling_comment(Profiler._native_sampling_stats[:signal])]
+    end
+
+    # The profile says how it was sampled (pprof's comments: `go tool pprof -comments`, and
+    # `record`'s summary).
+    def sampling_comment(signal)
+      how = case @sampling_mode
+            when :handler then "at each thread's CPU tick (#{signal}), stacks read in the signal handler"
+            when :safepoint
+              "at each thread's CPU tick (#{signal}), stacks read at the next interrupt check (#{@sampling_mode_reason})"
+            else "at the VM's interrupt checks, no signal (signals: false)"
+            end
+      "sampling: #{how}, #{@hz} Hz"
     end
 
     def choose_sampling_mode

@@ -248,6 +248,8 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
             ("signals_stale", &c.stale),
             ("signal_samples_dropped", &c.dropped),
             ("signal_arm_failures", &c.arm_failures),
+            ("signal_blocked_threads", &c.blocked),
+            ("threads_armed_peak", &c.armed_peak),
         ] {
             hash.aset(ruby.to_symbol(name), counter.load(Ordering::Relaxed))?;
         }
@@ -347,29 +349,37 @@ unsafe extern "C" fn signal_job(_data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(run_signal_job));
 }
 
+/// Not [`IN_JOB`]-exclusive: a job switched out in its handler (a time slice) must not keep
+/// the other threads' samples waiting in their slots, where their next ticks would find no
+/// room. The handler takes the thread accounts' lock, or keeps the samples for later (each is
+/// kept under a key of its own, `signal_sampler::key`).
 fn run_signal_job() {
-    if !ENABLED.load(Ordering::Acquire) || IN_JOB.swap(true, Ordering::AcqRel) {
-        // A job is switched out in its handler: the samples wait in their slots for the next.
-        return;
+    if ENABLED.load(Ordering::Acquire) {
+        hand_over_signal_samples(own_cpu_ns());
     }
-    let job_cpu_ns = own_cpu_ns();
+}
+
+/// Takes the samples waiting in the signal slots and gives them to the handler's
+/// `signal_samples`. With the GVL, in a job; `job_cpu_ns` is the calling thread's CPU clock
+/// when its job started.
+fn hand_over_signal_samples(job_cpu_ns: i64) {
     let own = own_tid();
     let mut flat: Vec<i64> = Vec::new();
-    signal_sampler::drain(own, |sample| {
-        flat.extend([i64::from(sample.tid), sample.cpu_ns, sample.at_ns, sample.depth as i64])
+    signal_sampler::drain(own, |s| {
+        flat.extend([i64::from(s.tid), s.cpu_ns, s.at_ns, s.depth as i64, s.key])
     });
-    if !flat.is_empty() {
-        if let Ok(ruby) = Ruby::get() {
-            call_handler(|handler| {
-                let samples = ruby.ary_from_vec(flat);
-                handler.funcall::<_, _, Value>(
-                    LazyId::get_inner_with(&SIGNAL_SAMPLES, &ruby),
-                    (samples, job_cpu_ns),
-                )
-            });
-        }
+    if flat.is_empty() {
+        return;
     }
-    IN_JOB.store(false, Ordering::Release);
+    if let Ok(ruby) = Ruby::get() {
+        call_handler(|handler| {
+            let samples = ruby.ary_from_vec(flat);
+            handler.funcall::<_, _, Value>(
+                LazyId::get_inner_with(&SIGNAL_SAMPLES, &ruby),
+                (samples, job_cpu_ns),
+            )
+        });
+    }
 }
 
 /// Calls the handler (if any) with the program's asynchronous interrupts deferred and the
@@ -385,13 +395,14 @@ fn call_handler<T>(call: impl FnOnce(Value) -> Result<T, Error>) -> Option<T> {
     // that they reach the program's code, not the handler (see `interrupt_mask`).
     // SAFETY: in a postponed job with the GVL; dropped before the job returns.
     let deferred = unsafe { crate::interrupt_mask::defer_async_interrupts() };
-    JOB_HERE.with(|here| here.set(true));
-    signal_sampler::JOB_TID.store(own_tid(), Ordering::Release);
+    let was_here = JOB_HERE.with(|here| here.replace(true));
+    let tid = own_tid();
+    signal_sampler::set_in_job(tid, true);
     // magnus calls through `rb_protect` and clears `$!`: an exception comes back as an
     // `Err`, which the handler (it rescues everything) should never produce anyway.
     let result = call(handler).ok();
-    signal_sampler::JOB_TID.store(0, Ordering::Release);
-    JOB_HERE.with(|here| here.set(false));
+    signal_sampler::set_in_job(tid, was_here);
+    JOB_HERE.with(|here| here.set(was_here));
     drop(deferred);
     result
 }

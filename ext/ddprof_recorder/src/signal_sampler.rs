@@ -96,9 +96,18 @@ use crate::thread_cpu::{clock_ns, cpu_clock_id, own_cpu_ns};
 pub const MAX_SLOTS: usize = 256;
 /// Deepest stack read in the handler (the root-most frames of deeper ones are left out).
 pub const DEPTH: usize = 1024;
-/// Key offset under which `stack_capture` keeps a signal sample's stack (`tid + KEY_OFFSET`),
-/// apart from the safepoint job's (`tid`, `-tid`).
+/// Keys under which `stack_capture` keeps signal samples' stacks: `tid + KEY_OFFSET * (1 + n)`
+/// for the thread's samples in turn (`n` in `0..KEYS_PER_THREAD`), apart from the safepoint
+/// job's (`tid`, `-tid`). A sample waits under its own key until the profiler records it, so
+/// a few can wait (a pass switched out holds the profiler's lock) without the next capture of
+/// the same thread overwriting them.
 pub const KEY_OFFSET: i64 = 1 << 32;
+pub const KEYS_PER_THREAD: u32 = 16;
+
+/// The key of a thread's `n`th signal sample (see [`KEY_OFFSET`]).
+pub fn key(tid: i32, n: u32) -> i64 {
+    i64::from(tid) + KEY_OFFSET * (1 + i64::from(n % KEYS_PER_THREAD))
+}
 
 /// How the handler samples.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -139,6 +148,10 @@ struct Slot {
     at_ns: AtomicI64,
     /// Frames read, or [`READ_AT_JOB`].
     depth: AtomicU32,
+    /// Samples taken from this slot: picks the key of the next ([`key`]).
+    taken: AtomicU32,
+    /// The thread is running one of the profiler's jobs: a tick now is the profiler's CPU.
+    in_job: AtomicBool,
     /// Allocated at the first arm, never freed (a handler may hold it).
     frames: AtomicPtr<Frames>,
 }
@@ -153,6 +166,8 @@ impl Slot {
             cpu_ns: AtomicI64::new(0),
             at_ns: AtomicI64::new(0),
             depth: AtomicU32::new(0),
+            taken: AtomicU32::new(0),
+            in_job: AtomicBool::new(false),
             frames: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -168,9 +183,16 @@ static IN_HANDLER: AtomicBool = AtomicBool::new(true);
 static SIGNO: AtomicI32 = AtomicI32::new(0);
 /// The job the handler registers.
 static JOB: AtomicUsize = AtomicUsize::new(0);
-/// The Linux id of the thread running one of the profiler's jobs (0: none): a tick that
-/// comes then is the profiler's own CPU, which it leaves out of the thread's account.
-pub static JOB_TID: AtomicI32 = AtomicI32::new(0);
+
+/// Marks thread `tid` as running one of the profiler's jobs (or no longer): a tick that comes
+/// then is the profiler's own CPU, which it leaves out of the thread's account. With the GVL.
+pub fn set_in_job(tid: i32, in_job: bool) {
+    for slot in &SLOTS {
+        if slot.state.load(Acquire) != FREE && slot.tid.load(Acquire) == tid {
+            slot.in_job.store(in_job, Release);
+        }
+    }
+}
 /// The fork generation the slots' timers were made in.
 static SLOTS_GENERATION: AtomicU64 = AtomicU64::new(0);
 /// Taken (with the GVL) around arming and disarming, so that two never race for a slot.
@@ -187,6 +209,11 @@ pub struct Counters {
     pub in_job: AtomicU64,
     pub stale: AtomicU64,
     pub arm_failures: AtomicU64,
+    /// Threads armed that block the signal (a thread's mask is inherited from its creator):
+    /// their ticks stay pending, and they are sampled at their passes only.
+    pub blocked: AtomicU64,
+    /// Most threads armed at once in the run.
+    pub armed_peak: AtomicU64,
     pub dropped: AtomicU64,
 }
 
@@ -200,6 +227,8 @@ pub static COUNTERS: Counters = Counters {
     in_job: AtomicU64::new(0),
     stale: AtomicU64::new(0),
     arm_failures: AtomicU64::new(0),
+    blocked: AtomicU64::new(0),
+    armed_peak: AtomicU64::new(0),
     dropped: AtomicU64::new(0),
 };
 
@@ -215,6 +244,8 @@ impl Counters {
             &self.in_job,
             &self.stale,
             &self.arm_failures,
+            &self.blocked,
+            &self.armed_peak,
             &self.dropped,
         ] {
             c.store(0, Relaxed);
@@ -337,7 +368,12 @@ pub fn arm(tid: i32, period_ns: i64, first_ns: i64) -> bool {
         return true;
     }
     let armed = arm_locked(tid, period_ns, first_ns);
-    if !armed {
+    if armed {
+        COUNTERS.armed_peak.fetch_max(self::armed() as u64, Relaxed);
+        if blocks_signal(tid, SIGNO.load(Acquire)) {
+            COUNTERS.blocked.fetch_add(1, Relaxed);
+        }
+    } else {
         COUNTERS.arm_failures.fetch_add(1, Relaxed);
     }
     armed
@@ -372,6 +408,7 @@ fn arm_locked(tid: i32, period_ns: i64, first_ns: i64) -> bool {
     }
     slot.tid.store(tid, Release);
     slot.timer.store(timer as usize, Release);
+    slot.in_job.store(false, Release);
     slot.state.store(EMPTY, Release);
     let spec =
         libc::itimerspec { it_interval: timespec(period_ns), it_value: timespec(first_ns.max(1)) };
@@ -381,6 +418,18 @@ fn arm_locked(tid: i32, period_ns: i64, first_ns: i64) -> bool {
         return false;
     }
     true
+}
+
+/// Whether thread `tid` blocks `signo` (its `SigBlk` in `/proc/self/task/<tid>/status`).
+fn blocks_signal(tid: i32, signo: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigBlk:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| signo >= 1 && mask & (1 << (signo - 1)) != 0)
 }
 
 fn timespec(ns: i64) -> libc::timespec {
@@ -433,13 +482,14 @@ fn disarm_slot(slot: &Slot) {
     slot.state.store(FREE, Release);
 }
 
-/// One sample for the profiler: the thread, its CPU clock and the time at its tick, and the
-/// depth of the stack kept under `tid + KEY_OFFSET` (0: none could be kept).
+/// One sample for the profiler: the thread, its CPU clock and the time at its tick, the key
+/// its stack is kept under (see [`KEY_OFFSET`]) and that stack's depth (0: none kept).
 #[derive(Clone, Copy, Debug)]
 pub struct Sample {
     pub tid: i32,
     pub cpu_ns: i64,
     pub at_ns: i64,
+    pub key: i64,
     pub depth: usize,
 }
 
@@ -454,13 +504,14 @@ pub fn drain(own_tid: i32, mut take: impl FnMut(Sample)) {
         }
         let tid = slot.tid.load(Acquire);
         let depth = slot.depth.load(Acquire);
+        let key = key(tid, slot.taken.fetch_add(1, AcqRel));
         let sample = |depth| Sample {
             tid,
             cpu_ns: slot.cpu_ns.load(Acquire),
             at_ns: slot.at_ns.load(Acquire),
+            key,
             depth,
         };
-        let key = i64::from(tid) + KEY_OFFSET;
         let taken = if depth == READ_AT_JOB {
             (tid == own_tid).then(|| sample(crate::stack_capture::capture_here(key)))
         } else {
@@ -521,7 +572,7 @@ fn handle(info: *mut libc::siginfo_t) {
         COUNTERS.stale.fetch_add(1, Relaxed);
         return;
     }
-    if JOB_TID.load(Acquire) == slot.tid.load(Acquire) {
+    if slot.in_job.load(Acquire) {
         COUNTERS.in_job.fetch_add(1, Relaxed);
         return;
     }
@@ -537,7 +588,9 @@ fn handle(info: *mut libc::siginfo_t) {
         return;
     }
     if slot.state.compare_exchange(EMPTY, WRITING, AcqRel, Acquire).is_err() {
+        // The previous sample still waits: ask for the job again (one may have been put off).
         COUNTERS.slot_busy.fetch_add(1, Relaxed);
+        trigger_job();
         return;
     }
     slot.cpu_ns.store(own_cpu_ns(), Release);
@@ -562,12 +615,16 @@ fn handle(info: *mut libc::siginfo_t) {
     };
     slot.depth.store(depth, Release);
     slot.state.store(FULL, Release);
+    trigger_job();
+}
+
+/// Asks for the job given to [`start`]: async-signal-safe (see `postponed`); it runs on this
+/// thread, which holds the GVL, at its next interrupt check.
+fn trigger_job() {
     let job = JOB.load(Acquire);
     if job != 0 {
         // SAFETY: JOB only ever holds the `postponed::Job` given to `start`.
         let job: crate::postponed::Job = unsafe { std::mem::transmute(job) };
-        // Async-signal-safe (see `postponed`); the job runs on this thread, which holds the
-        // GVL, at its next interrupt check.
         crate::postponed::trigger(job);
     }
 }

@@ -40,9 +40,10 @@ module DdprofRecorder
       # sampling rather than flood the log of a program that would keep failing the same way.
       MAX_CONSECUTIVE_ERRORS = 10
       GC_FRAME = ["(garbage collection)", "", 0].freeze
-      # Where ext/ddprof_recorder/src/signal_sampler.rs keeps a signal sample's stack:
-      # `native id + SIGNAL_KEY_OFFSET`.
+      # Where ext/ddprof_recorder/src/signal_sampler.rs keeps a thread's signal samples' stacks:
+      # `native id + SIGNAL_KEY_OFFSET * (1 + n)`, n in 0...SIGNAL_KEYS_PER_THREAD (`key`).
       SIGNAL_KEY_OFFSET = 1 << 32
+      SIGNAL_KEYS_PER_THREAD = 16
       # Signal samples kept while a pass holds the lock (switched out), for the next job.
       MAX_PENDING_SIGNAL_SAMPLES = 256
       GC_KIND_LABEL = "gc kind"
@@ -199,14 +200,14 @@ module DdprofRecorder
       # with the GVL: each sample was taken at a thread's CPU tick, with its stack read then.
       # The thread's CPU since its previous on-CPU sample is charged to that stack.
       #
-      # @param samples [Array<Integer>] `[tid, cpu_ns, at_ns, depth]` per sample, flat: the
-      #   thread's native id, its CPU clock and the monotonic clock at the tick, and the
-      #   depth of the stack kept under `tid + SIGNAL_KEY_OFFSET` (0: none).
+      # @param samples [Array<Integer>] `[tid, cpu_ns, at_ns, depth, key]` per sample, flat:
+      #   the thread's native id, its CPU clock and the monotonic clock at the tick, the depth
+      #   of the stack kept (0: none) and the key it is kept under.
       # @param job_cpu_ns [Integer] the calling thread's CPU clock when the job started.
       # @return [Boolean] false if the samples wait for the next job (a pass is under way).
       def signal_samples(samples, job_cpu_ns)
         unless !gave_up? && @lock.try_lock
-          @pending_signal.concat(samples) if @pending_signal.size < MAX_PENDING_SIGNAL_SAMPLES * 4
+          @pending_signal.concat(samples) if @pending_signal.size < MAX_PENDING_SIGNAL_SAMPLES * 5
           return false
         end
 
@@ -217,8 +218,8 @@ module DdprofRecorder
           end
           i = 0
           while i < samples.size
-            signal_sample(samples[i], samples[i + 1], samples[i + 2], samples[i + 3])
-            i += 4
+            signal_sample(samples[i], samples[i + 1], samples[i + 2], samples[i + 3], samples[i + 4])
+            i += 5
           end
           succeeded
         rescue StandardError => e
@@ -317,7 +318,7 @@ module DdprofRecorder
       end
 
       # A sample of #signal_samples.
-      def signal_sample(tid, cpu_ns, at_ns, depth)
+      def signal_sample(tid, cpu_ns, at_ns, depth, key)
         state = @by_tid[tid]
         # Not armed for this thread any more, or nothing to record: its CPU stays uncharged,
         # for its next sample.
@@ -328,7 +329,6 @@ module DdprofRecorder
         take_gc(state, at_ns)
         cpu_used = uncharged_cpu(tid, cpu_ns)
         @charged_cpu[tid] = cpu_ns if cpu_used.positive? || @charged_cpu[tid].nil?
-        key = tid + SIGNAL_KEY_OFFSET
         state.on_cpu_locations = key
         @counts[:on_cpu_samples] += 1
         @counts[:signal_samples] += 1
@@ -566,7 +566,7 @@ module DdprofRecorder
 
         Profiler._native_forget_stack(tid)
         Profiler._native_forget_stack(-tid)
-        Profiler._native_forget_stack(tid + SIGNAL_KEY_OFFSET)
+        SIGNAL_KEYS_PER_THREAD.times { |n| Profiler._native_forget_stack(tid + (SIGNAL_KEY_OFFSET * (1 + n))) }
       end
 
       # Ruby gives the native thread of a finished thread to a new one, which then has the
