@@ -27,10 +27,39 @@ RSpec.describe AccuracyAnalysis do
       "<class:Foo>" => "<class:Foo>",
       "crunch" => "crunch",
       "sort" => "sort",
+      # Operators, bare (our base_label) and qualified (stackprof's label).
+      "<<" => "<<",
+      "Integer#<<" => "<<",
+      "Integer#^" => "^",
+      "<=>" => "<=>",
+      "Comparable#<" => "<",
+      "Kernel#is_a?" => "is_a?",
+      "Object#work" => "work",
     }.each do |label, name|
       it "turns #{label.inspect} into #{name.inspect}" do
         expect(described_class.normalize_name(label)).to eq(name)
       end
+    end
+
+    # Today's base_label, stackprof's full label and the spellings a qualified naming of our
+    # frames may choose (pprof viewers show `<unknown>` for a name starting with `<`) meet.
+    {
+      "<main>" => %w[<main> main [main] (main) {main} Object#<main> Object#main a.rb:<main>] +
+                  ["block in <main>", "block (2 levels) in main", "rescue in <main>"],
+      "<top (required)>" => ["<top (required)>", "top (required)", "[top (required)]", "(top required)",
+                             "block in <top (required)>"],
+      "<class:Foo>" => ["<class:Foo>", "class:Foo", "[class:Foo]", "Object#<class:Foo>", "block in <class:Foo>"],
+      "<module:Foo::Bar>" => ["<module:Foo::Bar>", "module:Foo::Bar", "(module:Foo::Bar)"],
+      "<singleton class>" => ["singleton class", "<singleton class>"],
+    }.each do |name, labels|
+      it "turns every spelling of #{name} into #{name}" do
+        expect(labels.map { |label| described_class.normalize_name(label) }.uniq).to eq([name])
+      end
+    end
+
+    it "leaves methods whose name only contains a top-level word alone" do
+      expect(%w[domain Foo#remain main? mainly Klass#class_name].map { |label| described_class.normalize_name(label) })
+        .to eq(%w[domain remain main? mainly class_name])
     end
   end
 
