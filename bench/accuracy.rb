@@ -4,7 +4,7 @@
 # and on programs of real shape.
 #
 #   bench/run accuracy [--seconds 3] [--hz 99] [--runs 1] [--programs sleepy,c_heavy,...]
-#                      [--stackprof-interval 1000] [--draws 200] [--seed 1] [--timeout S]
+#                      [--stackprof-interval 1000] [--draws 200] [--seed 1] [--timeout S] [--gc-apart]
 #
 # Eight workloads (bench/accuracy/*.rb, each about --seconds of work, each header says what
 # it does; all by default). Three measure their own truth: `sleepy` (pure Ruby alternating
@@ -42,7 +42,10 @@
 #   allocate much (14-19% of stackprof's samples are GC in `erb`, `json`, `rubocop`,
 #   `kramdown`): ours charges GC to the frame that allocated, stackprof's rest is renormalized
 #   as if GC were spread like the rest, which caps the overlap below 1 even for a perfect
-#   sampler.
+#   sampler. `--gc-apart` takes that out: ours is recorded with `record --gc` (GC time on
+#   `(garbage collection)` -> `(marking)`/`(sweeping)`, out of the code that triggered it) and
+#   those frames are left out of ours too (`GC left out` beside ours), so both compare the CPU
+#   outside GC. Not the default: `--gc` makes every allocation take the GC-event hook.
 # - truth: the three workloads that have one (WITH_TRUTH) measure the CPU time of every leaf
 #   call with its thread's CPU clock (bench/accuracy/truth.rb). It is printed beside each
 #   profiler (`truth` columns: the truth of that profiler's own runs), as a check of the
@@ -89,7 +92,7 @@ module AccuracyBench
   TARGET = 0.85
   TOP = 5
 
-  Options = Struct.new(:seconds, :hz, :runs, :programs, :stackprof_interval, :draws, :seed, :timeout,
+  Options = Struct.new(:seconds, :hz, :runs, :programs, :stackprof_interval, :draws, :seed, :timeout, :gc_apart,
                        keyword_init: true)
 
   # One profiled process: what it left behind.
@@ -98,7 +101,8 @@ module AccuracyBench
   module_function
 
   def parse(argv)
-    o = Options.new(seconds: 3.0, hz: 99, runs: 1, programs: PROGRAMS, stackprof_interval: 1000, draws: 200, seed: 1)
+    o = Options.new(seconds: 3.0, hz: 99, runs: 1, programs: PROGRAMS, stackprof_interval: 1000, draws: 200, seed: 1,
+                    gc_apart: false)
     OptionParser.new do |p|
       p.banner = "Usage: bench/run accuracy [options]   (ruby bench/accuracy.rb [options])"
       p.on("--seconds S", Float, "work per program run (default 3)") { |v| o.seconds = v }
@@ -109,6 +113,9 @@ module AccuracyBench
       p.on("--draws N", Integer, "multinomial draws for the unbiased overlap (default 200)") { |v| o.draws = v }
       p.on("--seed N", Integer, "of those draws (default 1)") { |v| o.seed = v }
       p.on("--timeout S", Float, "per process (default 5 x seconds + 30)") { |v| o.timeout = v }
+      p.on("--gc-apart", "record ours with --gc and leave its GC frames out too, as stackprof's are") do
+        o.gc_apart = true
+      end
     end.parse!(argv)
     unknown = o.programs - PROGRAMS
     raise OptionParser::InvalidArgument, "--programs: unknown #{unknown.join(', ')}" unless unknown.empty?
@@ -183,12 +190,13 @@ module AccuracyBench
     base = File.join(OUT, "#{program}.#{index}.ours")
     pprof = "#{base}.pb"
     argv = [RbConfig.ruby, File.join(ROOT, "exe", "ddprof-recorder"), "record", "-o", pprof, "--hz", options.hz.to_s,
-            "--", *program_argv(program, options.seconds)]
+            *("--gc" if options.gc_apart), "--", *program_argv(program, options.seconds)]
     wall = spawn(argv, truth_env(program, base), "#{base}.log", options.timeout)
-    self_cpu = AccuracyAnalysis.pprof_self(File.binread(pprof))
+    leave_out = options.gc_apart ? AccuracyAnalysis::GC_FRAMES : []
+    self_cpu = AccuracyAnalysis.pprof_self(File.binread(pprof), leave_out: leave_out)
     truth, process_cpu = read_truth(program, "#{base}.truth.json")
     Run.new(weights: self_cpu[:weights], on_cpu_samples: self_cpu[:on_cpu_samples], truth: truth,
-            process_cpu_ns: process_cpu, wall_s: wall, extra: { cpu_ns: self_cpu[:total] })
+            process_cpu_ns: process_cpu, wall_s: wall, extra: { cpu_ns: self_cpu[:total], gc_ns: self_cpu[:left_out] })
   end
 
   def run_stackprof(program, index, options)
@@ -251,6 +259,7 @@ module AccuracyBench
       stackprof_vs_truth_unbiased: sp_truth_reference,
       stackprof_vs_truth_ratio: ratio.call(sp_vs_truth, sp_truth_reference),
       ours_cpu_s: ours[:extra][:cpu_ns] / 1e9,
+      ours_gc_share: ours[:extra][:gc_ns].fdiv(ours[:extra][:cpu_ns] + ours[:extra][:gc_ns]),
       stackprof_samples: sp[:n],
       stackprof_gc_share: sp_all.positive? ? sp[:extra][:gc_samples].fdiv(sp_all) : 0.0,
       stackprof_missed_samples: sp[:extra][:missed_samples],
@@ -281,7 +290,7 @@ module AccuracyBench
     dist ? pct(dist[name]) : NA
   end
 
-  def print_program(io, program, f)
+  def print_program(io, program, f, options)
     io.puts
     io.puts format("%s: overlap %s with stackprof, n = %d on-CPU samples, an unbiased sampler with n: %s " \
                    "-> ratio %s (target >= %.2f)",
@@ -295,10 +304,10 @@ module AccuracyBench
       io.puts "  vs truth: #{NA} (the program does not measure its own CPU)"
     end
     coverage = f[:truth_coverage] ? "#{pct(f[:truth_coverage][:ours]).strip} / #{pct(f[:truth_coverage][:stackprof]).strip}" : NA
-    io.puts format("  ours: %.2f s cpu-time; stackprof: %d samples (%s GC left out, %d signals missed); " \
+    io.puts format("  ours: %.2f s cpu-time%s; stackprof: %d samples (%s GC left out, %d signals missed); " \
                    "truth measured %s of the process CPU",
-                   f[:ours_cpu_s], f[:stackprof_samples], pct(f[:stackprof_gc_share]).strip, f[:stackprof_missed_samples],
-                   coverage)
+                   f[:ours_cpu_s], options.gc_apart ? " (#{pct(f[:ours_gc_share]).strip} GC left out)" : "",
+                   f[:stackprof_samples], pct(f[:stackprof_gc_share]).strip, f[:stackprof_missed_samples], coverage)
     d = f[:dists]
     names = (f[:ours_top] + f[:stackprof_top] + (f[:truth_top] || [])).map(&:first).uniq
     names.sort_by! { |name| [-d[:stackprof].fetch(name, 0), -d[:ours].fetch(name, 0), name] }
@@ -338,9 +347,9 @@ module AccuracyBench
     check_tools(options.programs)
     FileUtils.mkdir_p(OUT)
     load = File.read("/proc/loadavg").split.first if File.readable?("/proc/loadavg")
-    puts format("accuracy: %s, %.1f s each, ours at %d Hz vs stackprof cpu %d µs, %d run(s) each%s",
-                options.programs.join(", "), options.seconds, options.hz, options.stackprof_interval, options.runs,
-                load ? ", load average #{load}" : "")
+    puts format("accuracy: %s, %.1f s each, ours at %d Hz%s vs stackprof cpu %d µs, %d run(s) each%s",
+                options.programs.join(", "), options.seconds, options.hz, options.gc_apart ? " (--gc, GC left out)" : "",
+                options.stackprof_interval, options.runs, load ? ", load average #{load}" : "")
     runs = Hash.new { |h, k| h[k] = { ours: [], stackprof: [] } }
     options.runs.times do |i|
       options.programs.each do |program|
@@ -355,11 +364,11 @@ module AccuracyBench
     end
 
     results = options.programs.to_h { |program| [program, figures(runs[program][:ours], runs[program][:stackprof], options)] }
-    results.each { |program, f| print_program($stdout, program, f) }
+    results.each { |program, f| print_program($stdout, program, f, options) }
     print_summary($stdout, results)
     ratios = results.values.map { |f| f[:ratio] }
     summary = {
-      bench: "accuracy", seconds: options.seconds, hz: options.hz, runs: options.runs,
+      bench: "accuracy", seconds: options.seconds, hz: options.hz, runs: options.runs, gc_apart: options.gc_apart,
       stackprof_interval_us: options.stackprof_interval, draws: options.draws, seed: options.seed, target: TARGET,
       load_average: load&.to_f, min_ratio: ratios.compact.min,
       programs: results.transform_values { |f| f.except(:dists) }

@@ -127,22 +127,31 @@ module AccuracyAnalysis
   # on-CPU samples: the `count` value summed over the samples whose `value` is positive.
   #
   # @param pprof [String] raw or gzip.
-  # @return [Hash] `weights:` {normalized name => value}, `on_cpu_samples:`, `total:`.
+  # @param leave_out [Array<String>] leaf frames (as written in the pprof) whose samples are
+  #   left out of the weights and of the count, e.g. GC_FRAMES for a profile taken with `--gc`.
+  # @return [Hash] `weights:` {normalized name => value}, `on_cpu_samples:`, `total:` (the
+  #   weights' sum), `left_out:` (the value of the samples left out).
   # @raise [ArgumentError] if it is not a pprof or lacks one of the two sample types.
-  def self.pprof_self(pprof, value: "cpu-time", count: "cpu-samples")
+  def self.pprof_self(pprof, value: "cpu-time", count: "cpu-samples", leave_out: [])
     profile = Pprof.decode(pprof)
     vi = profile.value_index(value)
     ci = profile.value_index(count)
     weights = Hash.new(0)
     n = 0
+    left_out = 0
     profile.samples.each do |location_ids, values|
       v = values[vi] || 0
       next unless v.positive?
 
+      leaf = profile.leaf_name(location_ids)
+      if leave_out.include?(leaf)
+        left_out += v
+        next
+      end
       n += values[ci] || 0
-      weights[normalize_name(profile.leaf_name(location_ids))] += v
+      weights[normalize_name(leaf)] += v
     end
-    { weights: weights, on_cpu_samples: n, total: weights.values.sum }
+    { weights: weights, on_cpu_samples: n, total: weights.values.sum, left_out: left_out }
   end
 
   # A minimal pprof (profile.proto) reader: the sample types, each sample's location ids and

@@ -153,7 +153,20 @@ RSpec.describe AccuracyAnalysis do
       recorder.record_sample([["sleep", "a.rb", 7], ["run", "a.rb", 9]], [0, 7, 5000]) # off CPU
       pprof = recorder.serialize!
 
-      expect(described_class.pprof_self(pprof)).to eq(weights: { "crunch" => 140, "sort" => 50 }, on_cpu_samples: 6, total: 190)
+      expect(described_class.pprof_self(pprof))
+        .to eq(weights: { "crunch" => 140, "sort" => 50 }, on_cpu_samples: 6, total: 190, left_out: 0)
+    end
+
+    it "leaves out the samples whose leaf is one of the frames asked (GC, for a profile taken with --gc)" do
+      recorder = DdprofRecorder::StackRecorder.new(compression: :gzip)
+      recorder.record_sample([["crunch", "a.rb", 3], ["run", "a.rb", 9]], [100, 1, 1000])
+      recorder.record_sample([["(marking)", "", 0], ["(garbage collection)", "", 0], ["crunch", "a.rb", 3]], [30, 2, 0])
+      recorder.record_sample([["(sweeping)", "", 0], ["(garbage collection)", "", 0], ["run", "a.rb", 9]], [20, 1, 0])
+      pprof = recorder.serialize!
+
+      expect(described_class.pprof_self(pprof, leave_out: described_class::GC_FRAMES))
+        .to eq(weights: { "crunch" => 100 }, on_cpu_samples: 1, total: 100, left_out: 50)
+      expect(described_class.pprof_self(pprof)[:weights]).to eq({ "crunch" => 100, "(marking)" => 30, "(sweeping)" => 20 })
     end
 
     it "takes the innermost line of a location with inlined lines, and reads raw pprofs" do
@@ -174,7 +187,7 @@ RSpec.describe AccuracyAnalysis do
       )
       raw = pp::Profile.encode(profile)
 
-      expected = { weights: { "leaf" => 300, "caller" => 100 }, on_cpu_samples: 5, total: 400 }
+      expected = { weights: { "leaf" => 300, "caller" => 100 }, on_cpu_samples: 5, total: 400, left_out: 0 }
       expect(described_class.pprof_self(raw)).to eq(expected)
       expect(described_class.pprof_self(Zlib.gzip(raw))).to eq(expected)
     end
