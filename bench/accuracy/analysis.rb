@@ -17,10 +17,10 @@ module AccuracyAnalysis
   # The frames Ruby names for code outside any method: `<main>`, `<top (required)>`,
   # `<class:Foo>`, `<module:Foo>`, `singleton class`. Matched with or without brackets of any
   # kind (`<main>`, `main`, `[main]`, `(main)`) and after any qualifier (`Object#<main>`,
-  # `a.rb:<main>`): a profiler may spell them otherwise than Ruby does (pprof viewers take a
-  # name that starts with `<` or `(` for a C++ template or argument list and show
-  # `<unknown>`), and both spellings must meet. The price: a method named `main` is taken for
-  # the main script (none of the workloads has one).
+  # `a.rb:<main>`): a profiler may spell them otherwise than Ruby does (`go tool pprof -top`
+  # shows our `<main>` as `<unknown>`, so our names may change), and both spellings must meet.
+  # The price: a method named `main` is taken for the main script (none of the workloads has
+  # one).
   TOPLEVEL_FRAME = /
     (?:\A|[\#.:\s])                   # the whole label, or after a qualifier or a path
     [<(\[{]?
