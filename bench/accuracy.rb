@@ -1,14 +1,23 @@
 # frozen_string_literal: true
 
-# How well our profiler's CPU profile agrees with stackprof's on programs whose truth is known.
+# How well our profiler's CPU profile agrees with stackprof's, on programs whose truth is known
+# and on programs of real shape.
 #
-#   bench/run accuracy [--seconds 3] [--hz 99] [--runs 1] [--programs sleepy,c_heavy,threads]
-#                      [--stackprof-interval 1000] [--draws 200] [--seed 1] [--timeout S]
+#   bench/run accuracy [--seconds 3] [--hz 99] [--runs 1] [--programs sleepy,c_heavy,...]
+#                      [--stackprof-interval 1000] [--draws 200] [--seed 1] [--timeout S] [--gc-apart]
 #
-# Three workloads (bench/accuracy/*.rb, each about --seconds of work, each header says what
-# it does): `sleepy` (pure Ruby alternating with short sleeps and reads), `c_heavy` (C
-# methods that do not call back into Ruby, each under a wrapper of its own), `threads` (a
-# Ruby thread, a C thread and a sleeping one, the main thread joining). Each runs, in a fresh
+# Eight workloads (bench/accuracy/*.rb, each about --seconds of work, each header says what
+# it does; all by default). Three measure their own truth: `sleepy` (pure Ruby alternating
+# with short sleeps and reads), `c_heavy` (C methods that do not call back into Ruby, each
+# under a wrapper of its own), `threads` (a Ruby thread, a C thread and a sleeping one, the
+# main thread joining); their C calls take 0.3-1 ms, too long for the safepoint bias (the
+# job runs at the VM's next interrupt check) to show. Five have the shape of real programs,
+# with C calls of a microsecond or less between Ruby instructions, and measure nothing:
+# `micro_c` (the issue "Samples where the CPU is": a Ruby loop around `is_a?`,
+# `respond_to?`, `<<`, `^`), `erb` (an HTML table rendered from an ERB template with
+# helpers and ERB::Util.h), `json` (JSON.generate, to_json and JSON.parse of small Hashes),
+# `rubocop` (Debian's rubocop linting Ruby's stdlib, about 1 s of start-up first) and
+# `kramdown` (Debian's ruby-kramdown converting a Markdown document). Each runs, in a fresh
 # process, under `exe/ddprof-recorder record --hz N` (the public CLI) and then under stackprof
 # (`ruby -r bench/accuracy/stackprof_start.rb`: `StackProf.start(mode: :cpu, interval: 1000)`
 # for the whole program, results written with Marshal); `--runs N` repeats the pair, the runs
@@ -27,18 +36,31 @@
 #   stackprof's SIGPROF comes from the kernel's CPU timer, so its rate is capped by the
 #   kernel tick (about 250 a second on the dev VM, whatever the interval), and it records at
 #   most one sample per long C call (bench/RESULTS.md); the workloads keep their
-#   C calls short so that the reference holds, which the truth columns check.
-# - truth: each workload measures the CPU time of every leaf call with its thread's CPU clock
-#   (bench/accuracy/truth.rb). It is printed beside each profiler (`truth` columns: the truth
-#   of that profiler's own runs), as a check of the reference too.
+#   C calls short so that the reference holds, which the truth columns check (and, for
+#   `micro_c`, perf: bench/RESULTS.md). stackprof takes the stack in its signal handler, where
+#   the CPU is, so it has no safepoint bias. Leaving GC out costs the real programs, which
+#   allocate much (14-19% of stackprof's samples are GC in `erb`, `json`, `rubocop`,
+#   `kramdown`): ours charges GC to the frame that allocated, stackprof's rest is renormalized
+#   as if GC were spread like the rest, which caps the overlap below 1 even for a perfect
+#   sampler. `--gc-apart` takes that out: ours is recorded with `record --gc` (GC time on
+#   `(garbage collection)` -> `(marking)`/`(sweeping)`, out of the code that triggered it) and
+#   those frames are left out of ours too (`GC left out` beside ours), so both compare the CPU
+#   outside GC. Not the default: `--gc` makes every allocation take the GC-event hook.
+# - truth: the three workloads that have one (WITH_TRUTH) measure the CPU time of every leaf
+#   call with its thread's CPU clock (bench/accuracy/truth.rb). It is printed beside each
+#   profiler (`truth` columns: the truth of that profiler's own runs), as a check of the
+#   reference too; the other programs print n/a there.
 #
 # Function identity: frames are keyed by the method name alone, so that stackprof's labels
 # (`HotSpot.crunch`, `Kernel#sleep`, `Array#sort`, `block (2 levels) in Foo#bar`) and ours
-# (`Thread::Backtrace::Location#base_label`: `crunch`, `sleep`, `sort`) meet:
-# `block in `, `block (N levels) in `, `rescue in `, `ensure in ` are stripped, then any
-# qualifier up to the last `#` or `.` (`Foo::Bar#baz` -> `baz`); `<main>`, `<top (required)>`
-# and the like are kept whole (AccuracyAnalysis.normalize_name). The workloads give their
-# functions distinct names, so this merges nothing that matters.
+# (`Thread::Backtrace::Location#base_label` today: `crunch`, `sleep`, `sort`; or qualified
+# ones, `Object#work`) meet: `block in `, `block (N levels) in `, `rescue in `, `ensure in `
+# are stripped, then any qualifier up to the last `#` or `.` (`Foo::Bar#baz` -> `baz`);
+# `<main>`, `<top (required)>`, `<class:Foo>` and the like become `<...>` whatever their
+# brackets or qualifier (`main`, `[main]`, `Object#<main>`; AccuracyAnalysis.normalize_name).
+# The truth workloads give their functions distinct names, so this merges nothing that
+# matters there; in the real programs, methods of one name in different classes merge
+# (rubocop's `on_send`, `initialize`), on both sides alike.
 #
 # Figures per program:
 # - overlap = Σ_f min(ours_f, stackprof_f) (1 = the same distribution, 0 = disjoint);
@@ -64,11 +86,13 @@ module AccuracyBench
   ROOT = File.expand_path("..", __dir__)
   DIR = File.join(ROOT, "bench", "accuracy")
   OUT = File.join(ROOT, "bench", "out", "accuracy")
-  PROGRAMS = %w[sleepy c_heavy threads].freeze
+  PROGRAMS = %w[sleepy c_heavy threads micro_c erb json rubocop kramdown].freeze
+  # The programs that measure their own truth (bench/accuracy/truth.rb); the others print n/a.
+  WITH_TRUTH = %w[sleepy c_heavy threads].freeze
   TARGET = 0.85
   TOP = 5
 
-  Options = Struct.new(:seconds, :hz, :runs, :programs, :stackprof_interval, :draws, :seed, :timeout,
+  Options = Struct.new(:seconds, :hz, :runs, :programs, :stackprof_interval, :draws, :seed, :timeout, :gc_apart,
                        keyword_init: true)
 
   # One profiled process: what it left behind.
@@ -77,7 +101,8 @@ module AccuracyBench
   module_function
 
   def parse(argv)
-    o = Options.new(seconds: 3.0, hz: 99, runs: 1, programs: PROGRAMS, stackprof_interval: 1000, draws: 200, seed: 1)
+    o = Options.new(seconds: 3.0, hz: 99, runs: 1, programs: PROGRAMS, stackprof_interval: 1000, draws: 200, seed: 1,
+                    gc_apart: false)
     OptionParser.new do |p|
       p.banner = "Usage: bench/run accuracy [options]   (ruby bench/accuracy.rb [options])"
       p.on("--seconds S", Float, "work per program run (default 3)") { |v| o.seconds = v }
@@ -88,6 +113,9 @@ module AccuracyBench
       p.on("--draws N", Integer, "multinomial draws for the unbiased overlap (default 200)") { |v| o.draws = v }
       p.on("--seed N", Integer, "of those draws (default 1)") { |v| o.seed = v }
       p.on("--timeout S", Float, "per process (default 5 x seconds + 30)") { |v| o.timeout = v }
+      p.on("--gc-apart", "record ours with --gc and leave its GC frames out too, as stackprof's are") do
+        o.gc_apart = true
+      end
     end.parse!(argv)
     unknown = o.programs - PROGRAMS
     raise OptionParser::InvalidArgument, "--programs: unknown #{unknown.join(', ')}" unless unknown.empty?
@@ -98,12 +126,21 @@ module AccuracyBench
     o
   end
 
-  # Fails early, with the fix, if a tool is missing.
-  def check_tools
+  # The Debian packages of the programs that are not ours: feature to require => package.
+  PROGRAM_PACKAGES = { "rubocop" => %w[rubocop rubocop], "kramdown" => %w[kramdown ruby-kramdown] }.freeze
+
+  # Fails early, with the fix, if a tool or a program's package is missing.
+  def check_tools(programs)
     begin
       require "stackprof"
     rescue LoadError
       abort "bench/accuracy: stackprof is missing: apt-get install ruby-stackprof"
+    end
+    programs.filter_map { |program| PROGRAM_PACKAGES[program] }.each do |feature, package|
+      # Found, not required: this process need not load the program's library.
+      next unless Gem.find_files("#{feature}.rb").empty?
+
+      abort "bench/accuracy: #{feature} is missing: apt-get install #{package} (or leave it out of --programs)"
     end
     return unless Dir.glob(File.join(ROOT, "lib", "ddprof_recorder", "ddprof_recorder.{so,bundle}")).empty?
 
@@ -136,32 +173,41 @@ module AccuracyBench
     [RbConfig.ruby, File.join(DIR, "#{program}.rb"), seconds.to_s]
   end
 
-  def read_truth(path)
+  # @return [Array(Hash, Integer)] the truth and the process CPU; [nil, nil] for a program
+  #   without truth.
+  def read_truth(program, path)
+    return [nil, nil] unless WITH_TRUTH.include?(program)
+
     truth = JSON.parse(File.read(path))
     [truth.fetch("measured_ns"), truth.fetch("process_cpu_ns")]
+  end
+
+  def truth_env(program, base)
+    WITH_TRUTH.include?(program) ? { "ACCURACY_TRUTH_OUT" => "#{base}.truth.json" } : {}
   end
 
   def run_ours(program, index, options)
     base = File.join(OUT, "#{program}.#{index}.ours")
     pprof = "#{base}.pb"
     argv = [RbConfig.ruby, File.join(ROOT, "exe", "ddprof-recorder"), "record", "-o", pprof, "--hz", options.hz.to_s,
-            "--", *program_argv(program, options.seconds)]
-    wall = spawn(argv, { "ACCURACY_TRUTH_OUT" => "#{base}.truth.json" }, "#{base}.log", options.timeout)
-    self_cpu = AccuracyAnalysis.pprof_self(File.binread(pprof))
-    truth, process_cpu = read_truth("#{base}.truth.json")
+            *("--gc" if options.gc_apart), "--", *program_argv(program, options.seconds)]
+    wall = spawn(argv, truth_env(program, base), "#{base}.log", options.timeout)
+    leave_out = options.gc_apart ? AccuracyAnalysis::GC_FRAMES : []
+    self_cpu = AccuracyAnalysis.pprof_self(File.binread(pprof), leave_out: leave_out)
+    truth, process_cpu = read_truth(program, "#{base}.truth.json")
     Run.new(weights: self_cpu[:weights], on_cpu_samples: self_cpu[:on_cpu_samples], truth: truth,
-            process_cpu_ns: process_cpu, wall_s: wall, extra: { cpu_ns: self_cpu[:total] })
+            process_cpu_ns: process_cpu, wall_s: wall, extra: { cpu_ns: self_cpu[:total], gc_ns: self_cpu[:left_out] })
   end
 
   def run_stackprof(program, index, options)
     base = File.join(OUT, "#{program}.#{index}.stackprof")
-    env = { "ACCURACY_TRUTH_OUT" => "#{base}.truth.json", "ACCURACY_STACKPROF_OUT" => "#{base}.dump",
-            "ACCURACY_STACKPROF_INTERVAL" => options.stackprof_interval.to_s }
+    env = truth_env(program, base).merge("ACCURACY_STACKPROF_OUT" => "#{base}.dump",
+                                         "ACCURACY_STACKPROF_INTERVAL" => options.stackprof_interval.to_s)
     argv = program_argv(program, options.seconds).insert(1, "-r", File.join(DIR, "stackprof_start.rb"))
     wall = spawn(argv, env, "#{base}.log", options.timeout)
     dump = Marshal.load(File.binread("#{base}.dump")) # our own file
     self_samples = AccuracyAnalysis.stackprof_self(dump)
-    truth, process_cpu = read_truth("#{base}.truth.json")
+    truth, process_cpu = read_truth(program, "#{base}.truth.json")
     Run.new(weights: self_samples[:weights], on_cpu_samples: self_samples[:weights].values.sum, truth: truth,
             process_cpu_ns: process_cpu, wall_s: wall,
             extra: { gc_samples: self_samples[:gc_samples], missed_samples: dump[:missed_samples] || 0 })
@@ -171,10 +217,12 @@ module AccuracyBench
     hashes.each_with_object(Hash.new(0)) { |h, sum| h.each { |k, v| sum[k] += v } }
   end
 
-  # The runs of one profiler on one program, added up.
+  # The runs of one profiler on one program, added up (truth and process CPU nil without truth).
   def pool(runs)
-    { weights: add_up(runs.map(&:weights)), n: runs.sum(&:on_cpu_samples), truth: add_up(runs.map(&:truth)),
-      process_cpu_ns: runs.sum(&:process_cpu_ns), extra: add_up(runs.map(&:extra)) }
+    truth = runs.all?(&:truth)
+    { weights: add_up(runs.map(&:weights)), n: runs.sum(&:on_cpu_samples),
+      truth: truth ? add_up(runs.map(&:truth)) : nil, process_cpu_ns: truth ? runs.sum(&:process_cpu_ns) : nil,
+      extra: add_up(runs.map(&:extra)) }
   end
 
   # Every figure of one program, from its pooled runs.
@@ -183,16 +231,20 @@ module AccuracyBench
     sp = pool(stackprof_runs)
     ours_dist = AccuracyAnalysis.shares(ours[:weights])
     sp_dist = AccuracyAnalysis.shares(sp[:weights])
-    ours_truth = AccuracyAnalysis.shares(ours[:truth])
-    sp_truth = AccuracyAnalysis.shares(sp[:truth])
-    unbiased = ->(dist, n) { AccuracyAnalysis.unbiased_overlap(dist, n, draws: options.draws, seed: options.seed) }
-    ratio = ->(a, b) { b&.positive? ? a / b : nil }
+    # nil for a program without truth: every figure against it is then nil (printed n/a).
+    ours_truth = ours[:truth] && AccuracyAnalysis.shares(ours[:truth])
+    sp_truth = sp[:truth] && AccuracyAnalysis.shares(sp[:truth])
+    unbiased = lambda do |dist, n|
+      dist && AccuracyAnalysis.unbiased_overlap(dist, n, draws: options.draws, seed: options.seed)
+    end
+    against = ->(dist, truth) { truth && AccuracyAnalysis.overlap(dist, truth) }
+    ratio = ->(a, b) { a && b&.positive? ? a / b : nil }
 
     overlap = AccuracyAnalysis.overlap(ours_dist, sp_dist)
     reference = unbiased.call(sp_dist, ours[:n])
-    ours_vs_truth = AccuracyAnalysis.overlap(ours_dist, ours_truth)
+    ours_vs_truth = against.call(ours_dist, ours_truth)
     ours_truth_reference = unbiased.call(ours_truth, ours[:n])
-    sp_vs_truth = AccuracyAnalysis.overlap(sp_dist, sp_truth)
+    sp_vs_truth = against.call(sp_dist, sp_truth)
     sp_truth_reference = unbiased.call(sp_truth, sp[:n])
     sp_all = sp[:n] + sp[:extra][:gc_samples]
     {
@@ -207,20 +259,23 @@ module AccuracyBench
       stackprof_vs_truth_unbiased: sp_truth_reference,
       stackprof_vs_truth_ratio: ratio.call(sp_vs_truth, sp_truth_reference),
       ours_cpu_s: ours[:extra][:cpu_ns] / 1e9,
+      ours_gc_share: ours[:extra][:gc_ns].fdiv(ours[:extra][:cpu_ns] + ours[:extra][:gc_ns]),
       stackprof_samples: sp[:n],
       stackprof_gc_share: sp_all.positive? ? sp[:extra][:gc_samples].fdiv(sp_all) : 0.0,
       stackprof_missed_samples: sp[:extra][:missed_samples],
-      truth_coverage: { ours: ours[:truth].values.sum.fdiv(ours[:process_cpu_ns]),
-                        stackprof: sp[:truth].values.sum.fdiv(sp[:process_cpu_ns]) },
+      truth_coverage: ours[:truth] && { ours: ours[:truth].values.sum.fdiv(ours[:process_cpu_ns]),
+                                        stackprof: sp[:truth].values.sum.fdiv(sp[:process_cpu_ns]) },
       ours_top: AccuracyAnalysis.top(ours_dist, TOP),
       stackprof_top: AccuracyAnalysis.top(sp_dist, TOP),
-      truth_top: AccuracyAnalysis.top(sp_truth, TOP),
+      truth_top: sp_truth && AccuracyAnalysis.top(sp_truth, TOP),
       overlap_by_run: ours_runs.zip(stackprof_runs).map do |o, s|
         AccuracyAnalysis.overlap(AccuracyAnalysis.shares(o.weights), AccuracyAnalysis.shares(s.weights))
       end,
       dists: { ours: ours_dist, ours_truth: ours_truth, stackprof: sp_dist, stackprof_truth: sp_truth },
     }
   end
+
+  NA = "n/a"
 
   def pct(share)
     share ? format("%5.1f%%", share * 100) : "    -"
@@ -230,27 +285,37 @@ module AccuracyBench
     value ? format("%.#{digits}f", value) : "-"
   end
 
-  def print_program(io, program, f)
+  # A share in a truth column: n/a when the program has no truth at all.
+  def truth_pct(dist, name)
+    dist ? pct(dist[name]) : NA
+  end
+
+  def print_program(io, program, f, options)
     io.puts
     io.puts format("%s: overlap %s with stackprof, n = %d on-CPU samples, an unbiased sampler with n: %s " \
                    "-> ratio %s (target >= %.2f)",
                    program, num(f[:overlap]), f[:n], num(f[:unbiased_overlap]), num(f[:ratio], 2), TARGET)
-    io.puts format("  vs truth: ours %s (unbiased with n: %s, ratio %s), stackprof %s (with its %d samples: %s, ratio %s)",
-                   num(f[:ours_vs_truth]), num(f[:ours_vs_truth_unbiased]), num(f[:ours_vs_truth_ratio], 2),
-                   num(f[:stackprof_vs_truth]), f[:stackprof_samples], num(f[:stackprof_vs_truth_unbiased]),
-                   num(f[:stackprof_vs_truth_ratio], 2))
-    io.puts format("  ours: %.2f s cpu-time; stackprof: %d samples (%s GC left out, %d signals missed); " \
-                   "truth measured %s / %s of the process CPU",
-                   f[:ours_cpu_s], f[:stackprof_samples], pct(f[:stackprof_gc_share]).strip, f[:stackprof_missed_samples],
-                   pct(f[:truth_coverage][:ours]).strip, pct(f[:truth_coverage][:stackprof]).strip)
+    if f[:truth_coverage]
+      io.puts format("  vs truth: ours %s (unbiased with n: %s, ratio %s), stackprof %s (with its %d samples: %s, ratio %s)",
+                     num(f[:ours_vs_truth]), num(f[:ours_vs_truth_unbiased]), num(f[:ours_vs_truth_ratio], 2),
+                     num(f[:stackprof_vs_truth]), f[:stackprof_samples], num(f[:stackprof_vs_truth_unbiased]),
+                     num(f[:stackprof_vs_truth_ratio], 2))
+    else
+      io.puts "  vs truth: #{NA} (the program does not measure its own CPU)"
+    end
+    coverage = f[:truth_coverage] ? "#{pct(f[:truth_coverage][:ours]).strip} / #{pct(f[:truth_coverage][:stackprof]).strip}" : NA
+    io.puts format("  ours: %.2f s cpu-time%s; stackprof: %d samples (%s GC left out, %d signals missed); " \
+                   "truth measured %s of the process CPU",
+                   f[:ours_cpu_s], options.gc_apart ? " (#{pct(f[:ours_gc_share]).strip} GC left out)" : "",
+                   f[:stackprof_samples], pct(f[:stackprof_gc_share]).strip, f[:stackprof_missed_samples], coverage)
     d = f[:dists]
-    names = (f[:ours_top] + f[:stackprof_top] + f[:truth_top]).map(&:first).uniq
+    names = (f[:ours_top] + f[:stackprof_top] + (f[:truth_top] || [])).map(&:first).uniq
     names.sort_by! { |name| [-d[:stackprof].fetch(name, 0), -d[:ours].fetch(name, 0), name] }
     width = [names.map(&:size).max || 0, 8].max
     io.puts format("  %-#{width}s  %6s  %6s   %9s  %6s", "function", "ours", "truth", "stackprof", "truth")
     names.each do |name|
-      io.puts format("  %-#{width}s  %6s  %6s   %9s  %6s", name, pct(d[:ours][name]), pct(d[:ours_truth][name]),
-                     pct(d[:stackprof][name]), pct(d[:stackprof_truth][name]))
+      io.puts format("  %-#{width}s  %6s  %6s   %9s  %6s", name, pct(d[:ours][name]), truth_pct(d[:ours_truth], name),
+                     pct(d[:stackprof][name]), truth_pct(d[:stackprof_truth], name))
     end
   end
 
@@ -259,9 +324,12 @@ module AccuracyBench
     io.puts format("%-8s  %7s  %5s  %8s  %5s   %-16s  %-16s", "program", "overlap", "n", "unbiased", "ratio",
                    "ours~truth ratio", "stackprof~truth")
     results.each do |program, f|
+      vs_truth = lambda do |overlap, ratio|
+        f[:truth_coverage] ? "#{num(f[overlap])} #{num(f[ratio], 2)}" : NA
+      end
       io.puts format("%-8s  %7s  %5d  %8s  %5s   %-16s  %-16s", program, num(f[:overlap]), f[:n], num(f[:unbiased_overlap]),
-                     num(f[:ratio], 2), "#{num(f[:ours_vs_truth])} #{num(f[:ours_vs_truth_ratio], 2)}",
-                     "#{num(f[:stackprof_vs_truth])} #{num(f[:stackprof_vs_truth_ratio], 2)}")
+                     num(f[:ratio], 2), vs_truth.call(:ours_vs_truth, :ours_vs_truth_ratio),
+                     vs_truth.call(:stackprof_vs_truth, :stackprof_vs_truth_ratio))
     end
   end
 
@@ -276,12 +344,12 @@ module AccuracyBench
 
   def main(argv)
     options = parse(argv)
-    check_tools
+    check_tools(options.programs)
     FileUtils.mkdir_p(OUT)
     load = File.read("/proc/loadavg").split.first if File.readable?("/proc/loadavg")
-    puts format("accuracy: %s, %.1f s each, ours at %d Hz vs stackprof cpu %d µs, %d run(s) each%s",
-                options.programs.join(", "), options.seconds, options.hz, options.stackprof_interval, options.runs,
-                load ? ", load average #{load}" : "")
+    puts format("accuracy: %s, %.1f s each, ours at %d Hz%s vs stackprof cpu %d µs, %d run(s) each%s",
+                options.programs.join(", "), options.seconds, options.hz, options.gc_apart ? " (--gc, GC left out)" : "",
+                options.stackprof_interval, options.runs, load ? ", load average #{load}" : "")
     runs = Hash.new { |h, k| h[k] = { ours: [], stackprof: [] } }
     options.runs.times do |i|
       options.programs.each do |program|
@@ -296,11 +364,11 @@ module AccuracyBench
     end
 
     results = options.programs.to_h { |program| [program, figures(runs[program][:ours], runs[program][:stackprof], options)] }
-    results.each { |program, f| print_program($stdout, program, f) }
+    results.each { |program, f| print_program($stdout, program, f, options) }
     print_summary($stdout, results)
     ratios = results.values.map { |f| f[:ratio] }
     summary = {
-      bench: "accuracy", seconds: options.seconds, hz: options.hz, runs: options.runs,
+      bench: "accuracy", seconds: options.seconds, hz: options.hz, runs: options.runs, gc_apart: options.gc_apart,
       stackprof_interval_us: options.stackprof_interval, draws: options.draws, seed: options.seed, target: TARGET,
       load_average: load&.to_f, min_ratio: ratios.compact.min,
       programs: results.transform_values { |f| f.except(:dists) }

@@ -14,17 +14,39 @@ module AccuracyAnalysis
   # instead, so they are left out of stackprof's distribution (see bench/accuracy.rb).
   GC_FRAMES = ["(garbage collection)", "(marking)", "(sweeping)"].freeze
 
-  # What a profiler's frame label and ours have in common: the bare method name.
-  # Removes `block in `, `block (N levels) in `, `rescue in `, `ensure in ` (repeatedly:
-  # `rescue in block in foo`), then any receiver qualifier before the last `#` or `.`
-  # (`Foo#bar`, `Foo.bar`, `Foo::Bar#baz`, `#<Class:0x...>#baz`). Labels starting with `<`
-  # (`<main>`, `<top (required)>`, `<class:Foo>`) are kept whole.
+  # The frames Ruby names for code outside any method: `<main>`, `<top (required)>`,
+  # `<class:Foo>`, `<module:Foo>`, `singleton class`. Matched with or without brackets of any
+  # kind (`<main>`, `main`, `[main]`, `(main)`) and after any qualifier (`Object#<main>`,
+  # `a.rb:<main>`): a profiler may spell them otherwise than Ruby does (`go tool pprof -top`
+  # shows our `<main>` as `<unknown>`, so our names may change), and both spellings must meet.
+  # The price: a method named `main` is taken for the main script (none of the workloads has
+  # one).
+  TOPLEVEL_FRAME = /
+    (?:\A|[\#.:\s])                   # the whole label, or after a qualifier or a path
+    [<(\[{]?
+    (main|top\ \(required\)|top\ required|(?:class|module):[^<>()\[\]{}\s]+|singleton\ class)
+    [>)\]}]?\z
+  /x.freeze
+
+  # What a profiler's frame label and ours have in common: the bare method name. Frame names
+  # of our profiler are `Thread::Backtrace::Location#base_label`s on main (`work`, `is_a?`,
+  # `<main>`) and may become qualified (`Object#work`, `Kernel#is_a?`, `<main>` in other
+  # brackets); stackprof's are qualified (`Object#work`, `block in <main>`). So:
+  # removes `block in `, `block (N levels) in `, `rescue in `, `ensure in ` (repeatedly:
+  # `rescue in block in foo`); turns a top-level frame (TOPLEVEL_FRAME) in any spelling into
+  # one, in angle brackets (`<main>`, `<top (required)>`, `<class:Foo>`, `<singleton class>`);
+  # removes any receiver qualifier before the last `#` or `.` of anything else (`Foo#bar`,
+  # `Foo.bar`, `Foo::Bar#baz`, `#<Class:0x...>#baz`). Operators are method names like others
+  # (`Integer#<<` -> `<<`). Methods of the same name in different classes merge (`on_send` of
+  # every RuboCop cop): the comparison is by method name, on both sides alike.
   #
-  # @param label [String] e.g. "block (2 levels) in HotSpot.crunch", "Array#sort", "sort".
-  # @return [String] e.g. "crunch", "sort", "sort".
+  # @param label [String] e.g. "block (2 levels) in HotSpot.crunch", "Array#sort", "sort", "Object#<main>".
+  # @return [String] e.g. "crunch", "sort", "sort", "<main>".
   def self.normalize_name(label)
     name = label.sub(/\A(?:(?:block(?: \(\d+ levels\))?|rescue|ensure) in )+/, "")
-    return name if name.start_with?("<")
+    if (toplevel = TOPLEVEL_FRAME.match(name))
+      return "<#{toplevel[1] == 'top required' ? 'top (required)' : toplevel[1]}>"
+    end
 
     name.sub(/\A.*[#.](?=[^#.]+\z)/, "")
   end
@@ -105,22 +127,31 @@ module AccuracyAnalysis
   # on-CPU samples: the `count` value summed over the samples whose `value` is positive.
   #
   # @param pprof [String] raw or gzip.
-  # @return [Hash] `weights:` {normalized name => value}, `on_cpu_samples:`, `total:`.
+  # @param leave_out [Array<String>] leaf frames (as written in the pprof) whose samples are
+  #   left out of the weights and of the count, e.g. GC_FRAMES for a profile taken with `--gc`.
+  # @return [Hash] `weights:` {normalized name => value}, `on_cpu_samples:`, `total:` (the
+  #   weights' sum), `left_out:` (the value of the samples left out).
   # @raise [ArgumentError] if it is not a pprof or lacks one of the two sample types.
-  def self.pprof_self(pprof, value: "cpu-time", count: "cpu-samples")
+  def self.pprof_self(pprof, value: "cpu-time", count: "cpu-samples", leave_out: [])
     profile = Pprof.decode(pprof)
     vi = profile.value_index(value)
     ci = profile.value_index(count)
     weights = Hash.new(0)
     n = 0
+    left_out = 0
     profile.samples.each do |location_ids, values|
       v = values[vi] || 0
       next unless v.positive?
 
+      leaf = profile.leaf_name(location_ids)
+      if leave_out.include?(leaf)
+        left_out += v
+        next
+      end
       n += values[ci] || 0
-      weights[normalize_name(profile.leaf_name(location_ids))] += v
+      weights[normalize_name(leaf)] += v
     end
-    { weights: weights, on_cpu_samples: n, total: weights.values.sum }
+    { weights: weights, on_cpu_samples: n, total: weights.values.sum, left_out: left_out }
   end
 
   # A minimal pprof (profile.proto) reader: the sample types, each sample's location ids and

@@ -27,10 +27,39 @@ RSpec.describe AccuracyAnalysis do
       "<class:Foo>" => "<class:Foo>",
       "crunch" => "crunch",
       "sort" => "sort",
+      # Operators, bare (our base_label) and qualified (stackprof's label).
+      "<<" => "<<",
+      "Integer#<<" => "<<",
+      "Integer#^" => "^",
+      "<=>" => "<=>",
+      "Comparable#<" => "<",
+      "Kernel#is_a?" => "is_a?",
+      "Object#work" => "work",
     }.each do |label, name|
       it "turns #{label.inspect} into #{name.inspect}" do
         expect(described_class.normalize_name(label)).to eq(name)
       end
+    end
+
+    # Today's base_label, stackprof's full label and the spellings a qualified naming of our
+    # frames may choose (pprof viewers show `<unknown>` for a name starting with `<`) meet.
+    {
+      "<main>" => %w[<main> main [main] (main) {main} Object#<main> Object#main a.rb:<main>] +
+                  ["block in <main>", "block (2 levels) in main", "rescue in <main>"],
+      "<top (required)>" => ["<top (required)>", "top (required)", "[top (required)]", "(top required)",
+                             "block in <top (required)>"],
+      "<class:Foo>" => ["<class:Foo>", "class:Foo", "[class:Foo]", "Object#<class:Foo>", "block in <class:Foo>"],
+      "<module:Foo::Bar>" => ["<module:Foo::Bar>", "module:Foo::Bar", "(module:Foo::Bar)"],
+      "<singleton class>" => ["singleton class", "<singleton class>"],
+    }.each do |name, labels|
+      it "turns every spelling of #{name} into #{name}" do
+        expect(labels.map { |label| described_class.normalize_name(label) }.uniq).to eq([name])
+      end
+    end
+
+    it "leaves methods whose name only contains a top-level word alone" do
+      expect(%w[domain Foo#remain main? mainly Klass#class_name].map { |label| described_class.normalize_name(label) })
+        .to eq(%w[domain remain main? mainly class_name])
     end
   end
 
@@ -124,7 +153,20 @@ RSpec.describe AccuracyAnalysis do
       recorder.record_sample([["sleep", "a.rb", 7], ["run", "a.rb", 9]], [0, 7, 5000]) # off CPU
       pprof = recorder.serialize!
 
-      expect(described_class.pprof_self(pprof)).to eq(weights: { "crunch" => 140, "sort" => 50 }, on_cpu_samples: 6, total: 190)
+      expect(described_class.pprof_self(pprof))
+        .to eq(weights: { "crunch" => 140, "sort" => 50 }, on_cpu_samples: 6, total: 190, left_out: 0)
+    end
+
+    it "leaves out the samples whose leaf is one of the frames asked (GC, for a profile taken with --gc)" do
+      recorder = DdprofRecorder::StackRecorder.new(compression: :gzip)
+      recorder.record_sample([["crunch", "a.rb", 3], ["run", "a.rb", 9]], [100, 1, 1000])
+      recorder.record_sample([["(marking)", "", 0], ["(garbage collection)", "", 0], ["crunch", "a.rb", 3]], [30, 2, 0])
+      recorder.record_sample([["(sweeping)", "", 0], ["(garbage collection)", "", 0], ["run", "a.rb", 9]], [20, 1, 0])
+      pprof = recorder.serialize!
+
+      expect(described_class.pprof_self(pprof, leave_out: described_class::GC_FRAMES))
+        .to eq(weights: { "crunch" => 100 }, on_cpu_samples: 1, total: 100, left_out: 50)
+      expect(described_class.pprof_self(pprof)[:weights]).to eq({ "crunch" => 100, "(marking)" => 30, "(sweeping)" => 20 })
     end
 
     it "takes the innermost line of a location with inlined lines, and reads raw pprofs" do
@@ -145,7 +187,7 @@ RSpec.describe AccuracyAnalysis do
       )
       raw = pp::Profile.encode(profile)
 
-      expected = { weights: { "leaf" => 300, "caller" => 100 }, on_cpu_samples: 5, total: 400 }
+      expected = { weights: { "leaf" => 300, "caller" => 100 }, on_cpu_samples: 5, total: 400, left_out: 0 }
       expect(described_class.pprof_self(raw)).to eq(expected)
       expect(described_class.pprof_self(Zlib.gzip(raw))).to eq(expected)
     end

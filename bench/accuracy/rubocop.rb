@@ -1,0 +1,49 @@
+# frozen_string_literal: true
+
+# Accuracy workload `rubocop` (bench/accuracy.rb): Debian's rubocop (a program nobody here
+# wrote: apt-get install rubocop) linting Ruby's own standard library. No truth measured.
+#
+#   ruby bench/accuracy/rubocop.rb [SECONDS]     (default 3)
+#
+# The input is fixed: the 65 top-level files of Ruby's stdlib directory
+# (RbConfig::CONFIG["rubylibdir"], /usr/lib/ruby/3.1.0 on Debian 12: English.rb ... yaml.rb,
+# 1 MB), in name order, with the configuration in bench/accuracy/rubocop.yml and no result
+# cache. RuboCop is run as its executable runs it (`RuboCop::CLI.new.run(args)`), on 5
+# files at a time, batch after batch (from the first file again after the last), until
+# SECONDS have passed since the first batch began (a batch takes 0.1-1 s), so every run lints
+# the same files in the same order. Before that, rubocop's start-up (`require "rubocop"`,
+# about 1 s on the dev VM) is in the profiles too. The offenses go to /dev/null.
+require "rbconfig"
+require "rubocop"
+
+module RubocopWorkload
+  FILES = Dir.glob(File.join(RbConfig::CONFIG["rubylibdir"], "*.rb")).sort.freeze
+  BATCH = 5
+  ARGS = ["--cache", "false", "--config", File.join(__dir__, "rubocop.yml"), "--format", "progress",
+          "--out", File::NULL].freeze
+
+  module_function
+
+  # @return [Array(Integer, Integer)] files linted, offenses.
+  def run(seconds)
+    raise "rubocop workload: no Ruby files in #{RbConfig::CONFIG['rubylibdir']}" if FILES.empty?
+
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    linted = 0
+    loop do
+      batch = FILES.rotate(linted % FILES.size).first(BATCH)
+      status = RuboCop::CLI.new.run(ARGS + batch)
+      # 0: no offense, 1: offenses; anything else is rubocop failing.
+      raise "rubocop workload: rubocop exited with #{status} on #{batch.join(' ')}" if status > 1
+
+      linted += batch.size
+      break if Process.clock_gettime(Process::CLOCK_MONOTONIC) >= deadline
+    end
+    linted
+  end
+end
+
+if $PROGRAM_NAME == __FILE__
+  seconds = Float(ARGV.fetch(0, "3"))
+  puts "rubocop: #{RubocopWorkload.run(seconds)} files linted in #{seconds} s (#{RubocopWorkload::FILES.size} in the set)"
+end
