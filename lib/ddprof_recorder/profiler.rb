@@ -466,9 +466,9 @@ module DdprofRecorder
       Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
     end
 
-    SIGNAL_STATS = %i[signal signals signals_read_in_handler signals_read_at_job signals_without_gvl signals_in_gc
+    SIGNAL_STATS = %i[signal signals signals_passed_over signals_read_in_handler signals_read_at_job signals_without_gvl signals_in_gc
                       signals_slot_busy signals_in_job signals_stale signal_samples_dropped signal_arm_failures signal_blocked_threads threads_armed
-                      threads_armed_peak].freeze
+                      threads_armed_peak tick_ns].freeze
     private_constant :SIGNAL_STATS
 
     def signal_stats(native)

@@ -86,7 +86,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("Profiler", ruby.class_object())?;
     class.define_singleton_method("_native_sampling_start", function!(native_sampling_start, 5))?;
     class.define_singleton_method("_native_sampling_stop", function!(native_sampling_stop, 1))?;
-    class.define_singleton_method("_native_signal_arm", function!(native_signal_arm, 3))?;
+    class.define_singleton_method("_native_signal_arm", function!(native_signal_arm, 1))?;
     class.define_singleton_method("_native_signal_disarm", function!(native_signal_disarm, 1))?;
     let root_class = class.define_class("SignalSlotsRoot", ruby.class_object())?;
     root_class.undef_default_alloc_func();
@@ -162,7 +162,7 @@ fn native_sampling_start(
         stop();
         let signo = match mode {
             Some(mode) => {
-                signal_sampler::start(mode, signal_job).map_err(|e| gem_error(ruby, e))?
+                signal_sampler::start(mode, hz, signal_job).map_err(|e| gem_error(ruby, e))?
             }
             None => 0,
         };
@@ -204,16 +204,11 @@ fn native_sampling_stop(ruby: &Ruby, owner: Value) -> Result<bool, Error> {
     })
 }
 
-/// `Profiler._native_signal_arm(tid, period_ns, first_ns)`: arms thread `tid` (a CPU-time
-/// timer every `period_ns` of its CPU, the first after `first_ns`). Returns whether it is
-/// armed (false: no slot, or the kernel refused; counted in stats).
-fn native_signal_arm(ruby: &Ruby, tid: i32, period_ns: i64, first_ns: i64) -> Result<bool, Error> {
-    entry(ruby, || {
-        if period_ns <= 0 || first_ns <= 0 {
-            return Err(arg_error(ruby, "period_ns and first_ns must be positive"));
-        }
-        Ok(signal_sampler::arm(tid, period_ns, first_ns))
-    })
+/// `Profiler._native_signal_arm(tid)`: arms thread `tid` (a CPU-time timer that ticks with
+/// the kernel's scheduler while the thread runs). Returns whether it is armed (false: no
+/// slot, or the kernel refused; counted in stats).
+fn native_signal_arm(ruby: &Ruby, tid: i32) -> Result<bool, Error> {
+    entry(ruby, || Ok(signal_sampler::arm(tid)))
 }
 
 /// `Profiler._native_signal_disarm(tid)`: disarms thread `tid` (a no-op if it is not armed).
@@ -239,6 +234,7 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
         let c = &signal_sampler::COUNTERS;
         for (name, counter) in [
             ("signals", &c.signals),
+            ("signals_passed_over", &c.passed_over),
             ("signals_read_in_handler", &c.read_in_handler),
             ("signals_read_at_job", &c.read_at_job),
             ("signals_without_gvl", &c.without_gvl),
@@ -254,6 +250,7 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
             hash.aset(ruby.to_symbol(name), counter.load(Ordering::Relaxed))?;
         }
         hash.aset(ruby.to_symbol("threads_armed"), signal_sampler::armed())?;
+        hash.aset(ruby.to_symbol("tick_ns"), signal_sampler::tick_ns())?;
         let signo = signal_sampler::signal();
         hash.aset(
             ruby.to_symbol("signal"),

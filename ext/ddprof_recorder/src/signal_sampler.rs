@@ -92,6 +92,13 @@ use magnus::{gc, rb_sys::FromRawValue, DataTypeFunctions, TypedData, Value};
 
 use crate::thread_cpu::{clock_ns, cpu_clock_id, own_cpu_ns};
 
+/// The CPU timers' period: far below any scheduler tick (1 to 10 ms), so that a timer has
+/// expired at every tick its thread runs through (see "Which ticks are samples").
+const PROBE_PERIOD_NS: i64 = 10_000;
+/// Shortest time between two ticks that is taken for the kernel's tick (the estimate, see
+/// [`TICK_NS`], only goes down; no kernel ticks faster than 1000 times a second).
+const MIN_TICK_NS: i64 = 500_000;
+
 /// Most threads armed at once; past it, a thread is sampled at safepoints (counted).
 pub const MAX_SLOTS: usize = 256;
 /// Deepest stack read in the handler (the root-most frames of deeper ones are left out).
@@ -152,6 +159,10 @@ struct Slot {
     taken: AtomicU32,
     /// The thread is running one of the profiler's jobs: a tick now is the profiler's CPU.
     in_job: AtomicBool,
+    /// The monotonic clock at this thread's previous tick (0: none yet).
+    last_tick_ns: AtomicI64,
+    /// This thread's xorshift state for the ticks' draw (only its own handler uses it).
+    random: AtomicU64,
     /// Allocated at the first arm, never freed (a handler may hold it).
     frames: AtomicPtr<Frames>,
 }
@@ -168,6 +179,8 @@ impl Slot {
             depth: AtomicU32::new(0),
             taken: AtomicU32::new(0),
             in_job: AtomicBool::new(false),
+            last_tick_ns: AtomicI64::new(0),
+            random: AtomicU64::new(0),
             frames: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -183,6 +196,11 @@ static IN_HANDLER: AtomicBool = AtomicBool::new(true);
 static SIGNO: AtomicI32 = AtomicI32::new(0);
 /// The job the handler registers.
 static JOB: AtomicUsize = AtomicUsize::new(0);
+/// Samples asked for per second of a thread's CPU.
+static HZ: AtomicU32 = AtomicU32::new(0);
+/// The kernel's scheduler tick as measured: the shortest time between two ticks of one thread
+/// (0: not measured yet). Process-wide, kept across runs.
+static TICK_NS: AtomicI64 = AtomicI64::new(0);
 
 /// Marks thread `tid` as running one of the profiler's jobs (or no longer): a tick that comes
 /// then is the profiler's own CPU, which it leaves out of the thread's account. With the GVL.
@@ -201,6 +219,8 @@ static ARMING: Mutex<()> = Mutex::new(());
 /// What the handler did, for `stats`. Counted per run ([`start`] clears them).
 pub struct Counters {
     pub signals: AtomicU64,
+    /// Ticks left out by the draw (see "Which ticks are samples").
+    pub passed_over: AtomicU64,
     pub read_in_handler: AtomicU64,
     pub read_at_job: AtomicU64,
     pub without_gvl: AtomicU64,
@@ -219,6 +239,7 @@ pub struct Counters {
 
 pub static COUNTERS: Counters = Counters {
     signals: AtomicU64::new(0),
+    passed_over: AtomicU64::new(0),
     read_in_handler: AtomicU64::new(0),
     read_at_job: AtomicU64::new(0),
     without_gvl: AtomicU64::new(0),
@@ -236,6 +257,7 @@ impl Counters {
     fn clear(&self) {
         for c in [
             &self.signals,
+            &self.passed_over,
             &self.read_in_handler,
             &self.read_at_job,
             &self.without_gvl,
@@ -251,6 +273,11 @@ impl Counters {
             c.store(0, Relaxed);
         }
     }
+}
+
+/// The kernel's tick as measured so far, in ns (0: not yet).
+pub fn tick_ns() -> i64 {
+    TICK_NS.load(Acquire)
 }
 
 /// The signal in use, or 0 if none was installed yet.
@@ -279,11 +306,12 @@ pub fn armed() -> usize {
 /// # Errors
 ///
 /// When no real-time signal is free, or `sigaction` fails: a message naming the signal.
-pub fn start(mode: Mode, job: unsafe extern "C" fn(*mut c_void)) -> Result<i32, String> {
+pub fn start(mode: Mode, hz: u32, job: unsafe extern "C" fn(*mut c_void)) -> Result<i32, String> {
     let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
     forget_if_forked();
     disarm_all_locked();
     COUNTERS.clear();
+    HZ.store(hz, Release);
     JOB.store(job as *const () as usize, Release);
     IN_HANDLER.store(mode == Mode::Handler, Release);
     let signo = install()?;
@@ -359,15 +387,16 @@ fn forget_if_forked() {
 }
 
 /// Arms the thread `tid` (a thread of this process, with the GVL held): a CPU-time timer
-/// every `period_ns` of its CPU, first at `first_ns`. Returns false when it cannot be armed
-/// (all slots taken, or the kernel refused), which is counted; true if armed (or already).
-pub fn arm(tid: i32, period_ns: i64, first_ns: i64) -> bool {
+/// that expires at every scheduler tick the thread runs through. Returns false when it
+/// cannot be armed (all slots taken, or the kernel refused), which is counted; true if armed
+/// (or already).
+pub fn arm(tid: i32) -> bool {
     let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
     forget_if_forked();
     if SLOTS.iter().any(|s| s.state.load(Acquire) != FREE && s.tid.load(Acquire) == tid) {
         return true;
     }
-    let armed = arm_locked(tid, period_ns, first_ns);
+    let armed = arm_locked(tid);
     if armed {
         COUNTERS.armed_peak.fetch_max(self::armed() as u64, Relaxed);
         if blocks_signal(tid, SIGNO.load(Acquire)) {
@@ -379,7 +408,7 @@ pub fn arm(tid: i32, period_ns: i64, first_ns: i64) -> bool {
     armed
 }
 
-fn arm_locked(tid: i32, period_ns: i64, first_ns: i64) -> bool {
+fn arm_locked(tid: i32) -> bool {
     let signo = SIGNO.load(Acquire);
     let Some((index, slot)) = SLOTS.iter().enumerate().find(|(_, s)| s.state.load(Acquire) == FREE)
     else {
@@ -409,9 +438,14 @@ fn arm_locked(tid: i32, period_ns: i64, first_ns: i64) -> bool {
     slot.tid.store(tid, Release);
     slot.timer.store(timer as usize, Release);
     slot.in_job.store(false, Release);
+    slot.last_tick_ns.store(0, Release);
+    let seed = (clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(1) as u64) ^ ((tid as u64) << 32);
+    slot.random.store(seed | 1, Release);
     slot.state.store(EMPTY, Release);
-    let spec =
-        libc::itimerspec { it_interval: timespec(period_ns), it_value: timespec(first_ns.max(1)) };
+    let spec = libc::itimerspec {
+        it_interval: timespec(PROBE_PERIOD_NS),
+        it_value: timespec(PROBE_PERIOD_NS),
+    };
     // SAFETY: `timer` was just created; `spec` is a valid itimerspec.
     if unsafe { libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()) } != 0 {
         disarm_slot(slot);
@@ -572,6 +606,11 @@ fn handle(info: *mut libc::siginfo_t) {
         COUNTERS.stale.fetch_add(1, Relaxed);
         return;
     }
+    let now = clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0);
+    if !drawn(slot, now) {
+        COUNTERS.passed_over.fetch_add(1, Relaxed);
+        return;
+    }
     if slot.in_job.load(Acquire) {
         COUNTERS.in_job.fetch_add(1, Relaxed);
         return;
@@ -594,7 +633,7 @@ fn handle(info: *mut libc::siginfo_t) {
         return;
     }
     slot.cpu_ns.store(own_cpu_ns(), Release);
-    slot.at_ns.store(clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0), Release);
+    slot.at_ns.store(now, Release);
     let depth = if IN_HANDLER.load(Acquire) {
         let frames = slot.frames.load(Acquire);
         // SAFETY: the buffer was allocated at arm and is never freed; the slot is WRITING, so
@@ -616,6 +655,35 @@ fn handle(info: *mut libc::siginfo_t) {
     slot.depth.store(depth, Release);
     slot.state.store(FULL, Release);
     trigger_job();
+}
+
+/// Whether this tick is a sample: each is, independently, with probability `hz * tick`
+/// (1 when `hz` is at or above the kernel's tick rate). Also measures the tick. Only atomics
+/// and integer arithmetic: async-signal-safe.
+fn drawn(slot: &Slot, now: i64) -> bool {
+    let last = slot.last_tick_ns.swap(now, AcqRel);
+    let gap = now - last;
+    if last > 0 && gap >= MIN_TICK_NS {
+        let tick = TICK_NS.load(Acquire);
+        if tick == 0 || gap < tick {
+            TICK_NS.store(gap, Release);
+        }
+    }
+    let tick = TICK_NS.load(Acquire);
+    if tick <= 0 {
+        return true; // not measured yet: every tick (the rate is then at most the tick's)
+    }
+    // P = hz * tick / 1e9, as a fraction of 2^64.
+    let threshold = (u128::from(HZ.load(Acquire)) * tick as u128 * (1u128 << 64)) / 1_000_000_000;
+    if threshold >= 1 << 64 {
+        return true;
+    }
+    let mut x = slot.random.load(Relaxed);
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    slot.random.store(x, Relaxed);
+    u128::from(x.wrapping_mul(0x2545_f491_4f6c_dd1d)) < threshold
 }
 
 /// Asks for the job given to [`start`]: async-signal-safe (see `postponed`); it runs on this

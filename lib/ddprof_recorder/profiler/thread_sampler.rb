@@ -46,6 +46,13 @@ module DdprofRecorder
       SIGNAL_KEYS_PER_THREAD = 16
       # Signal samples kept while a pass holds the lock (switched out), for the next job.
       MAX_PENDING_SIGNAL_SAMPLES = 256
+      # How a signal sample's cpu-time is made (see #signal_charge): the thread's average CPU
+      # per sample is taken over about this many of its samples...
+      SIGNAL_AVERAGE_SAMPLES = 32
+      # ... and the CPU not charged yet is brought back to this many averages of reserve over
+      # about SIGNAL_SPREAD samples.
+      SIGNAL_RESERVE = 3
+      SIGNAL_SPREAD = 8
       GC_KIND_LABEL = "gc kind"
       # The GC's phases and kinds, in the order Profiler._native_take_gc gives their times.
       GC_BUCKETS = [["(marking)", "minor"], ["(marking)", "major"], ["(sweeping)", "minor"],
@@ -81,9 +88,11 @@ module DdprofRecorder
       # last on-CPU sample; `index`, its place in the scan arrays; `sample_mark`, the pass
       # count after which its passes are idle ones not recorded yet (see #flush_idle);
       # `armed`, the native id its CPU-time timer was armed for (see #start_signals);
-      # `signal_pass`, the pass count at its latest signal sample.
+      # `signal_pass`, the pass count at its latest signal sample; `signal_cpu_ns`, its CPU
+      # clock then; `signal_average`, its CPU per signal sample (see #signal_charge).
       ThreadState = Struct.new(:thread, :wall_ns, :seen_cpu_ns, :native_id, :name, :labels, :locations,
-                               :on_cpu_locations, :index, :sample_mark, :armed, :signal_pass)
+                               :on_cpu_locations, :index, :sample_mark, :armed, :signal_pass, :signal_cpu_ns,
+                               :signal_average)
       private_constant :ThreadState
 
       # @return [Hash{Symbol => Integer}] counters: `:passes`, `:samples` (thread samples
@@ -186,9 +195,10 @@ module DdprofRecorder
         true
       end
 
-      # From now on every thread (known and new) gets a CPU-time timer every `period_ns` of
-      # its CPU (Profiler._native_signal_arm), and its on-CPU samples come from them
-      # (#signal_samples). After Profiler._native_sampling_start installed the handler.
+      # From now on every thread (known and new) gets a CPU-time timer (Profiler.
+      # _native_signal_arm), and its on-CPU samples come from its ticks (#signal_samples);
+      # `period_ns` is the CPU a sample stands for on average (1/hz). After Profiler.
+      # _native_sampling_start installed the handler.
       def start_signals(period_ns)
         @lock.synchronize do
           @signal_period_ns = period_ns
@@ -205,6 +215,10 @@ module DdprofRecorder
       #   of the stack kept (0: none) and the key it is kept under.
       # @param job_cpu_ns [Integer] the calling thread's CPU clock when the job started.
       # @return [Boolean] false if the samples wait for the next job (a pass is under way).
+      #
+      # Which ticks are samples: every scheduler tick a thread runs through is a candidate,
+      # drawn independently with the same probability (ext/ddprof_recorder/src/signal_sampler.rs),
+      # so the samples fall on the thread's stacks in proportion to the CPU they use.
       def signal_samples(samples, job_cpu_ns)
         unless !gave_up? && @lock.try_lock
           @pending_signal.concat(samples) if @pending_signal.size < MAX_PENDING_SIGNAL_SAMPLES * 5
@@ -295,26 +309,47 @@ module DdprofRecorder
 
       def new_state(thread, wall_ns)
         state = ThreadState.new(thread, wall_ns, nil, nil, nil, nil, nil, nil, @scan_states.size,
-                                @counts[:passes] + 1, nil, nil)
+                                @counts[:passes] + 1, nil, nil, nil, nil)
         @scan_states << state
         @scan_tids << nil
         @scan_seen << nil
         refresh_labels(state, thread)
-        arm(state) if @signal_period_ns
         state
       end
 
-      # Its CPU-time timer, first after a random part of a period (so that threads are not in
-      # step). A thread that cannot be armed is sampled at interrupt checks (counted natively).
+      # Its CPU-time timer. A thread that cannot be armed is sampled at interrupt checks
+      # (counted natively).
       def arm(state)
         tid = state.native_id
         return if tid.nil? || state.armed == tid
-
-        first = 1 + rand(@signal_period_ns)
-        return unless Profiler._native_signal_arm(tid, @signal_period_ns, first)
+        return unless Profiler._native_signal_arm(tid)
 
         state.armed = tid
         @by_tid[tid] = state
+      end
+
+      # The cpu-time of a signal sample: not the CPU its thread used since its previous one, but
+      # about the thread's average CPU per sample. Each sample is an equally likely draw of
+      # where the CPU goes, but the CPU between two samples is not: the first tick after a
+      # sleep follows less CPU than one in the middle of a run, so charging each sample the CPU
+      # before it would take CPU from the code that runs after blocking calls (measured on
+      # bench/accuracy/sleepy.rb: the method after each sleep got 35% of the CPU against a
+      # truth of 59%). The CPU not charged yet (the thread's CPU clock less what it was
+      # charged) is kept near a reserve of SIGNAL_RESERVE averages, brought back over about
+      # SIGNAL_SPREAD samples from what it was before this sample's own CPU, so that totals
+      # stay exact: what is left at a window's end goes to the thread's last on-CPU stack
+      # (#flush_thread), as any carried CPU.
+      def signal_charge(state, tid, cpu_ns)
+        available = cpu_ns - (@charged_cpu[tid] || cpu_ns)
+        since = state.signal_cpu_ns && (cpu_ns - state.signal_cpu_ns)
+        state.signal_cpu_ns = cpu_ns
+        average = state.signal_average || @signal_period_ns
+        state.signal_average = average + ((since - average) / SIGNAL_AVERAGE_SAMPLES) if since&.positive?
+        return 0 unless available.positive?
+
+        before = available - (since || 0)
+        charge = average + ((before - (SIGNAL_RESERVE * average)) / SIGNAL_SPREAD)
+        charge.clamp(0, available)
       end
 
       # A sample of #signal_samples.
@@ -327,8 +362,8 @@ module DdprofRecorder
         flush_idle(state)
         refresh_labels(state, state.thread) unless same_labels?(state, state.thread)
         take_gc(state, at_ns)
-        cpu_used = uncharged_cpu(tid, cpu_ns)
-        @charged_cpu[tid] = cpu_ns if cpu_used.positive? || @charged_cpu[tid].nil?
+        cpu_used = signal_charge(state, tid, cpu_ns)
+        @charged_cpu[tid] = (@charged_cpu[tid] || cpu_ns) + cpu_used
         state.on_cpu_locations = key
         @counts[:on_cpu_samples] += 1
         @counts[:signal_samples] += 1
@@ -530,7 +565,10 @@ module DdprofRecorder
         carried = uncharged_cpu(tid, cpu)
         return unless carried.positive?
 
-        stack = state.on_cpu_locations if no_stack?(stack)
+        # An armed thread's carried CPU is mostly the reserve its signal samples keep
+        # (#signal_charge): its last signal sample's stack is a fair draw for it, the stack
+        # of a caller stopping the profiler is not.
+        stack = state.on_cpu_locations if no_stack?(stack) || (state.armed && state.on_cpu_locations)
         stack ||= thread.alive? ? thread.backtrace_locations : nil
         stack = state.locations if no_stack?(stack)
         return if no_stack?(stack)
@@ -610,6 +648,8 @@ module DdprofRecorder
         state.native_id = native_id(thread)
         @scan_tids[state.index] = state.native_id
         state.labels = build_labels(thread, state.native_id)
+        # A thread seen before it started has no native id yet: it is armed once it has one.
+        arm(state) if @signal_period_ns
       end
 
       def build_labels(thread, native_id)
