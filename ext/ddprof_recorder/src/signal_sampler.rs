@@ -95,9 +95,11 @@ use crate::thread_cpu::{clock_ns, cpu_clock_id, own_cpu_ns};
 /// The CPU timers' period: far below any scheduler tick (1 to 10 ms), so that a timer has
 /// expired at every tick its thread runs through (see "Which ticks are samples").
 const PROBE_PERIOD_NS: i64 = 10_000;
-/// Shortest time between two ticks that is taken for the kernel's tick (the estimate, see
-/// [`TICK_NS`], only goes down; no kernel ticks faster than 1000 times a second).
-const MIN_TICK_NS: i64 = 500_000;
+/// CPU between two ticks of a thread past which the gap is not taken into the tick's
+/// estimate (the thread's first tick after it was armed, say).
+const MAX_TICK_NS: i64 = 50_000_000;
+/// Ticks over which the estimate of the tick averages.
+const TICK_AVERAGE: i64 = 64;
 
 /// Most threads armed at once; past it, a thread is sampled at safepoints (counted).
 pub const MAX_SLOTS: usize = 256;
@@ -159,8 +161,8 @@ struct Slot {
     taken: AtomicU32,
     /// The thread is running one of the profiler's jobs: a tick now is the profiler's CPU.
     in_job: AtomicBool,
-    /// The monotonic clock at this thread's previous tick (0: none yet).
-    last_tick_ns: AtomicI64,
+    /// The thread's CPU clock at its previous tick (0: none yet).
+    last_tick_cpu_ns: AtomicI64,
     /// This thread's xorshift state for the ticks' draw (only its own handler uses it).
     random: AtomicU64,
     /// Allocated at the first arm, never freed (a handler may hold it).
@@ -179,7 +181,7 @@ impl Slot {
             depth: AtomicU32::new(0),
             taken: AtomicU32::new(0),
             in_job: AtomicBool::new(false),
-            last_tick_ns: AtomicI64::new(0),
+            last_tick_cpu_ns: AtomicI64::new(0),
             random: AtomicU64::new(0),
             frames: AtomicPtr::new(std::ptr::null_mut()),
         }
@@ -198,8 +200,11 @@ static SIGNO: AtomicI32 = AtomicI32::new(0);
 static JOB: AtomicUsize = AtomicUsize::new(0);
 /// Samples asked for per second of a thread's CPU.
 static HZ: AtomicU32 = AtomicU32::new(0);
-/// The kernel's scheduler tick as measured: the shortest time between two ticks of one thread
-/// (0: not measured yet). Process-wide, kept across runs.
+/// The kernel's scheduler tick as measured: the average CPU a thread uses from one of its
+/// ticks to the next (each tick a thread runs through stands for one tick of its CPU on
+/// average, whatever it does between them; 0: not measured yet). Process-wide, kept across
+/// runs. Not the shortest wall time between two ticks: each CPU has its own tick, so a thread
+/// that moves between CPUs sees shorter gaps.
 static TICK_NS: AtomicI64 = AtomicI64::new(0);
 
 /// Marks thread `tid` as running one of the profiler's jobs (or no longer): a tick that comes
@@ -438,7 +443,7 @@ fn arm_locked(tid: i32) -> bool {
     slot.tid.store(tid, Release);
     slot.timer.store(timer as usize, Release);
     slot.in_job.store(false, Release);
-    slot.last_tick_ns.store(0, Release);
+    slot.last_tick_cpu_ns.store(0, Release);
     let seed = (clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(1) as u64) ^ ((tid as u64) << 32);
     slot.random.store(seed | 1, Release);
     slot.state.store(EMPTY, Release);
@@ -607,7 +612,8 @@ fn handle(info: *mut libc::siginfo_t) {
         return;
     }
     let now = clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0);
-    if !drawn(slot, now) {
+    let cpu = own_cpu_ns();
+    if !drawn(slot, cpu) {
         COUNTERS.passed_over.fetch_add(1, Relaxed);
         return;
     }
@@ -632,7 +638,7 @@ fn handle(info: *mut libc::siginfo_t) {
         trigger_job();
         return;
     }
-    slot.cpu_ns.store(own_cpu_ns(), Release);
+    slot.cpu_ns.store(cpu, Release);
     slot.at_ns.store(now, Release);
     let depth = if IN_HANDLER.load(Acquire) {
         let frames = slot.frames.load(Acquire);
@@ -660,14 +666,14 @@ fn handle(info: *mut libc::siginfo_t) {
 /// Whether this tick is a sample: each is, independently, with probability `hz * tick`
 /// (1 when `hz` is at or above the kernel's tick rate). Also measures the tick. Only atomics
 /// and integer arithmetic: async-signal-safe.
-fn drawn(slot: &Slot, now: i64) -> bool {
-    let last = slot.last_tick_ns.swap(now, AcqRel);
-    let gap = now - last;
-    if last > 0 && gap >= MIN_TICK_NS {
+fn drawn(slot: &Slot, cpu_ns: i64) -> bool {
+    let last = slot.last_tick_cpu_ns.swap(cpu_ns, AcqRel);
+    let used = cpu_ns - last;
+    if last > 0 && used > 0 && used <= MAX_TICK_NS {
+        // Racy across threads on other CPUs (a lost update only slows the average down).
         let tick = TICK_NS.load(Acquire);
-        if tick == 0 || gap < tick {
-            TICK_NS.store(gap, Release);
-        }
+        let next = if tick == 0 { used } else { tick + (used - tick) / TICK_AVERAGE };
+        TICK_NS.store(next.max(1), Release);
     }
     let tick = TICK_NS.load(Acquire);
     if tick <= 0 {
