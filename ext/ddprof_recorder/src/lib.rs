@@ -18,6 +18,7 @@ mod stack_capture;
 mod stack_recorder;
 mod thread_cpu;
 mod trigger;
+mod vm_frames;
 
 use magnus::{Error, Ruby};
 
