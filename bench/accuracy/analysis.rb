@@ -17,16 +17,23 @@ module AccuracyAnalysis
   # What a profiler's frame label and ours have in common: the bare method name.
   # Removes `block in `, `block (N levels) in `, `rescue in `, `ensure in ` (repeatedly:
   # `rescue in block in foo`), then any receiver qualifier before the last `#` or `.`
-  # (`Foo#bar`, `Foo.bar`, `Foo::Bar#baz`, `#<Class:0x...>#baz`). Labels starting with `<`
-  # (`<main>`, `<top (required)>`, `<class:Foo>`) are kept whole.
+  # (`Foo#bar`, `Foo.bar`, `Foo::Bar#baz`, `#<Class:0x...>#baz`). Scopes that are not methods
+  # meet whichever way they are spelled: Ruby's (stackprof: `<main>`, `<class:Foo>`,
+  # `<module:Foo>`, `<top (required)>`) and ours (docs/profiler.md, "Frame names": `main`,
+  # `class Foo`, `module Foo`, `top level of PATH`) become `main`, `class Foo`, `module Foo`
+  # and `top level` (stackprof's label has no path), kept whole.
   #
   # @param label [String] e.g. "block (2 levels) in HotSpot.crunch", "Array#sort", "sort".
   # @return [String] e.g. "crunch", "sort", "sort".
   def self.normalize_name(label)
     name = label.sub(/\A(?:(?:block(?: \(\d+ levels\))?|rescue|ensure) in )+/, "")
-    return name if name.start_with?("<")
-
-    name.sub(/\A.*[#.](?=[^#.]+\z)/, "")
+    case name
+    when "<main>", "main" then "main"
+    when "<top (required)>", /\Atop level of / then "top level"
+    when /\A<(class|module):(.+)>\z/, /\A(class|module) (.+)\z/ then "#{Regexp.last_match(1)} #{Regexp.last_match(2)}"
+    when /\A</ then name
+    else name.sub(/\A.*[#.](?=[^#.]+\z)/, "")
+    end
   end
 
   # @param weights [Hash{String => Numeric}] non-negative weights.
