@@ -33,12 +33,13 @@
 #   of that profiler's own runs), as a check of the reference too.
 #
 # Function identity: frames are keyed by the method name alone, so that stackprof's labels
-# (`HotSpot.crunch`, `Kernel#sleep`, `Array#sort`, `block (2 levels) in Foo#bar`) and ours
-# (`Thread::Backtrace::Location#base_label`: `crunch`, `sleep`, `sort`) meet:
-# `block in `, `block (N levels) in `, `rescue in `, `ensure in ` are stripped, then any
-# qualifier up to the last `#` or `.` (`Foo::Bar#baz` -> `baz`); `<main>`, `<top (required)>`
-# and the like are kept whole (AccuracyAnalysis.normalize_name). The workloads give their
-# functions distinct names, so this merges nothing that matters.
+# (`HotSpot.crunch`, `Kernel#sleep`, `Array#sort`, `block (2 levels) in Foo#bar`, `<main>`) and
+# ours (docs/profiler.md, "Frame names": `HotSpot.crunch`, `Kernel#sleep`, `main`; base labels
+# such as `crunch` when the native frame reader is not used) meet: `block in `,
+# `block (N levels) in `, `rescue in `, `ensure in ` are stripped, then any qualifier up to the
+# last `#` or `.` (`Foo::Bar#baz` -> `baz`); `<main>` and `main`, `<top (required)>` and
+# `top level of PATH`, `<class:Foo>` and `class Foo` meet whole (AccuracyAnalysis.normalize_name).
+# The workloads give their functions distinct names, so this merges nothing that matters.
 #
 # Figures per program:
 # - overlap = Σ_f min(ours_f, stackprof_f) (1 = the same distribution, 0 = disjoint);
