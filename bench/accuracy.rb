@@ -52,15 +52,13 @@
 #   reference too; the other programs print n/a there.
 #
 # Function identity: frames are keyed by the method name alone, so that stackprof's labels
-# (`HotSpot.crunch`, `Kernel#sleep`, `Array#sort`, `block (2 levels) in Foo#bar`) and ours
-# (`Thread::Backtrace::Location#base_label` today: `crunch`, `sleep`, `sort`; or qualified
-# ones, `Object#work`) meet: `block in `, `block (N levels) in `, `rescue in `, `ensure in `
-# are stripped, then any qualifier up to the last `#` or `.` (`Foo::Bar#baz` -> `baz`);
-# `<main>`, `<top (required)>`, `<class:Foo>` and the like become `<...>` whatever their
-# brackets or qualifier (`main`, `[main]`, `Object#<main>`; AccuracyAnalysis.normalize_name).
-# The truth workloads give their functions distinct names, so this merges nothing that
-# matters there; in the real programs, methods of one name in different classes merge
-# (rubocop's `on_send`, `initialize`), on both sides alike.
+# (`HotSpot.crunch`, `Kernel#sleep`, `Array#sort`, `block (2 levels) in Foo#bar`, `<main>`) and
+# ours (docs/profiler.md, "Frame names": `HotSpot.crunch`, `Kernel#sleep`, `main`; base labels
+# such as `crunch` when the native frame reader is not used) meet: `block in `,
+# `block (N levels) in `, `rescue in `, `ensure in ` are stripped, then any qualifier up to the
+# last `#` or `.` (`Foo::Bar#baz` -> `baz`); `<main>` and `main`, `<top (required)>` and
+# `top level of PATH`, `<class:Foo>` and `class Foo` meet whole (AccuracyAnalysis.normalize_name).
+# The workloads give their functions distinct names, so this merges nothing that matters.
 #
 # Figures per program:
 # - overlap = Σ_f min(ours_f, stackprof_f) (1 = the same distribution, 0 = disjoint);

@@ -14,41 +14,27 @@ module AccuracyAnalysis
   # instead, so they are left out of stackprof's distribution (see bench/accuracy.rb).
   GC_FRAMES = ["(garbage collection)", "(marking)", "(sweeping)"].freeze
 
-  # The frames Ruby names for code outside any method: `<main>`, `<top (required)>`,
-  # `<class:Foo>`, `<module:Foo>`, `singleton class`. Matched with or without brackets of any
-  # kind (`<main>`, `main`, `[main]`, `(main)`) and after any qualifier (`Object#<main>`,
-  # `a.rb:<main>`): a profiler may spell them otherwise than Ruby does (`go tool pprof -top`
-  # shows our `<main>` as `<unknown>`, so our names may change), and both spellings must meet.
-  # The price: a method named `main` is taken for the main script (none of the workloads has
-  # one).
-  TOPLEVEL_FRAME = /
-    (?:\A|[\#.:\s])                   # the whole label, or after a qualifier or a path
-    [<(\[{]?
-    (main|top\ \(required\)|top\ required|(?:class|module):[^<>()\[\]{}\s]+|singleton\ class)
-    [>)\]}]?\z
-  /x.freeze
-
-  # What a profiler's frame label and ours have in common: the bare method name. Frame names
-  # of our profiler are `Thread::Backtrace::Location#base_label`s on main (`work`, `is_a?`,
-  # `<main>`) and may become qualified (`Object#work`, `Kernel#is_a?`, `<main>` in other
-  # brackets); stackprof's are qualified (`Object#work`, `block in <main>`). So:
-  # removes `block in `, `block (N levels) in `, `rescue in `, `ensure in ` (repeatedly:
-  # `rescue in block in foo`); turns a top-level frame (TOPLEVEL_FRAME) in any spelling into
-  # one, in angle brackets (`<main>`, `<top (required)>`, `<class:Foo>`, `<singleton class>`);
-  # removes any receiver qualifier before the last `#` or `.` of anything else (`Foo#bar`,
-  # `Foo.bar`, `Foo::Bar#baz`, `#<Class:0x...>#baz`). Operators are method names like others
-  # (`Integer#<<` -> `<<`). Methods of the same name in different classes merge (`on_send` of
-  # every RuboCop cop): the comparison is by method name, on both sides alike.
+  # What a profiler's frame label and ours have in common: the bare method name.
+  # Removes `block in `, `block (N levels) in `, `rescue in `, `ensure in ` (repeatedly:
+  # `rescue in block in foo`), then any receiver qualifier before the last `#` or `.`
+  # (`Foo#bar`, `Foo.bar`, `Foo::Bar#baz`, `#<Class:0x...>#baz`). Scopes that are not methods
+  # meet whichever way they are spelled: Ruby's (stackprof: `<main>`, `<class:Foo>`,
+  # `<module:Foo>`, `<top (required)>`, `<singleton class>`) and ours (docs/profiler.md,
+  # "Frame names": `main`, `class Foo`, `module Foo`, `top level of PATH`, `singleton class`)
+  # become `main`, `class Foo`, `module Foo`, `top level` (stackprof's label has no path) and
+  # the label without its brackets, kept whole.
   #
   # @param label [String] e.g. "block (2 levels) in HotSpot.crunch", "Array#sort", "sort", "Object#<main>".
   # @return [String] e.g. "crunch", "sort", "sort", "<main>".
   def self.normalize_name(label)
     name = label.sub(/\A(?:(?:block(?: \(\d+ levels\))?|rescue|ensure) in )+/, "")
-    if (toplevel = TOPLEVEL_FRAME.match(name))
-      return "<#{toplevel[1] == 'top required' ? 'top (required)' : toplevel[1]}>"
+    case name
+    when "<main>", "main" then "main"
+    when "<top (required)>", /\Atop level of / then "top level"
+    when /\A<(class|module):(.+)>\z/, /\A(class|module) (.+)\z/ then "#{Regexp.last_match(1)} #{Regexp.last_match(2)}"
+    when /\A<([a-z][\w ]*)>\z/ then Regexp.last_match(1) # `<singleton class>`, not `<=>`: ours drops them
+    else name.sub(/\A.*[#.](?=[^#.]+\z)/, "")
     end
-
-    name.sub(/\A.*[#.](?=[^#.]+\z)/, "")
   end
 
   # @param weights [Hash{String => Numeric}] non-negative weights.

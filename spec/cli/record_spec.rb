@@ -121,7 +121,7 @@ RSpec.describe "ddprof-recorder record" do
                                "--allocation-overhead", "1", "--", RbConfig.ruby, "-e", program)
     expect([err, status]).to eq(["", 0])
     allocator = out.lines(chomp: true).find { |l| l.start_with?("  allocator") }
-    expect(allocator).to match(/\A  allocator ten \(-e\) (\d+\.\d)% of about \d+ allocations\z/)
+    expect(allocator).to match(/\A  allocator Object#ten \(-e\) (\d+\.\d)% of about \d+ allocations\z/)
     expect(Float(allocator[/(\d+\.\d)%/, 1])).to be_within(5).of(100.0 * 10 / 11)
     samples = samples_from(decode_pprof(File.binread(File.join(@dir, "m.pb"))))
     totals = value_totals(samples)

@@ -53,7 +53,7 @@ RSpec.describe "exe/ddprof-recorder" do
       expect(text).to match(/samples\s+\d+/)
       # A thread may also be sampled before it is named (by where it was created).
       expect(text).to match(/threads\s+3: (.+, )?cruncher, main, sleeper/)
-      expect(text).to match(/hottest\s+crunch \(.*examples\/hot_spot\.rb\)/)
+      expect(text).to match(/hottest\s+HotSpot\.crunch \(.*examples\/hot_spot\.rb\)/)
       expect(text).to match(/written\s+hot\.pb\.gz \(\d+ bytes\)/)
       expect(text).to include("ddprof-recorder top hot.pb.gz", "ddprof-recorder flamegraph hot.pb.gz -o hot.svg",
                               "go tool pprof -top hot.pb.gz")
@@ -146,22 +146,22 @@ RSpec.describe "exe/ddprof-recorder" do
       expect(lines[1].split).to eq(%w[self self% total total% function file])
       expect(lines.size).to eq(7)
       first = lines[2].split
-      expect(first[4]).to eq("crunch")
+      expect(first[4]).to eq("HotSpot.crunch")
       expect(first[1].to_f).to be > 80.0 # self%
       expect(first[5]).to end_with("examples/hot_spot.rb")
     end
 
     it "agrees with go tool pprof -top" do
-      expect(go_pprof_top(@file, "cpu-time").first).to eq("crunch")
+      expect(go_pprof_top(@file, "cpu-time").first).to eq("HotSpot.crunch")
       wall = go_pprof_top(@file, "wall-time")
-      expect(wall.first(3)).to contain_exactly("sleep", "value", "crunch")
+      expect(wall.first(3)).to contain_exactly("Kernel#sleep", "Thread#value", "HotSpot.crunch")
       ours = cli("top", "hot.pb.gz", "--value", "wall-time", "-n", "3").first
-      expect(ours.lines.drop(2).map { |l| l.split[4] }).to contain_exactly("sleep", "value", "crunch")
+      expect(ours.lines.drop(2).map { |l| l.split[4] }).to contain_exactly("Kernel#sleep", "Thread#value", "HotSpot.crunch")
     end
 
     it "ranks by wall-time and by total on request" do
       out, = cli("top", "hot.pb.gz", "--value", "wall-time", "--sort", "total", "-n", "1")
-      expect(out.lines[2].split[4]).to eq("run")
+      expect(out.lines[2].split[4]).to eq("HotSpot.run")
       # Not 100%: the main thread is also sampled while it loads the program, before `run`.
       expect(out.lines[2].split[3].to_f).to be >= 99.0
     end
@@ -175,8 +175,8 @@ RSpec.describe "exe/ddprof-recorder" do
       doc = REXML::Document.new(File.read(File.join(@dir, "hot.svg")))
       expect(doc.root.name).to eq("svg")
       titles = REXML::XPath.match(doc, "//title").map(&:text)
-      hot = titles.find { |t| t.start_with?("crunch (") }
-      expect(hot).to match(/\Acrunch \([\d,]+ ms of cpu-time, (\d+\.\d+)%\)\z/)
+      hot = titles.find { |t| t.start_with?("HotSpot.crunch (") }
+      expect(hot).to match(/\AHotSpot\.crunch \([\d,]+ ms of cpu-time, (\d+\.\d+)%\)\z/)
       # A majority (75.8% was seen on the shared CI machine; usually > 95%).
       expect(hot[/(\d+\.\d+)%/, 1].to_f).to be > 50.0
     end
@@ -201,7 +201,7 @@ RSpec.describe "exe/ddprof-recorder" do
       out, err, status = cli("folded", "hot.pb.gz", "--by-thread")
       expect(status).to eq(0), err
       expect(out.lines).to all(match(/\Athread name=\S+;.* \d+\n\z/))
-      expect(out).to match(/^thread name=cruncher;run;cruncher;work;crunch \d+$/)
+      expect(out).to match(/^thread name=cruncher;HotSpot.run;HotSpot.cruncher;HotSpot.work;HotSpot.crunch \d+$/)
     end
   end
 

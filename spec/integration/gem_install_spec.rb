@@ -196,9 +196,9 @@ RSpec.describe "the gem, built and installed as a user would" do
       out, ok = run(@gem_env, File.join(@gem_home, "bin", "ddprof-recorder"), "record", "-o", "app.pb.gz", "--",
                     RbConfig.ruby, "app.rb", chdir: @app)
       expect(ok).to be(true), out
-      expect(out).to include("app done", "hottest   checkout_app_hot_method (app.rb)")
+      expect(out).to include("app done", "hottest   Object#checkout_app_hot_method (app.rb)")
       skip "go is not on PATH" unless self.class.go?
-      expect(pprof_top(File.join(@app, "app.pb.gz"))).to include("checkout_app_hot_method")
+      expect(pprof_top(File.join(@app, "app.pb.gz"))).to include("Object#checkout_app_hot_method")
     end
 
     describe "in an application's Gemfile, by path" do
@@ -246,7 +246,7 @@ RSpec.describe "the gem, built and installed as a user would" do
                  'File.binwrite("e.pb.gz", pprof); puts DdprofRecorder.top(pprof, limit: 1)[:rows].first[:name]'
         out, ok = run(@bundle_env, "bundle", "exec", RbConfig.ruby, "-e", script, chdir: @bundle_app)
         expect(ok).to be(true), out
-        expect(out).to match(/^(sum|each|times|<main>)$/)
+        expect(out).to match(/^(Enumerable#sum|Enumerator#each|Integer#times|main)$/)
         skip "go is not on PATH" unless self.class.go?
         expect(pprof_top(File.join(@bundle_app, "e.pb.gz"))).to match(/sum|times/)
       end
@@ -255,9 +255,9 @@ RSpec.describe "the gem, built and installed as a user would" do
         out, ok = run(@bundle_env, "bundle", "exec", "ddprof-recorder", "record", "-o", "app.pb.gz", "--",
                       "ruby", "app.rb", chdir: @bundle_app)
         expect(ok).to be(true), out
-        expect(out).to include("app done", "hottest   checkout_app_hot_method (app.rb)")
+        expect(out).to include("app done", "hottest   Object#checkout_app_hot_method (app.rb)")
         skip "go is not on PATH" unless self.class.go?
-        expect(pprof_top(File.join(@bundle_app, "app.pb.gz"))).to include("checkout_app_hot_method")
+        expect(pprof_top(File.join(@bundle_app, "app.pb.gz"))).to include("Object#checkout_app_hot_method")
       end
     end
   end

@@ -73,9 +73,10 @@ RSpec.describe "exe/ddprof-recorder and forked processes" do
     samples_of(file).map { |s| s[:labels]["process id"] }.uniq
   end
 
-  # cpu-time of the samples of `file` with `method` in their stack.
+  # cpu-time of the samples of `file` with `method` (a method the programs define at the top
+  # level: a private method of Object, `Object#method`) in their stack.
   def cpu_in(file, method)
-    value_totals(samples_of(file).select { |s| s[:frames].any? { |f| f.first == method } })["cpu-time"]
+    value_totals(samples_of(file).select { |s| s[:frames].any? { |f| f.first == "Object##{method}" } })["cpu-time"]
   end
 
   def write_program(name, source)
@@ -114,7 +115,7 @@ RSpec.describe "exe/ddprof-recorder and forked processes" do
       expect(cpu_in("two.pid#{two}.pb.gz", "child_two_work")).to be > 0.1e9
       expect(cpu_in("two.pid#{two}.pb.gz", "child_one_work")).to eq(0)
       frames = samples_of("two.pb.gz").flat_map { |s| s[:frames].map(&:first) }
-      expect(frames).not_to include("child_one_work", "child_two_work")
+      expect(frames).not_to include("Object#child_one_work", "Object#child_two_work")
     end
 
     it "lists every process in the summary, with its samples, cpu-time and file" do
@@ -189,7 +190,7 @@ RSpec.describe "exe/ddprof-recorder and forked processes" do
       lines = out.lines(chomp: true)
       expect(lines[0]).to start_with("3 profiles (#{@files.join(', ')}): cpu-time, ")
       ranked = lines.drop(2).map { |l| l.split[4] }
-      expect(ranked).to include("clock_gettime") # what burn spends its time in
+      expect(ranked).to include("Process.clock_gettime") # what burn spends its time in
       total = @files.sum { |f| value_totals(samples_of(f))["cpu-time"] }
       expect(DdprofRecorder.top(@files.map { |f| File.binread(File.join(@dir, f)) })[:total]).to eq(total)
       _, err, status = cli("top", *@files, "missing.pb.gz")
@@ -203,7 +204,7 @@ RSpec.describe "exe/ddprof-recorder and forked processes" do
       towers = out.lines.map { |l| l[/\Aprocess id=(\d+);/, 1]&.to_i }
       expect(towers).to all(be_a(Integer))
       expect(towers.uniq).to include(*@children)
-      expect(out).to match(/^process id=#{@children.first};.*child_one_work;burn;clock_gettime \d+$/)
+      expect(out).to match(/^process id=#{@children.first};.*Object#child_one_work;Object#burn;Process.clock_gettime \d+$/)
 
       out, err, status = cli("flamegraph", "--by-process", *@files)
       expect(status).to eq(0), err

@@ -33,9 +33,11 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
 
   class AllocatedThing; end # rubocop:disable Lint/EmptyClass
 
-  # Per leaf function, the sum of `type` over the samples.
+  # Per leaf method name (`AllocationShape.ten` is `ten`), the sum of `type` over the samples.
   def by_leaf(samples, type)
-    samples.each_with_object(Hash.new(0)) { |s, acc| acc[s[:frames].first&.first] += s[:values].fetch(type, 0) }
+    samples.each_with_object(Hash.new(0)) do |s, acc|
+      acc[s[:frames].first&.first&.sub(/\A.*[#.]/, "")] += s[:values].fetch(type, 0)
+    end
   end
 
   def share(hash, key)
@@ -102,7 +104,7 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
     text.split(",")
     pprof = profiler.stop[2]
     samples = samples_from(decode_pprof(pprof))
-    parts = samples.select { |s| s[:frames].first&.first == "split" && s[:labels]["allocation class"] == "String" }
+    parts = samples.select { |s| s[:frames].first&.first == "String#split" && s[:labels]["allocation class"] == "String" }
     expect(parts.sum { |s| s[:values]["alloc-count"] }).to eq(5_000)
     expect(profiler.stats[:allocations][:dropped]).to eq(0)
   end

@@ -106,14 +106,14 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
       allocated = live_by_leaf(samples, "alloc-samples")
       live = live_by_leaf(samples)
       # `"k" * 10` is String#*, a C method: its frame is the leaf, its caller's is next.
-      kept = samples.select { |s| s[:frames][1]&.first == "kept" }
-      dropped = samples.select { |s| s[:frames][1]&.first == "dropped" }
+      kept = samples.select { |s| s[:frames][1]&.first == "MemoryShape.kept" }
+      dropped = samples.select { |s| s[:frames][1]&.first == "MemoryShape.dropped" }
       expect(kept.sum { |s| s[:values]["alloc-samples"] }).to eq(4_000)
       expect(dropped.sum { |s| s[:values]["alloc-samples"] }).to eq(36_000)
       expect(kept.sum { |s| s[:values]["heap-live-samples"] }).to eq(4_000)
       expect(dropped.sum { |s| s[:values]["heap-live-samples"] }).to eq(0)
-      expect(live["*"]).to eq(4_000)
-      expect(allocated["*"]).to eq(40_000)
+      expect(live["String#*"]).to eq(4_000)
+      expect(allocated["String#*"]).to eq(40_000)
       expect(stats).to include(heap_skipped: 0)
       expect(stats[:heap_freed]).to be >= 36_000
       sizes = kept.sum { |s| s[:values]["heap-live-size"] }
@@ -123,7 +123,7 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
     # About 2,000 samples: the share's standard deviation is 0.7 points.
     it "finds the same tenth when sampling 1 in 256 (within 3 points)" do
       samples, = heap_profile(256, count: 500_000)
-      strings = samples.select { |s| %w[kept dropped].include?(s[:frames][1]&.first) }
+      strings = samples.select { |s| %w[MemoryShape.kept MemoryShape.dropped].include?(s[:frames][1]&.first) }
       live = strings.sum { |s| s[:values]["heap-live-samples"] }
       allocated = strings.sum { |s| s[:values]["alloc-samples"] }
       expect(100.0 * live / allocated).to be_within(3).of(10)
@@ -131,7 +131,7 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
 
     it "follows the objects GC.compact moves" do
       samples, stats = heap_profile(1, compact: true)
-      kept = samples.select { |s| s[:frames][1]&.first == "kept" }
+      kept = samples.select { |s| s[:frames][1]&.first == "MemoryShape.kept" }
       expect(kept.sum { |s| s[:values]["heap-live-samples"] }).to eq(4_000)
       expect(stats[:heap_live_tracked]).to be < 4_100
     end

@@ -62,7 +62,7 @@ RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
     end
     samples = mine(profile_samples)
     expect(samples.size).to eq(1)
-    expect(samples.first[:frames].first.first).to eq("job_in_busy_method")
+    expect(samples.first[:frames].first.first).to eq("#{self.class}#job_in_busy_method")
     expect(samples.first[:values]).to eq("cpu-time" => 12_000_000, "cpu-samples" => 2, "wall-time" => 20_000_000)
     expect(sampler.counts).to include(on_cpu_samples: 2, carried_cpu_samples: 0)
   end
@@ -118,7 +118,7 @@ RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
       sampler.pass(clock.now_ns += 10_000_000, except: Thread.current)
       wall = mine(profile_samples, other)
       expect(wall.map { |s| s[:values] }).to eq([{ "cpu-time" => 0, "cpu-samples" => 1, "wall-time" => 10_000_000 }])
-      expect(wall.first[:frames].first.first).to eq("pop")
+      expect(wall.first[:frames].first.first).to eq("Thread::Queue#pop")
 
       # The window closes: the carried 4 ms go to its stack then (no on-CPU stack was seen),
       # as CPU without a sample.

@@ -22,6 +22,10 @@ RSpec.describe DdprofRecorder::Rack do
     loop { 10_000.times { |i| i * i } }
   end
 
+  # Their frame names: owner and method (docs/profiler.md, "Frame names").
+  render_page = "#{self}.rack_spec_render_page"
+  other_thread_work = "#{self}.rack_spec_other_thread_work"
+
   # Runs the block while a thread named rack_spec_busy works.
   def with_busy_thread
     busy = Thread.new { self.class.rack_spec_other_thread_work }
@@ -156,7 +160,7 @@ RSpec.describe DdprofRecorder::Rack do
       expect(status).to eq(200)
       expect(headers).to include("content-type" => "image/svg+xml; charset=utf-8", "cache-control" => "no-store",
                                  "content-length" => svg.bytesize.to_s)
-      expect(svg).to start_with("<?xml").and include("rack_spec_render_page", "GET /users: wall-time")
+      expect(svg).to start_with("<?xml").and include(".rack_spec_render_page", "GET /users: wall-time")
       expect(svg).not_to include("the page")
       expect(svg).not_to include("rack_spec_other_thread_work") # the other thread's
       expect(log.string).to match(%r{rack: profiled GET /users as flamegraph \(\d+\.\d ms\)})
@@ -171,7 +175,7 @@ RSpec.describe DdprofRecorder::Rack do
       thread_ids = samples.map { |s| s[:labels]["thread id"] }.uniq
       expect(thread_ids).to eq([DdprofRecorder::Profiler::ThreadSampler.thread_id(Thread.current)])
       frames = samples.flat_map { |s| s[:frames].map(&:first) }
-      expect(frames).to include("rack_spec_render_page")
+      expect(frames).to include(render_page)
       # 50 ms at 999 Hz: tens of samples (each thread's rate: docs/profiler.md).
       expect(samples.sum { |s| s[:values]["cpu-samples"] }).to be >= 10
     end
@@ -181,7 +185,7 @@ RSpec.describe DdprofRecorder::Rack do
       _, _, body = with_busy_thread { mw.call(env("ddprof=pprof", token: token)) }
       samples = samples_from(decode_pprof(body.join))
       expect(samples.map { |s| s[:labels]["thread name"] }.uniq).to include("rack_spec_busy", "main")
-      expect(samples.flat_map { |s| s[:frames].map(&:first) }).to include("rack_spec_other_thread_work")
+      expect(samples.flat_map { |s| s[:frames].map(&:first) }).to include(other_thread_work)
     end
 
     it "gets a speedscope file with every value type" do

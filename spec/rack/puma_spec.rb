@@ -106,7 +106,7 @@ RSpec.describe "DdprofRecorder::Rack under puma" do
       held = first.value
       expect([held.code, held["content-type"]]).to eq(["200", "application/octet-stream"])
       frames = samples_from(decode_pprof(held.body)).flat_map { |s| s[:frames].map(&:first) }
-      expect(frames).to include("compute_checkout_totals")
+      expect(frames).to include("CheckoutPage.compute_checkout_totals")
       expect(server_log).to include("rack: not profiling GET /hello: another request is being profiled")
     ensure
       File.delete(@started) if File.exist?(@started)
@@ -135,7 +135,7 @@ RSpec.describe "DdprofRecorder::Rack under puma" do
       expect(response["content-type"]).to eq("image/svg+xml; charset=utf-8")
       expect(response["cache-control"]).to eq("no-store")
       svg = response.body
-      expect(svg).to include("compute_checkout_totals", "GET /checkout: wall-time")
+      expect(svg).to include("CheckoutPage.compute_checkout_totals", "GET /checkout: wall-time")
       expect(svg).not_to include("background_churn") # the fixture's other busy thread
       expect(server_log).to match(%r{rack: profiled GET /checkout as flamegraph \(\d+\.\d ms\)})
 
@@ -145,7 +145,7 @@ RSpec.describe "DdprofRecorder::Rack under puma" do
       report = Viewers.check("svg", file, File.join(@dir, "checkout.png"))
       expect(report["errors"]).to eq([])
       expect(report["refused"]).to eq([])
-      expect(report["texts"].map(&:strip)).to include("compute_checkout_totals")
+      expect(report["texts"].map(&:strip)).to include("CheckoutPage.compute_checkout_totals")
       expect(report["coloured_share"]).to be > 0.02
     end
 
@@ -164,7 +164,7 @@ RSpec.describe "DdprofRecorder::Rack under puma" do
       out, err, status = Open3.capture3({ "HOME" => @dir, "GOTOOLCHAIN" => "local", "GOPROXY" => "off" },
                                         "go", "tool", "pprof", "-top", "-sample_index=wall-time", "-symbolize=none", file)
       expect(status).to be_success, err
-      expect(out).to include("compute_checkout_totals")
+      expect(out).to include("CheckoutPage.compute_checkout_totals")
     end
 
     it "get a speedscope file that speedscope's schema accepts" do
@@ -173,7 +173,7 @@ RSpec.describe "DdprofRecorder::Rack under puma" do
       doc = JSON.parse(response.body)
       expect(doc["profiles"].map { |p| p["name"] }).to eq(%w[cpu-time cpu-samples wall-time])
       frames = doc.dig("shared", "frames").map { |f| f["name"] }
-      expect(frames).to include("compute_checkout_totals")
+      expect(frames).to include("CheckoutPage.compute_checkout_totals")
       expect(frames).not_to include("background_churn")
 
       viewers_ready!

@@ -14,6 +14,9 @@ RSpec.describe "speedscope output" do
 
   # The hot method of the profiled block (a name no other frame has): busy until this thread
   # used `seconds` of CPU, however loaded the machine is.
+  # Its frame name: the method's owner and name (docs/profiler.md, "Frame names").
+  hot_name = "#{self}.speedscope_hot_method"
+
   def self.speedscope_hot_method(seconds)
     deadline = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + seconds
     x = 0
@@ -68,10 +71,10 @@ RSpec.describe "speedscope output" do
         expect(p[:end]).to eq(totals.fetch(p[:name]))
       end
       cpu = profiles.first[:stacks]
-      hot = cpu.select { |stack, _| stack.include?("speedscope_hot_method") }.sum(&:last)
+      hot = cpu.select { |stack, _| stack.include?(hot_name) }.sum(&:last)
       expect(hot).to be > 0.8 * totals["cpu-time"]
       # Root first, as speedscope reads them.
-      expect(cpu.map { |stack, _| stack }).to all(satisfy { |s| s.first != "speedscope_hot_method" })
+      expect(cpu.map { |stack, _| stack }).to all(satisfy { |s| s.first != hot_name })
     end
 
     it "picks value types and groups by a label: one profile per thread" do
@@ -79,7 +82,7 @@ RSpec.describe "speedscope output" do
       names = profiles.map { |p| p[:name] }
       expect(names).to include("wall-time, thread name=main", "wall-time, thread name=speedscope_sleeper")
       sleeper = profiles.find { |p| p[:name].end_with?("speedscope_sleeper") }
-      expect(sleeper[:stacks].map { |stack, _| stack.last }).to include("pop")
+      expect(sleeper[:stacks].map { |stack, _| stack.last }).to include("Thread::Queue#pop")
 
       two = profiles_of(DdprofRecorder.speedscope([@pprof, @pprof], value: %w[wall-time cpu-time]))
       expect(two.map { |p| p[:name] }).to eq(%w[wall-time cpu-time])
@@ -149,7 +152,7 @@ RSpec.describe "speedscope output" do
       expect(report["title"]).to eq("hot.pb.gz - speedscope")
       expect(report["toolbar"]).to include("cpu-time (1/3)")
       # Frame names speedscope drew on its canvas: the hot method and its callers.
-      expect(report["drawn"]).to include("speedscope_hot_method")
+      expect(report["drawn"]).to include(hot_name)
       # The flame chart's frames are colour: an empty chart is white and grey.
       expect(report["coloured_share"]).to be > 0.02
       expect(File.size(png)).to be > 10_000

@@ -21,8 +21,9 @@
 //! - reads the object's type and class from its `RBasic` header (plain memory reads): objects
 //!   whose class field is not a class (`T_IMEMO`, `T_NODE`: internal objects keep other data
 //!   there) or is 0 (hidden objects) get no class;
-//! - calls `rb_profile_frames` into a preallocated buffer: it walks the control frames and
-//!   copies frame objects (iseqs, method entries) without allocating (`vm_backtrace.c`);
+//! - reads the stack into a preallocated buffer (`stack_capture::read_current`:
+//!   `rb_profile_frames`, `vm_backtrace.c`, or `vm_frames`, which reads the same way): it walks
+//!   the control frames and copies frame objects (iseqs, method entries) without allocating;
 //! - registers the postponed job (`rb_postponed_job_register_one`, which only claims a slot
 //!   of the VM's job buffer and sets an interrupt flag, `vm_trace.c`).
 //!
@@ -413,16 +414,13 @@ fn newobj(tracepoint: rb_sys::VALUE) {
     };
     // Internal objects (imemo, node, iclass...) keep other data in the class word.
     let klass = if flags & T_MASK <= T_SYMBOL { klass } else { 0 };
-    // SAFETY: both buffers hold DEPTH entries from `start`; GVL held; does not allocate.
+    // SAFETY: GVL held; does not allocate (reads as `rb_profile_frames` does).
     let depth = unsafe {
-        rb_sys::rb_profile_frames(
-            0,
-            DEPTH as i32,
-            state.frames[start..].as_mut_ptr(),
-            state.lines[start..].as_mut_ptr(),
+        crate::stack_capture::read_current(
+            &mut state.frames[start..start + DEPTH],
+            &mut state.lines[start..start + DEPTH],
         )
     };
-    let depth = usize::try_from(depth).unwrap_or(0).min(DEPTH);
     // SAFETY: GVL held; returns the current thread's object, no allocation.
     let thread = unsafe { rb_sys::rb_thread_current() };
     let object = if state.heap { object } else { 0 };

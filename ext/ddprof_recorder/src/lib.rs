@@ -21,6 +21,7 @@ mod stack_recorder;
 mod thread_cpu;
 mod trigger;
 mod vm;
+mod vm_frames;
 
 use magnus::{Error, Ruby};
 

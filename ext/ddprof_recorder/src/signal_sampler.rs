@@ -42,7 +42,10 @@
 //!
 //! `rb_profile_frames` reads the running thread's control frames (`ec->cfp` down to the end
 //! frame, Ruby 3.1 `vm_backtrace.c`), and for each its iseq or method entry and line, with no
-//! allocation and no lock. Reading them in a handler is sound since Ruby 3.0: `vm_push_frame`
+//! allocation and no lock; the handler reads them that way too, through
+//! `stack_capture::read_current` (`vm_frames` on Ruby 3.1 once its self-check passed, which
+//! reads the same fields and gives a `define_method` method its method entry; else
+//! `rb_profile_frames` itself). Reading them in a handler is sound since Ruby 3.0: `vm_push_frame`
 //! fills a frame before it moves `ec->cfp` to it (ruby/ruby PR #3296, commit 0e276dc), so an
 //! interrupted push shows either the old top or a whole new frame; ruby/ruby PR #11036 (3.2.5,
 //! 3.3.4, 3.4) adds a compiler fence that keeps the compiler from reordering those stores, which
@@ -643,17 +646,14 @@ fn handle(info: *mut libc::siginfo_t) {
     let depth = if IN_HANDLER.load(Acquire) {
         let frames = slot.frames.load(Acquire);
         // SAFETY: the buffer was allocated at arm and is never freed; the slot is WRITING, so
-        // nobody else reads or writes it; rb_profile_frames is sound here (module doc).
-        let n = unsafe {
-            rb_sys::rb_profile_frames(
-                0,
-                DEPTH as i32,
-                (*frames).frames.as_mut_ptr(),
-                (*frames).lines.as_mut_ptr(),
-            )
-        };
+        // nobody else reads or writes it.
+        let frames = unsafe { &mut *frames };
+        // SAFETY: reads the thread's own frames as rb_profile_frames does, with no allocation,
+        // lock or system call (vm_frames, or rb_profile_frames itself): sound here (module doc).
+        let n =
+            unsafe { crate::stack_capture::read_current(&mut frames.frames, &mut frames.lines) };
         COUNTERS.read_in_handler.fetch_add(1, Relaxed);
-        u32::try_from(n).unwrap_or(0).min(DEPTH as u32)
+        n.min(DEPTH) as u32
     } else {
         COUNTERS.read_at_job.fetch_add(1, Relaxed);
         READ_AT_JOB

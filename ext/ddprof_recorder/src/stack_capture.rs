@@ -1,14 +1,44 @@
 //! Reading the calling thread's stack without making Ruby objects: the sampling job's fast
-//! path (`ThreadSampler#call` in `lib/ddprof_recorder/profiler/thread_sampler.rb`).
+//! path (`ThreadSampler#call` in `lib/ddprof_recorder/profiler/thread_sampler.rb`), and the
+//! naming of every stack the profiler records (other threads' too, [`native_thread_frames`]).
 //!
-//! `rb_profile_frames` (Ruby 3.1 `vm_backtrace.c`) fills a buffer with the frames of the
-//! current thread, leaf first: an instruction sequence for each Ruby frame, a method entry
-//! for each C method, and the line numbers, without allocating. Each frame object is turned
-//! into names once and kept in [`CACHE`], so that a sample costs a hash lookup per frame.
-//! The names are the ones `Thread::Backtrace::Location` gives (what `StackRecorder#
-//! record_sample` reads from Locations): `base_label`, and `path`, which for a C method is
-//! the path (and line) of the Ruby frame that called it. So a stack reads the same whether it
-//! came from here or from `Thread#backtrace_locations`, and both aggregate together.
+//! Frames are read as `rb_profile_frames` (Ruby 3.1 `vm_backtrace.c`) reads them: a method
+//! entry for each Ruby method (and the blocks inside it) and each C method, an instruction
+//! sequence for other Ruby frames (`<main>`, a class body, a required file's top level and
+//! the blocks in them), and the line numbers, without allocating; `vm_frames` reads them the
+//! same way for any thread, and gives a method made with `define_method` its method entry.
+//! Each frame object is turned into names once and kept in [`CACHE`], so that a sample costs
+//! a hash lookup per frame. A C method takes the path (and line) of the Ruby frame that
+//! called it, as `Thread::Backtrace::Location#path` gives.
+//!
+//! # Names
+//!
+//! When `vm_frames`' self-check passed (Ruby 3.1, checked once by `Profiler::FrameNames`
+//! before anything is named), frames are named as stackprof names them on Ruby 3.1, from the
+//! frame object alone, whichever thread it was read on:
+//!
+//! - a method entry: its owner and name, `Klass#meth`, `Klass.meth` for a singleton method
+//!   (`rb_profile_frame_qualified_method_name`: `rb_profile_frame_classpath`, which takes a
+//!   module's name for an included method, `#` or `.` by
+//!   `rb_profile_frame_singleton_method_p`, and `rb_profile_frame_method_name`, the name the
+//!   method was defined with). That holds for a C method too (`Kernel#is_a?`,
+//!   `Integer#times`). For a `define_method` method the name is the entry's `original_id`
+//!   (`rb_profile_frame_method_name` gives nil for a bmethod). A block inside a method runs
+//!   with the method's entry (`rb_vm_frame_method_entry` walks the block's ep chain up to
+//!   the method's), so on Ruby 3.1 it is named as its method, as in stackprof.
+//! - an instruction sequence: its `label` (`block in <main>`, `<class:Node>`), spelled by
+//!   [`spell`].
+//!
+//! [`spell`] rewrites Ruby's `<...>` labels, which `go tool pprof` empties: its symbolizer
+//! (pprof `internal/symbolizer`, `demangleSingleFunction`) takes a name that contains any of
+//! `<>[]` or `::` for an already demangled C++ name and removes every balanced `(...)` and
+//! `<...>` from it, so `<main>` became `` (shown as `<unknown>`) and `block (2 levels) in
+//! <main>` became `block  in `.
+//!
+//! Otherwise (another Ruby, or the check failed) frames are named the weaker way, from what a
+//! `Thread::Backtrace::Location` also gives: the `base_label` (for a C method, its name),
+//! spelled; other threads are then read with `Thread#backtrace_locations` and named the same
+//! way (`Profiler::FrameNames.location_frames`).
 //!
 //! The cache's keys are Ruby objects, which the GC could free (an iseq of `eval`ed code) and
 //! another object could then take the address of, or which compaction could move. A cached
@@ -25,8 +55,10 @@ use std::sync::Mutex;
 
 use ddprof_recorder_core::Frame;
 use magnus::{
-    function, gc, prelude::*, rb_sys::FromRawValue, DataTypeFunctions, Error, RModule, RString,
-    Ruby, TypedData, Value,
+    function, gc,
+    prelude::*,
+    rb_sys::{AsRawValue, FromRawValue},
+    DataTypeFunctions, Error, RArray, RModule, RString, Ruby, TypedData, Value,
 };
 use rustc_hash::FxHasher;
 
@@ -40,9 +72,12 @@ const MAX_CACHED_FRAMES: usize = 1 << 16;
 
 /// A cached frame's names: `path` is None for a C method (it takes its caller's).
 struct Names {
-    base_label: Box<str>,
+    name: Box<str>,
     path: Option<Box<str>>,
 }
+
+/// Where [`native_thread_frames`] keeps the stack it reads until it has made the frames.
+const OTHER_THREAD_KEY: i64 = i64::MIN / 2;
 
 /// One frame of a captured stack: the slot of its name, the slot whose path is its file (its
 /// own, or for a C method its caller's; `u32::MAX`: none), and its line.
@@ -112,6 +147,14 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     ruby.gc_register_mark_object(root);
     class.define_singleton_method("_native_capture_stack", function!(native_capture_stack, 1))?;
     class.define_singleton_method("_native_forget_stack", function!(native_forget_stack, 1))?;
+    class.define_singleton_method("_native_thread_frames", function!(native_thread_frames, 1))?;
+    class.define_singleton_method("_native_check_frames", function!(native_check_frames, 1))?;
+    class.define_singleton_method(
+        "_native_frame_names_checked",
+        function!(native_frame_names_checked, 1),
+    )?;
+    class.define_singleton_method("_native_qualified_names?", function!(native_qualified, 0))?;
+    class.define_singleton_method("_native_frame_name", function!(native_frame_name, 2))?;
     Ok(())
 }
 
@@ -147,7 +190,7 @@ pub fn with_captured<R>(key: i64, f: impl FnOnce(&[Frame<'_>]) -> R) -> Option<R
     let frames: Vec<Frame<'_>> = captured
         .iter()
         .map(|frame| Frame {
-            function_name: name(frame.name).map_or("", |n| &n.base_label),
+            function_name: name(frame.name).map_or("", |n| &n.name),
             filename: name(frame.file).and_then(|n| n.path.as_deref()).unwrap_or(""),
             line: frame.line,
         })
@@ -176,17 +219,39 @@ fn read_stack(key: i64, skip: Skip) -> usize {
     BUFFER.with(|buffer| {
         let Ok(mut buffer) = buffer.try_borrow_mut() else { return 0 };
         let Buffer { frames, lines, slots } = &mut *buffer;
-        // SAFETY: both buffers hold MAX_DEPTH entries; we hold the GVL (a method of ours, or
-        // a postponed job).
-        let n = unsafe {
-            rb_sys::rb_profile_frames(0, MAX_DEPTH as i32, frames.as_mut_ptr(), lines.as_mut_ptr())
-        };
-        let n = usize::try_from(n).unwrap_or(0).min(MAX_DEPTH);
+        // SAFETY: we hold the GVL (a method of ours, or a postponed job).
+        let n = unsafe { read_current(frames, lines) };
         store_frames(key, &frames[..n], &lines[..n], slots, skip)
     })
 }
 
-/// Keeps under `key` a stack that `rb_profile_frames` read earlier (leaf first), whole:
+/// Reads the current thread's frames, leaf first, with `vm_frames` when its self-check passed
+/// (so that a `define_method` method has its method entry), else with `rb_profile_frames`.
+/// Returns how many. Does not allocate, lock or make a system call: callable from a NEWOBJ
+/// hook and from the signal handler (`signal_sampler`).
+///
+/// # Safety
+///
+/// GVL held.
+pub unsafe fn read_current(frames: &mut [rb_sys::VALUE], lines: &mut [i32]) -> usize {
+    let limit = frames.len().min(lines.len());
+    if crate::vm_frames::available() {
+        // SAFETY: GVL held; the running thread is alive.
+        if let Some(ec) = unsafe { crate::vm_frames::thread_ec(rb_sys::rb_thread_current()) } {
+            // SAFETY: its context, GVL held since.
+            return unsafe {
+                crate::vm_frames::read(ec, frames, lines, crate::vm_frames::Bmethods::Named)
+            };
+        }
+    }
+    // SAFETY: both buffers hold `limit` entries; GVL held.
+    let n = unsafe {
+        rb_sys::rb_profile_frames(0, limit as i32, frames.as_mut_ptr(), lines.as_mut_ptr())
+    };
+    usize::try_from(n).unwrap_or(0).min(limit)
+}
+
+/// Keeps under `key` a stack that [`read_current`] read earlier (leaf first), whole:
 /// the allocation sampler's, read in the NEWOBJ hook where frames cannot be named (see
 /// `allocation_sampler`). Returns its depth (0: nothing kept).
 ///
@@ -282,12 +347,10 @@ fn resolve(
     // The main thread's root: `rb_profile_frames` sees the program's `<main>` twice (the
     // top-level frame and the one that evaluates the script), where Locations show it once.
     if end >= skip + 2 {
-        let names = |slot: u32| {
-            cache.slots.get((slot & !RUBY_FRAME) as usize).map(|n| (&n.base_label, &n.path))
-        };
+        let names =
+            |slot: u32| cache.slots.get((slot & !RUBY_FRAME) as usize).map(|n| (&n.name, &n.path));
         let root_names = names(slots[end - 1]);
-        let is_main =
-            root_names.is_some_and(|(label, path)| &**label == "<main>" && path.is_some());
+        let is_main = root_names.is_some_and(|(label, path)| &**label == MAIN && path.is_some());
         if is_main && root_names == names(slots[end - 2]) {
             end -= 1;
         }
@@ -309,7 +372,20 @@ fn resolve(
     stack.reverse();
 }
 
+/// How `<main>` is spelled (see [`spell`]).
+const MAIN: &str = "main";
+
+/// A frame's names (module doc, "Names").
 fn names_of(frame: rb_sys::VALUE) -> Names {
+    if crate::vm_frames::available() {
+        qualified_names(frame)
+    } else {
+        base_names(frame)
+    }
+}
+
+/// The weaker names: what a Location gives.
+fn base_names(frame: rb_sys::VALUE) -> Names {
     // SAFETY: `frame` comes from rb_profile_frames on the live stack; GVL held. In Ruby 3.1
     // `rb_profile_frame_base_label` is nil for a C method: its name is the method's.
     let (label, path) = unsafe {
@@ -321,7 +397,177 @@ fn names_of(frame: rb_sys::VALUE) -> Names {
     } else {
         label
     };
-    Names { base_label: text(label).unwrap_or_default(), path: text(path) }
+    let path = text(path);
+    let name = spell(&text(label).unwrap_or_default(), path.as_deref().unwrap_or(""));
+    Names { name: name.into(), path }
+}
+
+/// The qualified names: a method entry's owner and name, an iseq's label.
+fn qualified_names(frame: rb_sys::VALUE) -> Names {
+    // SAFETY: `frame` is a live frame object (an iseq or a method entry) read from a live
+    // stack, kept alive since; GVL held. Every call below takes either.
+    unsafe {
+        let flags = *(frame as *const usize);
+        let is_ment = flags & 0x1f == 0x1a && (flags >> 12) & 0xf == 6;
+        if !is_ment {
+            let path = text(rb_sys::rb_profile_frame_path(frame));
+            let label = text(rb_sys::rb_profile_frame_label(frame)).unwrap_or_default();
+            let name = spell(&label, path.as_deref().unwrap_or(""));
+            return Names { name: name.into(), path };
+        }
+        match crate::vm_frames::method_type(frame) {
+            crate::vm_frames::METHOD_BMETHOD => {
+                // `rb_profile_frame_method_name` and `_path` are nil for a bmethod's entry:
+                // the name it was defined with, and the path of the block it runs.
+                let method = text(rb_sys::rb_id2str(crate::vm_frames::original_id(frame)));
+                let class = text(rb_sys::rb_profile_frame_classpath(frame));
+                let singleton = rb_sys::rb_profile_frame_singleton_method_p(frame)
+                    == rb_sys::Qtrue as rb_sys::VALUE;
+                let method = method.unwrap_or_default();
+                let name = match class {
+                    Some(class) => format!("{class}{}{method}", if singleton { "." } else { "#" }),
+                    None => method.into(),
+                };
+                let path = crate::vm_frames::bmethod_iseq(frame)
+                    .and_then(|iseq| text(rb_sys::rb_profile_frame_path(iseq)));
+                Names { name: name.into(), path }
+            }
+            kind => {
+                let name =
+                    text(rb_sys::rb_profile_frame_qualified_method_name(frame)).unwrap_or_default();
+                let path = if kind == crate::vm_frames::METHOD_CFUNC {
+                    None
+                } else {
+                    text(rb_sys::rb_profile_frame_path(frame))
+                };
+                Names { name, path }
+            }
+        }
+    }
+}
+
+/// Ruby's `<...>` labels, spelled so that they read the same in every viewer (module doc):
+/// `<main>` is `main`, `<top (required)>` is `top level of PATH` (`path`: the file's),
+/// `<class:Node>` is `class Node`, `<module:M>` is `module M`, any other `<label>` is
+/// `label` (a letter first: `<=>` is a method's name); a `block in `, `block (N levels) in `,
+/// `rescue in ` or `ensure in ` before them stays. Other names are left as they are.
+pub fn spell(label: &str, path: &str) -> String {
+    let (prefix, scope) = match label.rfind(" in <") {
+        Some(i) if label.ends_with('>') => label.split_at(i + 4),
+        _ if label.starts_with('<') && label.ends_with('>') => ("", label),
+        _ => return label.to_owned(),
+    };
+    let inner = &scope[1..scope.len() - 1];
+    // Ruby's scope labels start with a letter; an operator method (`<=>`) is no label.
+    if !inner.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        return label.to_owned();
+    }
+    let spelled = if inner == "main" {
+        MAIN.to_owned()
+    } else if inner == "top (required)" {
+        format!("top level of {path}")
+    } else if let Some(class) = inner.strip_prefix("class:") {
+        format!("class {class}")
+    } else if let Some(module) = inner.strip_prefix("module:") {
+        format!("module {module}")
+    } else {
+        inner.to_owned()
+    };
+    format!("{prefix}{spelled}")
+}
+
+/// `Profiler._native_thread_frames(thread)`: `thread`'s stack (leaf first) as `[name, path,
+/// line]` triples named as the sampling job names the current thread's, or nil when frames
+/// are named the weaker way (then `Thread#backtrace_locations` reads it: module doc). Empty
+/// for a thread that has no stack (not started, or finished). With the GVL, for a thread that
+/// is alive (`thread.status` not false or nil): see `vm_frames`' module doc.
+fn native_thread_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Error> {
+    crate::errors::entry(ruby, || {
+        if !thread.is_kind_of(ruby.class_thread()) {
+            return Err(crate::errors::type_error(ruby, "thread must be a Thread"));
+        }
+        if !crate::vm_frames::available() {
+            return Ok(None);
+        }
+        Ok(Some(thread_frames(ruby, thread.as_raw())))
+    })
+}
+
+/// The triples of `thread`'s stack (see [`native_thread_frames`]).
+fn thread_frames(ruby: &Ruby, thread: rb_sys::VALUE) -> RArray {
+    let depth = BUFFER.with(|buffer| {
+        let Ok(mut buffer) = buffer.try_borrow_mut() else { return 0 };
+        let Buffer { frames, lines, slots } = &mut *buffer;
+        // SAFETY: `thread` is a live Thread (checked by the caller); GVL held.
+        let Some(ec) = (unsafe { crate::vm_frames::thread_ec(thread) }) else { return 0 };
+        // SAFETY: its context, GVL held since.
+        let n =
+            unsafe { crate::vm_frames::read(ec, frames, lines, crate::vm_frames::Bmethods::Named) };
+        store_frames(OTHER_THREAD_KEY, &frames[..n], &lines[..n], slots, Skip::Nothing)
+    });
+    let mut triples: Vec<(String, String, i64)> = Vec::with_capacity(depth);
+    with_captured(OTHER_THREAD_KEY, |frames| {
+        triples.extend(
+            frames.iter().map(|f| (f.function_name.to_owned(), f.filename.to_owned(), f.line)),
+        );
+    });
+    forget(OTHER_THREAD_KEY);
+    let array = ruby.ary_new_capa(triples.len());
+    for (name, path, line) in triples {
+        let triple = ruby.ary_new_capa(3);
+        // Pushing onto new Arrays cannot fail (they are not frozen).
+        let _ = triple.push(ruby.str_new(&name));
+        let _ = triple.push(ruby.str_new(&path));
+        let _ = triple.push(line);
+        let _ = array.push(triple);
+    }
+    array
+}
+
+/// `Profiler._native_check_frames(thread)`: the self-check of `vm_frames` (its module doc),
+/// called from a bmethod that a Ruby method calls. Returns nil if the current thread's part
+/// failed (frames are then named the weaker way), else `thread`'s triples, for the caller to
+/// compare with `thread.backtrace_locations` and end the check with
+/// `_native_frame_names_checked`.
+fn native_check_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Error> {
+    crate::errors::entry(ruby, || {
+        if !thread.is_kind_of(ruby.class_thread()) {
+            return Err(crate::errors::type_error(ruby, "thread must be a Thread"));
+        }
+        // SAFETY: GVL held, called from this C method.
+        if crate::vm_frames::decided() || !unsafe { crate::vm_frames::check() } {
+            return Ok(None);
+        }
+        *cache() = None; // names made before the check are made again
+        Ok(Some(thread_frames(ruby, thread.as_raw())))
+    })
+}
+
+/// `Profiler._native_frame_names_checked(passed)`: ends the self-check. Names made meanwhile
+/// are dropped, so that every name comes from one way of naming.
+fn native_frame_names_checked(ruby: &Ruby, passed: bool) -> Result<bool, Error> {
+    crate::errors::entry(ruby, || {
+        crate::vm_frames::finish_check(passed);
+        *cache() = None;
+        Ok(crate::vm_frames::available())
+    })
+}
+
+/// `Profiler._native_qualified_names?`: whether frames get qualified names (module doc).
+fn native_qualified(ruby: &Ruby) -> Result<bool, Error> {
+    crate::errors::entry(ruby, || Ok(crate::vm_frames::available()))
+}
+
+/// `Profiler._native_frame_name(base_label, path)`: a Location's `base_label` spelled as the
+/// profiler spells names ([`spell`]).
+fn native_frame_name(ruby: &Ruby, label: RString, path: RString) -> Result<String, Error> {
+    crate::errors::entry(ruby, || {
+        // SAFETY: copied at once, before any Ruby code runs.
+        let (label, path) = unsafe {
+            (String::from_utf8_lossy(label.as_slice()), String::from_utf8_lossy(path.as_slice()))
+        };
+        Ok(spell(&label, &path))
+    })
 }
 
 /// A Ruby String's text (non-UTF-8 bytes become U+FFFD), or None for nil and non-Strings.

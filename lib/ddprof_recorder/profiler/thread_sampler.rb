@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "frame_names"
+
 module DdprofRecorder
   class Profiler
     # What the profiler records, thread by thread: the per-thread accounts of CPU and wall
@@ -142,6 +144,8 @@ module DdprofRecorder
         @last_pass_ns = @clock.now_ns
         @consecutive_errors = 0
         @messages = []
+        # Before anything is named: how frames are named, once per process.
+        FrameNames.check
       end
 
       # The threads alive now count from now: their time before it is not ours. Baselines
@@ -277,6 +281,7 @@ module DdprofRecorder
       # @param caller_stack [Array<Thread::Backtrace::Location>, nil] and where it called from,
       #   an on-CPU moment, for the CPU it carries.
       def flush(caller_cpu_ns: nil, caller_stack: nil)
+        caller_stack = FrameNames.caller_frames(caller_stack)
         @lock.synchronize do
           @threads.each do |thread, state|
             if thread.equal?(Thread.current) && caller_cpu_ns
@@ -384,7 +389,8 @@ module DdprofRecorder
         @threads[thread] ||= new_state(thread, [@last_pass_ns, now_ns].min)
       end
 
-      # `stack`: the key of a natively captured stack (Integer), or Locations.
+      # `stack`: the key of a natively captured stack (Integer), or frames (`[name, path, line]`
+      # arrays from FrameNames, or Locations on Ruby < 3.1).
       def sample_running(thread, stack, on_time, cpu_ns, now_ns)
         return if no_stack?(stack)
 
@@ -458,7 +464,8 @@ module DdprofRecorder
         status = thread.status
         return unless status
 
-        locations = thread.backtrace_locations
+        # Its frames named as the job names its own thread's (see FrameNames).
+        locations = FrameNames.thread_stack(thread)
         # nil: the thread is dead; empty: not started yet or ending. Nothing to attribute the
         # time to: its next sample gets it (its clocks are left as they are).
         return if locations.nil? || locations.empty?
@@ -518,8 +525,9 @@ module DdprofRecorder
         cpu > previous ? cpu - previous : 0
       end
 
-      # `stack`: Locations, or the key of a natively captured stack. A captured stack is not
-      # kept as the thread's `locations` (the idle path needs Locations to record again).
+      # `stack`: frames (see #sample_running), or the key of a natively captured stack. A
+      # captured stack is not kept as the thread's `locations` (the idle path needs frames it can
+      # record again).
       def record(state, stack, cpu_ns, count, now_ns)
         wall = now_ns - state.wall_ns
         wall = 0 if wall.negative?
@@ -569,7 +577,7 @@ module DdprofRecorder
         # (#signal_charge): its last signal sample's stack is a fair draw for it, the stack
         # of a caller stopping the profiler is not.
         stack = state.on_cpu_locations if no_stack?(stack) || (state.armed && state.on_cpu_locations)
-        stack ||= thread.alive? ? thread.backtrace_locations : nil
+        stack ||= thread.alive? ? FrameNames.thread_stack(thread) : nil
         stack = state.locations if no_stack?(stack)
         return if no_stack?(stack)
 

@@ -1,0 +1,107 @@
+# frozen_string_literal: true
+
+module DdprofRecorder
+  class Profiler
+    # One way of naming frames for every stack the profiler records, whichever thread and
+    # whichever path read it (the rules: "Names" in ext/ddprof_recorder/src/stack_capture.rs;
+    # for users: docs/profiler.md, "Frame names").
+    #
+    # On Ruby 3.1 frames are read natively, for the current thread and for others, through the
+    # VM's own structures (ext/ddprof_recorder/src/vm_frames.rs), and named `Klass#meth`. That
+    # reader checks itself once per process ({.check}) before anything is named; if the check
+    # fails (or on another Ruby), every frame is named the weaker way, from what a
+    # `Thread::Backtrace::Location` gives, and other threads are read with
+    # `Thread#backtrace_locations`.
+    module FrameNames
+      @checked = false
+
+      class << self
+        # Runs the native reader's self-check, once per process.
+        #
+        # @return [Boolean] whether frames get qualified names.
+        def check
+          return Profiler._native_qualified_names? if @checked
+
+          @checked = true
+          run_check
+        end
+
+        # @return [Boolean] whether frames get qualified names (false until {.check} ran).
+        def qualified?
+          Profiler._native_qualified_names?
+        end
+
+        # Another thread's stack, leaf first, as `[name, path, line]` frames named as the
+        # sampling job names its own thread's. With the GVL, for a thread that is alive.
+        #
+        # @param thread [Thread]
+        # @return [Array<Array>, nil] empty for a thread not started yet or ending; nil if it
+        #   is dead.
+        def thread_stack(thread)
+          Profiler._native_thread_frames(thread) || location_frames(thread.backtrace_locations)
+        end
+
+        # The frames of `locations`, which the current thread read with `caller_locations`:
+        # read again natively (the same frames, the root-most `locations.size` of the current
+        # stack), or named from the Locations the weaker way.
+        #
+        # @param locations [Array<Thread::Backtrace::Location>, nil]
+        # @return [Array<Array>, nil]
+        def caller_frames(locations)
+          return locations if locations.nil? || locations.empty?
+
+          frames = Profiler._native_thread_frames(Thread.current)
+          return location_frames(locations) unless frames && frames.size >= locations.size
+
+          frames.last(locations.size)
+        end
+
+        # Locations as frames named the weaker way: the `base_label`, spelled as every name
+        # (`<main>` is `main`...).
+        #
+        # @param locations [Array<Thread::Backtrace::Location>, nil]
+        # @return [Array<Array>, nil]
+        def location_frames(locations)
+          locations&.map do |location|
+            path = location.path || ""
+            [Profiler._native_frame_name(location.base_label || "", path), path, location.lineno]
+          end
+        end
+
+        private
+
+        # The check: the current thread read natively must match `rb_profile_frames`, and a
+        # thread parked in `Queue#pop` must read as its Locations do (the same paths and lines,
+        # frame for frame).
+        def run_check
+          parked = Thread::Queue.new
+          release = Thread::Queue.new
+          thread = Thread.new { park(parked, release) }
+          parked.pop
+          Thread.pass until thread.status == "sleep" || !thread.alive?
+          frames = check_from_bmethod(thread)
+          passed = !frames.nil? && thread.status == "sleep" &&
+                   same_frames?(frames, thread.backtrace_locations || [])
+          Profiler._native_frame_names_checked(passed)
+        ensure
+          release&.push(nil)
+          thread&.join
+        end
+
+        def park(parked, release)
+          parked.push(nil)
+          release.pop
+        end
+
+        def same_frames?(frames, locations)
+          !frames.empty? && frames.map { |_, path, line| [path, line] } == locations.map { |l| [l.path, l.lineno] }
+        end
+      end
+
+      # A `define_method` method: the native check needs one on the stack, called from a Ruby
+      # method (vm_frames.rs).
+      define_singleton_method(:check_from_bmethod) { |thread| Profiler._native_check_frames(thread) }
+      private_class_method :check_from_bmethod
+    end
+  end
+end

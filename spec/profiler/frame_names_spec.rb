@@ -1,0 +1,170 @@
+# frozen_string_literal: true
+
+require "open3"
+require "rbconfig"
+require "tmpdir"
+
+# How the profiler names frames (docs/profiler.md, "Frame names"): qualified names, the same
+# for a frame whichever thread and path read it, spelled so that go tool pprof shows them as
+# written. Profiles come from `ddprof-recorder record` (or Profiler.profile in a separate
+# process) and are decoded with google-protobuf.
+RSpec.describe "Profiler frame names" do
+  root = File.expand_path("../..", __dir__)
+  exe = File.join(root, "exe", "ddprof-recorder")
+
+  required = <<~RUBY
+    # The top level of a required file, busy for a while.
+    t = 0
+    400_000.times { |i| t += i }
+  RUBY
+  program = <<~RUBY
+    require_relative "shapes_required"
+    module Shapes
+      class Node
+        define_method(:meth) { |n| x = 0; n.times { |i| x += i }; x }
+        define_method(:park) { |queue| queue.pop }
+        def work(n) = [1].each { n.times { |i| i.is_a?(Integer) } }
+        def self.build(n) = n.times { |i| i.respond_to?(:x) }
+        t = 0
+        400_000.times { |i| t += i }
+      end
+    end
+    node = Shapes::Node.new
+    queue = Thread::Queue.new
+    parked = Thread.new { Thread.current.name = "parked"; node.park(queue) }
+    busy = Thread.new { Thread.current.name = "busy"; 30.times { node.meth(40_000); node.work(20_000) } }
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.5
+    while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      node.meth(40_000)
+      node.work(20_000)
+      Shapes::Node.build(20_000)
+    end
+    busy.join
+    queue << 1
+    parked.join
+  RUBY
+
+  # What the weaker names (base labels) and Ruby's own `<...>` labels look like: none of them
+  # may appear when frames are named natively.
+  weak_names = ["meth", "work", "build", "park", "is_a?", "pop", "times", "<main>", "<class:Node>",
+                "<module:Shapes>", "<top (required)>"].freeze
+
+  def names_by_thread(samples)
+    samples.each_with_object(Hash.new { |h, k| h[k] = [] }) do |sample, by_thread|
+      by_thread[sample[:labels]["thread name"]].concat(sample[:frames].map(&:first))
+    end
+  end
+
+  def go_pprof_names(file)
+    out, err, status = Open3.capture3({ "HOME" => @dir }, "go", "tool", "pprof", "-top",
+                                      "-sample_index=wall-time", file)
+    raise "go tool pprof failed: #{err}" unless status.success?
+
+    rows = out.lines.drop_while { |l| !l.include?("flat%") }.drop(1)
+    # flat flat% sum% cum cum% name: the name is the rest of the line, spaces and all.
+    rows.map { |l| l.strip.split(/\s+/, 6).last }
+  end
+
+  before(:context) do
+    @dir = Dir.mktmpdir("ddprof_recorder_names")
+    File.write(File.join(@dir, "shapes_required.rb"), required)
+    File.write(File.join(@dir, "shapes.rb"), program)
+    @required = File.join(@dir, "shapes_required.rb")
+    @out, @err, @status = Open3.capture3(RbConfig.ruby, exe, "record", "-o", "shapes.pb.gz", "--hz", "499",
+                                         "--", RbConfig.ruby, "shapes.rb", chdir: @dir)
+    @file = File.join(@dir, "shapes.pb.gz")
+    @samples = @status.success? ? samples_from(decode_pprof(File.binread(@file))) : []
+  end
+
+  after(:context) { FileUtils.remove_entry(@dir, true) }
+
+  it "checks its native frame reader and names frames qualified on this Ruby" do
+    expect(@status).to be_success, @err
+    expect(DdprofRecorder::Profiler::FrameNames.check).to be(true)
+  end
+
+  it "names methods by owner, C methods too, and a define_method method by its name" do
+    names = @samples.flat_map { |s| s[:frames].map(&:first) }.uniq
+    expect(names).to include("Shapes::Node#meth", "Shapes::Node#work", "Shapes::Node.build", "Kernel#is_a?",
+                             "Kernel#respond_to?", "Integer#times", "Array#each", "Shapes::Node#park",
+                             "Thread::Queue#pop")
+    expect(names & weak_names).to eq([])
+  end
+
+  it "spells main, class bodies and required files without Ruby's angle brackets" do
+    names = @samples.flat_map { |s| s[:frames].map(&:first) }.uniq
+    expect(names).to include("main", "block in main", "class Node", "module Shapes",
+                             "top level of #{@required}", "block in top level of #{@required}")
+    expect(names.grep(/[<>]/)).to eq([])
+  end
+
+  it "keeps the recorder's frame contract: the path is the file's, a C method takes its caller's" do
+    frames = @samples.flat_map { |s| s[:frames] }.uniq
+    program_path = "shapes.rb" # as the program was started
+    expect(frames).to include(["Shapes::Node#meth", program_path, 4], ["Integer#times", program_path, 4],
+                              ["Kernel#is_a?", program_path, 6], ["Integer#times", @required, 3])
+  end
+
+  it "names another thread's frames as its own: a parked thread read by passes, a busy one by both" do
+    by_thread = names_by_thread(@samples)
+    # The parked thread never holds the GVL once parked: only passes read it.
+    parked = @samples.select { |s| s[:labels]["thread name"] == "parked" }.map { |s| s[:frames].map(&:first) }
+    expect(parked).to include(["Thread::Queue#pop", "Shapes::Node#park", "block in main"])
+    expect(by_thread.fetch("busy")).to include("Shapes::Node#meth", "Shapes::Node#work", "Kernel#is_a?")
+    expect(by_thread.fetch("main")).to include("Shapes::Node#meth", "Shapes::Node#work", "Kernel#is_a?")
+    by_thread.each_value { |names| expect(names & weak_names).to eq([]) }
+  end
+
+  it "reads the same in go tool pprof -top: no <unknown>, every name as written" do
+    skip "go is not on PATH" unless system("go", "version", out: File::NULL, err: File::NULL)
+    names = go_pprof_names(@file)
+    ours = @samples.flat_map { |s| s[:frames].map(&:first) }.uniq
+    expect(names).not_to include("<unknown>")
+    expect(names).to include("main", "class Node", "top level of #{@required}", "Shapes::Node#meth",
+                             "Kernel#is_a?")
+    expect(names - ours).to eq([])
+  end
+
+  it "spells Ruby's labels the same for a Location's base_label" do
+    spell = ->(label, path = "lib/x.rb") { DdprofRecorder::Profiler._native_frame_name(label, path) }
+    expect(spell.call("<main>")).to eq("main")
+    expect(spell.call("<top (required)>")).to eq("top level of lib/x.rb")
+    expect(spell.call("block (2 levels) in <top (required)>")).to eq("block (2 levels) in top level of lib/x.rb")
+    expect(spell.call("<class:Node>")).to eq("class Node")
+    expect(spell.call("<module:Shapes>")).to eq("module Shapes")
+    expect(spell.call("rescue in block in <main>")).to eq("rescue in block in main")
+    expect(spell.call("<compiled>")).to eq("compiled")
+    expect(spell.call("work")).to eq("work")
+    expect(spell.call("Integer#<=>")).to eq("Integer#<=>")
+    expect(spell.call("<=>")).to eq("<=>") # a C method's base label
+    expect(spell.call("block in <=>")).to eq("block in <=>")
+  end
+
+  it "names frames the weaker way on both paths when the native reader is not used" do
+    script = <<~RUBY
+      require "ddprof_recorder"
+      # Ends the self-check as failed before it runs, as a failed check would.
+      DdprofRecorder::Profiler._native_frame_names_checked(false)
+      queue = Thread::Queue.new
+      parked = Thread.new { Thread.current.name = "parked"; queue.pop }
+      pprof = DdprofRecorder::Profiler.profile(hz: 499) do
+        Thread.pass until parked.status == "sleep"
+        k = Class.new { define_method(:meth) { 200_000.times { |i| i.is_a?(Integer) } } }
+        3.times { k.new.meth }
+      end
+      queue << 1
+      parked.join
+      print DdprofRecorder::Profiler::FrameNames.qualified?, "\\n", [pprof].pack("m0")
+    RUBY
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.join(root, "lib"), "-e", script)
+    expect(status).to be_success, err
+    qualified, pprof = out.split("\n", 2)
+    expect(qualified).to eq("false")
+    samples = samples_from(decode_pprof(pprof.unpack1("m0")))
+    names = samples.flat_map { |s| s[:frames].map(&:first) }.uniq
+    expect(names).to include("is_a?", "times", "main", "pop")
+    expect(names.grep(/[<>#]/)).to eq([])
+    parked = samples.select { |s| s[:labels]["thread name"] == "parked" }.map { |s| s[:frames].map(&:first) }
+    expect(parked).to include(%w[pop main])
+  end
+end
