@@ -352,7 +352,10 @@ unsafe extern "C" fn signal_job(_data: *mut c_void) {
 /// kept under a key of its own, `signal_sampler::key`).
 fn run_signal_job() {
     if ENABLED.load(Ordering::Acquire) {
+        // Naming frames allocates (a method name's String on first use): not the program's.
+        let was_here = JOB_HERE.with(|here| here.replace(true));
         hand_over_signal_samples(own_cpu_ns());
+        JOB_HERE.with(|here| here.set(was_here));
     }
 }
 

@@ -6,20 +6,32 @@
 //!
 //! Each Ruby thread that the profiler samples is *armed*: it gets a POSIX timer on its own
 //! CPU clock (`timer_create` on the clock id `MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`, see
-//! `thread_cpu`), firing every `1/hz` of that thread's CPU time, whose signal goes to that
-//! thread only (`SIGEV_THREAD_ID`). A CPU-clock timer expires at a scheduler tick while its
-//! thread is on a CPU, and Linux sends the signal from the tick's task work, on the thread's
-//! return to user mode: a thread that waits (`read(2)`, `sleep`, `IO.select`, `Queue#pop`,
-//! a futex, a libc call through Fiddle) uses no CPU, so its timer never expires and it is
-//! never interrupted, and a signal never lands inside a blocking system call. The handler is
-//! installed with `SA_RESTART` all the same. The signal is a real-time one that nothing else
-//! in the process handles (see [`install`]): Ruby's `trap` cannot take real-time signals, so
-//! a program's own `trap("PROF")` and the profiler never meet.
+//! `thread_cpu`), whose signal goes to that thread only (`SIGEV_THREAD_ID`). A CPU-clock timer
+//! expires at a scheduler tick while its thread is on a CPU, and Linux sends the signal from
+//! the tick's task work, on the thread's return to user mode: a thread that waits (`read(2)`,
+//! `sleep`, `IO.select`, `Queue#pop`, a futex, a libc call through Fiddle) uses no CPU, so its
+//! timer never expires and it is never interrupted, and a signal never lands inside a blocking
+//! system call. The handler is installed with `SA_RESTART` all the same. The signal is a
+//! real-time one that nothing else in the process handles (see [`install`]): Ruby's `trap`
+//! cannot take real-time signals, so a program's own `trap("PROF")` and the profiler never meet.
 //!
-//! The kernel checks CPU timers at its scheduler tick (`CONFIG_HZ`, 250 on Debian's kernels),
-//! so a thread gets at most that many signals a second, whatever `hz` asks: above it, each
-//! signal stands for the CPU since the previous one (values are differences of CPU clocks,
-//! so no CPU is lost; the stacks are just fewer).
+//! # Which ticks are samples
+//!
+//! The kernel checks CPU timers at its scheduler tick only (`CONFIG_HZ`, 250 on Debian's
+//! kernels), so the moments a timer can fire are the ticks its thread runs through. The timers'
+//! period is 10 µs ([`PROBE_PERIOD_NS`]): at every such tick the timer has expired, and the
+//! thread gets a signal. Each tick is then a sample, independently, with the same probability
+//! `hz * tick` (all of them when `hz` is at or above the tick rate: a thread gets at most about
+//! 250 samples a second of its CPU on such a kernel), drawn in the handler ([`drawn`]); the
+//! tick is measured as the average CPU a thread uses from one tick to the next ([`TICK_NS`]).
+//! Ticks come at fixed times of the wall clock, which a program does not follow, so they fall
+//! on a thread's stacks in proportion to the CPU each uses, and so do the samples. A timer
+//! with a period of `1/hz` would not do: it fires at the first tick after each `1/hz` of CPU,
+//! so a tick is chosen in proportion to the CPU used since the previous tick, and the first
+//! tick after a sleep, which follows less CPU, is chosen less often (on bench/accuracy's
+//! `sleepy`, the method run after each sleep got 35% of the CPU against a truth of 59%). For
+//! the same reason the profiler charges each sample about the thread's average CPU per sample,
+//! not the CPU since its previous sample (`ThreadSampler#signal_charge`).
 //!
 //! # The handler
 //!

@@ -239,7 +239,7 @@ module DdprofRecorder
             signal_sample(samples[i], samples[i + 1], samples[i + 2], samples[i + 3], samples[i + 4])
             i += 5
           end
-          succeeded
+          # Not a pass: a run of failing passes is not broken by signal samples.
         rescue StandardError => e
           failed(e)
         ensure
