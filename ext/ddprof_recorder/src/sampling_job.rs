@@ -397,11 +397,13 @@ fn call_handler<T>(call: impl FnOnce(Value) -> Result<T, Error>) -> Option<T> {
     let deferred = unsafe { crate::interrupt_mask::defer_async_interrupts() };
     let was_here = JOB_HERE.with(|here| here.replace(true));
     let tid = own_tid();
+    // Jobs do not nest on a thread (the flush masks the postponed-job interrupt), so the
+    // handler's end is the end of the thread's time in a job.
     signal_sampler::set_in_job(tid, true);
     // magnus calls through `rb_protect` and clears `$!`: an exception comes back as an
     // `Err`, which the handler (it rescues everything) should never produce anyway.
     let result = call(handler).ok();
-    signal_sampler::set_in_job(tid, was_here);
+    signal_sampler::set_in_job(tid, false);
     JOB_HERE.with(|here| here.set(was_here));
     drop(deferred);
     result
