@@ -165,8 +165,8 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
         expect(result["stats"]["on_cpu_samples"]).to be > 10
         expect(signals).not_to be_empty
         # Every one is our timer's (SI_TIMER). The sleeper runs for some microseconds between
-        # its 5 ms naps, so its CPU timer (1 ms of its CPU at 999 Hz) expires now and then,
-        # always while it runs (the blocked-thread examples check that it is never woken).
+        # its 5 ms naps, so now and then a scheduler tick comes while it runs, and its timer
+        # fires then (the blocked-thread examples check that it is never woken).
         expect(signals).to all(match(/\A\d+ +--- SIGRT_\d+ \{si_signo=SIGRT_\d+, si_code=SI_TIMER,/))
         main = signals.grep(/\A#{result["main"]} +---/).size
         sleeper = signals.grep(/\A#{result["sleeper"]} +---/).size

@@ -64,7 +64,7 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
     expect { described_class.new(signals: "yes") }.to raise_error(ArgumentError, /signals must be true or false/)
   end
 
-  it "samples each busy thread at its own CPU rate, and a sleeping one never" do
+  it "samples each of two busy threads on its own CPU, and stops their timers at stop" do
     stop = false
     busy = Array.new(2) { Thread.new { SignalSpecWork.run(0.01) until stop } }
     sleeper = Thread.new { sleep 0.002 until stop }
