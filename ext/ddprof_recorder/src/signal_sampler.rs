@@ -295,6 +295,41 @@ impl Counters {
     }
 }
 
+/// Keeps the sampling signal from the calling thread while it lives (a tick that comes
+/// meanwhile waits, and is delivered when it is dropped): for the profiler's own measurements.
+pub struct BlockedHere(Option<libc::sigset_t>, std::marker::PhantomData<*const ()>);
+
+impl BlockedHere {
+    pub fn new() -> Self {
+        let signo = SIGNO.load(Acquire);
+        if signo == 0 {
+            return Self(None, std::marker::PhantomData);
+        }
+        // SAFETY: sigset_t is plain data; sigemptyset/sigaddset fill it; pthread_sigmask only
+        // changes the calling thread's mask and writes the old one into `old`.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, signo);
+            if libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old) != 0 {
+                return Self(None, std::marker::PhantomData);
+            }
+            Self(Some(old), std::marker::PhantomData)
+        }
+    }
+}
+
+impl Drop for BlockedHere {
+    fn drop(&mut self) {
+        if let Some(old) = self.0 {
+            // SAFETY: restores the mask saved in `new`, on the same thread (the PhantomData
+            // raw pointer keeps it from being sent to another).
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+        }
+    }
+}
+
 /// The kernel's tick as measured so far, in ns (0: not yet).
 pub fn tick_ns() -> i64 {
     TICK_NS.load(Acquire)
