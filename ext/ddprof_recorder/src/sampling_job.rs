@@ -231,22 +231,7 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
             ruby.to_symbol("jobs_deferring_interrupts"),
             crate::interrupt_mask::DEFERRING.load(Ordering::Relaxed),
         )?;
-        let c = &signal_sampler::COUNTERS;
-        for (name, counter) in [
-            ("signals", &c.signals),
-            ("signals_passed_over", &c.passed_over),
-            ("signals_read_in_handler", &c.read_in_handler),
-            ("signals_read_at_job", &c.read_at_job),
-            ("signals_without_gvl", &c.without_gvl),
-            ("signals_in_gc", &c.in_gc),
-            ("signals_slot_busy", &c.slot_busy),
-            ("signals_in_job", &c.in_job),
-            ("signals_stale", &c.stale),
-            ("signal_samples_dropped", &c.dropped),
-            ("signal_arm_failures", &c.arm_failures),
-            ("signal_blocked_threads", &c.blocked),
-            ("threads_armed_peak", &c.armed_peak),
-        ] {
+        for (name, counter) in signal_sampler::COUNTERS.named() {
             hash.aset(ruby.to_symbol(name), counter.load(Ordering::Relaxed))?;
         }
         hash.aset(ruby.to_symbol("threads_armed"), signal_sampler::armed())?;

@@ -274,22 +274,27 @@ pub static COUNTERS: Counters = Counters {
 };
 
 impl Counters {
+    /// Every counter with its name in `stats` (the one list `clear` and the stats share).
+    pub fn named(&self) -> [(&'static str, &AtomicU64); 13] {
+        [
+            ("signals", &self.signals),
+            ("signals_passed_over", &self.passed_over),
+            ("signals_read_in_handler", &self.read_in_handler),
+            ("signals_read_at_job", &self.read_at_job),
+            ("signals_without_gvl", &self.without_gvl),
+            ("signals_in_gc", &self.in_gc),
+            ("signals_slot_busy", &self.slot_busy),
+            ("signals_in_job", &self.in_job),
+            ("signals_stale", &self.stale),
+            ("signal_samples_dropped", &self.dropped),
+            ("signal_arm_failures", &self.arm_failures),
+            ("signal_blocked_threads", &self.blocked),
+            ("threads_armed_peak", &self.armed_peak),
+        ]
+    }
+
     fn clear(&self) {
-        for c in [
-            &self.signals,
-            &self.passed_over,
-            &self.read_in_handler,
-            &self.read_at_job,
-            &self.without_gvl,
-            &self.in_gc,
-            &self.slot_busy,
-            &self.in_job,
-            &self.stale,
-            &self.arm_failures,
-            &self.blocked,
-            &self.armed_peak,
-            &self.dropped,
-        ] {
+        for (_, c) in self.named() {
             c.store(0, Relaxed);
         }
     }
