@@ -360,12 +360,13 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
   # the busy threads; what it receives there must still reach the program. Each round kills,
   # raises into and times out busy threads at once; all must end within a wide margin. A
   # victim that missed its interrupt is told to stop by a flag instead (it may be unkillable).
+  # Allocation sampling is on too: its job runs a Ruby handler as well.
   it "lets Thread#kill, Thread#raise and Timeout.timeout reach busy threads" do
     rounds = 25
     width = 3
     done = false
     lost = Hash.new(0)
-    profiler = described_class.new(hz: 999, compression: :none).start
+    profiler = described_class.new(hz: 999, allocations: true, compression: :none).start
     victims = []
     rounds.times do
       kinds = Array.new(width) { |i| %i[kill raise timeout][i % 3] }
@@ -401,9 +402,14 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
     done = true
     victims.each { |t| t.join(5) }
     stats = profiler.stats
+    native = described_class._native_sampling_stats
     profiler.stop
     expect(lost).to be_empty, "interrupts that never arrived, of #{rounds * width} sent: #{lost}"
-    expect(stats[:on_cpu_samples]).to be > 100
+    expect(stats[:on_cpu_samples] + stats[:signal_samples]).to be > 100
+    expect(stats[:allocations][:recorded]).to be > 0
+    # The deferral works on this Ruby: its layout checks passed in every job.
+    expect(native).to include(interrupt_deferral_refused: 0)
+    expect(native[:jobs_deferring_interrupts]).to be > 0
   ensure
     done = true
     victims&.each { |t| t.join(5) }

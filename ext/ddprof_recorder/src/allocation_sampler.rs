@@ -454,6 +454,10 @@ fn run_job() {
     // What the samples cost is the hook's too: the duty cycle lengthens the on-slots by it.
     // This thread's CPU, not the clock: time it is switched out is no cost of ours.
     let started = crate::thread_cpu::own_cpu_ns();
+    // The handler is Ruby code: the program's Thread#raise, Thread#kill and Timeout wait
+    // until the job is over, so that they reach the program, not the handler.
+    // SAFETY: in a postponed job with the GVL; dropped at the end of this function.
+    let deferred = unsafe { crate::interrupt_mask::defer_async_interrupts() };
     if let Ok(ruby) = Ruby::get() {
         // This thread's key for the stacks it names (another thread's job may run while
         // this one is switched out in its handler).
@@ -467,6 +471,7 @@ fn run_job() {
     let spent = crate::thread_cpu::own_cpu_ns().saturating_sub(started).max(0) as u64;
     crate::duty_cycle::JOB_NS.fetch_add(spent, Ordering::Relaxed);
     JOB_HERE.with(|here| here.set(false));
+    drop(deferred);
 }
 
 /// The duty cycle's job: turns the hook on or off as its thread wants, and takes the `every`

@@ -13,27 +13,30 @@
 //! interrupt stays pending (`threadptr_get_interrupts` keeps masked bits), so once the mask is
 //! restored, Ruby delivers it at the thread's next check, after the job: where the program is.
 //!
-//! There is no public API for it, so the fields are reached by their offsets in Ruby 3.1,
-//! checked in Debian's `libruby-3.1.so.3.1.2`: `rb_thread_interrupted` loads the thread's
-//! execution context from offset 0x28 of `rb_thread_t` (`th->ec`) and its `interrupt_flag`
-//! from 0x20; `finalize_deferred` does `orl $0x2, 0x24(ec)` (`interrupt_mask`). Two guards:
-//! it is compiled for Ruby 3.1 only, and it writes only if the mask it reads has the
-//! postponed-job and trap bits set (`0x4 | 0x8`), which `rb_postponed_job_flush` sets before
-//! running jobs: a wrong offset would not read that. Otherwise it does nothing, and the
-//! handler runs unmasked as before.
+//! Ruby 3.3 and 3.4 do the same (`finalize_deferred` in their `gc.c`), and their
+//! `rb_postponed_job_flush` (`vm_trace.c`) masks the same two bits as 3.1's.
+//!
+//! There is no public API for it, so the fields are reached by their offsets, which
+//! `vm::THREAD_EC_OFFSET` gives per Ruby version (checked in each libruby's machine code).
+//! Three guards: on a Ruby without checked offsets it does nothing; the `rb_thread_t` must
+//! hold the Thread object at `vm::THREAD_SELF_OFFSET`; and it writes only if the mask it
+//! reads has the postponed-job and trap bits set (`0x4 | 0x8`), which
+//! `rb_postponed_job_flush` sets before running jobs: a wrong offset would not read that.
+//! Otherwise it does nothing, counts it (`interrupt_deferral_refused` in the sampling
+//! stats), and the handler runs unmasked as before.
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::vm::{
+    EC_INTERRUPT_MASK_OFFSET, PENDING_INTERRUPT_MASK, POSTPONED_JOB_INTERRUPT_MASK,
+    THREAD_EC_OFFSET, THREAD_SELF_OFFSET, TRAP_INTERRUPT_MASK,
+};
 
 /// How many times the mask was set: `Profiler._native_sampling_stats[:jobs_deferring_interrupts]`
 /// (it equals the jobs run when the layout checks pass).
 pub static DEFERRING: AtomicU64 = AtomicU64::new(0);
-
-const PENDING_INTERRUPT_MASK: u32 = 0x2;
-const POSTPONED_JOB_INTERRUPT_MASK: u32 = 0x4;
-const TRAP_INTERRUPT_MASK: u32 = 0x8;
-
-/// Ruby 3.1's offsets (see the module doc).
-const THREAD_EC_OFFSET: usize = 0x28;
-const EC_INTERRUPT_MASK_OFFSET: usize = 0x24;
+/// How many times a guard refused (module doc): `..[:interrupt_deferral_refused]`, 0 on a
+/// Ruby whose layout we know.
+pub static REFUSED: AtomicU64 = AtomicU64::new(0);
 
 /// The running thread's `interrupt_mask`, while it has the pending-interrupt bit set by us.
 pub struct Deferred {
@@ -57,33 +60,48 @@ impl Drop for Deferred {
 /// current thread's and lives until the job returns), and drop the value before the job
 /// returns.
 pub unsafe fn defer_async_interrupts() -> Deferred {
-    let none = Deferred { mask: None, before: 0 };
-    if !cfg!(ruby_eq_3_1) {
-        return none;
-    }
-    // SAFETY: the caller holds the GVL; rb_thread_current has no other precondition.
-    let thread = unsafe { rb_sys::rb_thread_current() };
-    // SAFETY: a Thread is a T_DATA object whose data is its rb_thread_t (Ruby 3.1
-    // `vm_core.h`, `rb_thread_ptr`); the object is alive (it is running this code).
-    let th = unsafe { rb_sys::RTYPEDDATA_GET_DATA(thread) as *const u8 };
-    if th.is_null() {
-        return none;
-    }
-    // SAFETY: `th` points to the running thread's rb_thread_t; `ec` is at this offset in
-    // Ruby 3.1 (module doc) and points to the execution context that runs this job.
-    let ec = unsafe { *(th.add(THREAD_EC_OFFSET) as *const *const u8) };
-    if ec.is_null() {
-        return none;
-    }
-    // SAFETY: `interrupt_mask` is a 4-byte aligned rb_atomic_t at this offset of the live
-    // execution context (module doc); other threads only read or atomically update it.
-    let mask = unsafe { &*(ec.add(EC_INTERRUPT_MASK_OFFSET) as *const AtomicU32) };
+    // SAFETY: as this function's own contract.
+    let mask = unsafe { interrupt_mask() };
+    let Some(mask) = mask else {
+        REFUSED.fetch_add(1, Ordering::Relaxed);
+        return Deferred { mask: None, before: 0 };
+    };
     let before = mask.load(Ordering::SeqCst);
-    let flush_bits = POSTPONED_JOB_INTERRUPT_MASK | TRAP_INTERRUPT_MASK;
-    if before & flush_bits != flush_bits {
-        return none; // not the layout we know: leave it alone
-    }
     mask.store(before | PENDING_INTERRUPT_MASK, Ordering::SeqCst);
     DEFERRING.fetch_add(1, Ordering::Relaxed);
     Deferred { mask: Some(mask), before }
+}
+
+/// The running thread's `interrupt_mask`, if every guard of the module doc passes.
+///
+/// # Safety
+///
+/// As [`defer_async_interrupts`].
+unsafe fn interrupt_mask() -> Option<&'static AtomicU32> {
+    let ec_offset = THREAD_EC_OFFSET?;
+    // SAFETY: the caller holds the GVL; rb_thread_current has no other precondition.
+    let thread = unsafe { rb_sys::rb_thread_current() };
+    // SAFETY: a Thread is a T_DATA object whose data is its rb_thread_t (`vm_core.h`,
+    // `rb_thread_ptr`, 3.1 to 3.4); the object is alive (it is running this code).
+    let th = unsafe { rb_sys::RTYPEDDATA_GET_DATA(thread) as *const u8 };
+    if th.is_null() {
+        return None;
+    }
+    // SAFETY: `th` points to a live rb_thread_t, which is larger than this offset on every
+    // Ruby with a known layout (vm.rs).
+    if unsafe { *(th.add(THREAD_SELF_OFFSET) as *const rb_sys::VALUE) } != thread {
+        return None;
+    }
+    // SAFETY: `ec` is at this offset of the rb_thread_t (vm.rs) and points to the execution
+    // context that runs this job.
+    let ec = unsafe { *(th.add(ec_offset) as *const *const u8) };
+    if ec.is_null() {
+        return None;
+    }
+    // SAFETY: `interrupt_mask` is a 4-byte aligned rb_atomic_t at this offset of the live
+    // execution context (vm.rs); other threads only read or atomically update it.
+    let mask = unsafe { &*(ec.add(EC_INTERRUPT_MASK_OFFSET) as *const AtomicU32) };
+    let flush_bits = POSTPONED_JOB_INTERRUPT_MASK | TRAP_INTERRUPT_MASK;
+    // Not the layout we know, or not inside a flush: leave it alone.
+    (mask.load(Ordering::SeqCst) & flush_bits == flush_bits).then_some(mask)
 }

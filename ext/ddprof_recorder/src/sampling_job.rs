@@ -231,6 +231,10 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
             ruby.to_symbol("jobs_deferring_interrupts"),
             crate::interrupt_mask::DEFERRING.load(Ordering::Relaxed),
         )?;
+        hash.aset(
+            ruby.to_symbol("interrupt_deferral_refused"),
+            crate::interrupt_mask::REFUSED.load(Ordering::Relaxed),
+        )?;
         for (name, counter) in signal_sampler::COUNTERS.named() {
             hash.aset(ruby.to_symbol(name), counter.load(Ordering::Relaxed))?;
         }

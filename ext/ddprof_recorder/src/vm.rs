@@ -1,8 +1,8 @@
 //! Facts about the Ruby VM that no public API gives, each with the Ruby source it comes from,
 //! for every Ruby version the gem runs on. Code elsewhere asks here rather than knowing them.
 //!
-//! (The interrupt mask's offsets, `interrupt_mask`, and the bug #19991 decoy, `trigger`,
-//! are older facts that still live beside the code that uses them.)
+//! (The bug #19991 decoy, `trigger`, is an older fact that still lives beside the code that
+//! uses it.)
 
 /// `RUBY_T_MASK` and `RUBY_T_IMEMO` (`include/ruby/internal/value_type.h`, the same in 3.1,
 /// 3.3 and 3.4): an object's type is the low 5 bits of its `RBasic::flags`.
@@ -35,6 +35,35 @@ pub fn is_imemo(v: rb_sys::VALUE) -> bool {
     let imemo = (flags >> IMEMO_SHIFT) & IMEMO_MASK;
     flags & T_MASK == T_IMEMO && (imemo == IMEMO_MENT || imemo == IMEMO_ISEQ)
 }
+
+/// Where a thread's execution context is, for the Ruby this extension was built against:
+/// the offset of `ec` in `rb_thread_t`, and of `interrupt_mask` in `rb_execution_context_t`
+/// (`vm_core.h`). `None` on a Ruby whose layout has not been checked (3.0, 3.2, 3.5+).
+///
+/// - 3.1: `lt_node` (16 bytes), `self`, `ractor`, `vm`, then `ec` at 0x28.
+/// - 3.3 and 3.4: `nt` (the native thread) comes before `ec`, at 0x30.
+/// - In all three, `rb_execution_context_t` starts with `vm_stack`, `vm_stack_size`, `cfp`
+///   and `tag`, then `interrupt_flag` at 0x20 and `interrupt_mask` at 0x24.
+///
+/// Checked in the machine code of each libruby (Debian's 3.1.2, our 3.3.8 and 3.4.5 builds):
+/// `rb_thread_interrupted` loads `th->ec` from 0x28 (3.1) or 0x30 (3.3, 3.4), then
+/// `interrupt_flag` from 0x20 and `interrupt_mask` from 0x24 of it.
+pub const THREAD_EC_OFFSET: Option<usize> = if cfg!(ruby_eq_3_1) {
+    Some(0x28)
+} else if cfg!(any(ruby_eq_3_3, ruby_eq_3_4)) {
+    Some(0x30)
+} else {
+    None
+};
+/// See [`THREAD_EC_OFFSET`].
+pub const EC_INTERRUPT_MASK_OFFSET: usize = 0x24;
+/// `rb_thread_t::self` (after the 16-byte `lt_node`, in 3.1, 3.3 and 3.4): the Thread object
+/// itself, which lets a caller check that it holds a `rb_thread_t` of the layout above.
+pub const THREAD_SELF_OFFSET: usize = 0x10;
+/// The interrupt bits of `interrupt_mask` (`vm_core.h`, the same in 3.1, 3.3 and 3.4).
+pub const PENDING_INTERRUPT_MASK: u32 = 0x2;
+pub const POSTPONED_JOB_INTERRUPT_MASK: u32 = 0x4;
+pub const TRAP_INTERRUPT_MASK: u32 = 0x8;
 
 extern "C" {
     /// Whether the calling native thread is a Ruby thread outside a blocking region (so, most
