@@ -154,6 +154,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         function!(native_frame_names_checked, 1),
     )?;
     class.define_singleton_method("_native_qualified_names?", function!(native_qualified, 0))?;
+    class.define_singleton_method("_native_frame_reader?", function!(native_frame_reader, 0))?;
     class.define_singleton_method("_native_frame_name", function!(native_frame_name, 2))?;
     Ok(())
 }
@@ -556,6 +557,12 @@ fn native_frame_names_checked(ruby: &Ruby, passed: bool) -> Result<bool, Error> 
 /// `Profiler._native_qualified_names?`: whether frames get qualified names (module doc).
 fn native_qualified(ruby: &Ruby) -> Result<bool, Error> {
     crate::errors::entry(ruby, || Ok(crate::vm_frames::available()))
+}
+
+/// `Profiler._native_frame_reader?`: whether this build has the VM frame reader at all
+/// (`vm_frames`: Ruby 3.1), so whether its self-check is worth running.
+fn native_frame_reader(ruby: &Ruby) -> Result<bool, Error> {
+    crate::errors::entry(ruby, || Ok(crate::vm_frames::BUILT))
 }
 
 /// `Profiler._native_frame_name(base_label, path)`: a Location's `base_label` spelled as the

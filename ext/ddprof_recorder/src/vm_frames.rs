@@ -110,6 +110,9 @@ const FAILED: u8 = 3;
 
 static STATE: AtomicU8 = AtomicU8::new(UNCHECKED);
 
+/// Whether this reader is built for the Ruby at hand: its layouts are Ruby 3.1's.
+pub const BUILT: bool = cfg!(ruby_eq_3_1);
+
 /// Whether [`read`] is in use (the self-check passed).
 pub fn available() -> bool {
     matches!(STATE.load(Ordering::Acquire), CHECKING | PASSED)
@@ -292,7 +295,7 @@ pub enum Bmethods {
 ///
 /// `thread` is a live Thread; GVL held; the layouts were checked (or are being).
 pub unsafe fn thread_ec(thread: VALUE) -> Option<*const u8> {
-    if !cfg!(ruby_eq_3_1) {
+    if !BUILT {
         return None;
     }
     // SAFETY: a Thread is a typed data object whose data is its rb_thread_t.
@@ -375,7 +378,7 @@ pub unsafe fn read(ec: *const u8, frames: &mut [VALUE], lines: &mut [i32], bm: B
 ///
 /// GVL held; called from a C method (its frame is on the stack).
 pub unsafe fn check() -> bool {
-    if !cfg!(ruby_eq_3_1) || decided() {
+    if !BUILT || decided() {
         return available();
     }
     let passed = {

@@ -74,6 +74,8 @@ module DdprofRecorder
         # thread parked in `Queue#pop` must read as its Locations do (the same paths and lines,
         # frame for frame).
         def run_check
+          return Profiler._native_frame_names_checked(false) unless Profiler._native_frame_reader?
+
           parked = Thread::Queue.new
           release = Thread::Queue.new
           thread = Thread.new { park(parked, release) }
