@@ -172,21 +172,23 @@ module DdprofRecorder
       def call(on_time, cpu_ns, now_ns)
         return false if @internal.call(Thread.current)
 
-        # The frames below this method are the interrupted stack: read natively (no Ruby object
-        # made), before anything else, and kept under the thread's key, its native thread id
-        # (negated for a late job's stack, which is not an on-CPU one).
-        tid = native_id(Thread.current)
-        key = tid && (on_time ? tid : -tid)
-        depth = key ? Profiler._native_capture_stack(key) : 0
-        locations = caller_locations(1) unless key
+        thread = Thread.current
+        # An armed thread's on-CPU samples come from its CPU ticks (#signal_samples), not from
+        # here, where its stack is wherever the VM checked interrupts: the job only passes.
+        armed = @threads[thread]&.armed
+        unless armed
+          # The frames below this method are the interrupted stack: read natively (no Ruby
+          # object made), before anything else, and kept under the thread's key, its native
+          # thread id (negated for a late job's stack, which is not an on-CPU one).
+          tid = native_id(thread)
+          key = tid && (on_time ? tid : -tid)
+          depth = key ? Profiler._native_capture_stack(key) : 0
+          locations = caller_locations(1) unless key
+        end
         return if gave_up? || !@lock.try_lock # a pass or a flush is under way (switched out)
 
         begin
           @last_job_ns = now_ns
-          thread = Thread.current
-          # An armed thread's on-CPU samples come from its CPU ticks (#signal_samples), not
-          # from here, where its stack is wherever the VM checked interrupts.
-          armed = @threads[thread]&.armed
           sample_running(thread, key ? (key if depth.positive?) : locations, on_time, cpu_ns, now_ns) unless armed
           pass_locked(now_ns, thread)
           succeeded
