@@ -39,9 +39,8 @@ pub fn prepare(job: Job) {
         }
         // SAFETY: with the GVL (see above); `job` never unwinds; the data pointer is only
         // handed back to `job`, which ignores it.
-        let handle = unsafe {
-            rb_sys::rb_postponed_job_preregister(0, Some(job), crate::trigger::decoy_data())
-        };
+        let handle =
+            unsafe { rb_sys::rb_postponed_job_preregister(0, Some(job), crate::vm::decoy_data()) };
         if let Some(i) = FUNCS.iter().position(|f| f.load(Ordering::Acquire) == 0) {
             HANDLES[i].store(handle, Ordering::Release);
             FUNCS[i].store(key, Ordering::Release);
@@ -70,6 +69,6 @@ pub fn trigger(job: Job) {
     // SAFETY: callable from any thread and from a signal handler since Ruby 3.1 (module
     // doc); `job` never unwinds; the data pointer is the bug #19991 decoy.
     unsafe {
-        rb_sys::rb_postponed_job_register_one(0, Some(job), crate::trigger::decoy_data());
+        rb_sys::rb_postponed_job_register_one(0, Some(job), crate::vm::decoy_data());
     }
 }

@@ -18,20 +18,7 @@
 //! interrupts, so when no thread runs Ruby no job runs (the Ruby sampler thread covers that
 //! case, see `lib/ddprof_recorder/profiler.rb`).
 //!
-//! # Ruby bug #19991: another job may get our data
-//!
-//! In Ruby < 3.3 a register racing `rb_postponed_job_flush` can overwrite the slot that the
-//! flush is reading, so the flush may call the *previous* job's function with *our* data
-//! pointer. The previous job is in practice the GC's `gc_finalize_deferred`, whose data is the
-//! VM's objspace: it atomically sets and clears `objspace->atomic_flags.finalizing` and takes
-//! `objspace->heap_pages.deferred_final` (exchanging it with 0). dd-trace-rb passes the real
-//! objspace; its address is not reachable through the public headers, so we pass a zeroed,
-//! writable 64 KiB block instead ([`DECOY_OBJSPACE`]): that job then finds no deferred
-//! finalizer and does nothing. Checked in Debian's `libruby-3.1.so.3.1.2`: the function that
-//! `gc.c` registers (the only `rb_postponed_job_register_one` call in libruby) does `xchg` of
-//! 1 at data+0xc8 (`finalizing`), then `xchg` of 0 at data+0x140 (`deferred_final`), loops
-//! only while that was non-zero, and `xchg`es the flag back: both offsets are far inside the
-//! block. Our job ignores its data, so the opposite mix-up is harmless too.
+//! (Ruby bug #19991, a job that may be called with another job's data: see `vm::decoy_data`.)
 //!
 //! # Late jobs
 //!
@@ -63,7 +50,6 @@
 //! forgotten (not joined) in a forked child. Before the VM is torn down it must be gone: an
 //! end proc registered at load time (it runs after every `at_exit` block) stops it, and
 //! `exit!` ends the process without tearing the VM down.
-use std::cell::UnsafeCell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -71,19 +57,6 @@ use std::time::{Duration, Instant};
 use crate::native_thread::{NativeThread, Stopped};
 
 use crate::thread_cpu::{cpu_time_ns, own_cpu_ns};
-
-/// Ruby bug #19991's decoy (see the module doc). Zeroed, writable (`.bss`), never read by us.
-#[repr(C, align(64))]
-struct DecoyObjspace(UnsafeCell<[u64; 8192]>);
-// SAFETY: we never touch its contents; the only writer is Ruby's `gc_finalize_deferred`
-// (atomic operations, see the module doc), from a thread holding the GVL.
-unsafe impl Sync for DecoyObjspace {}
-static DECOY_OBJSPACE: DecoyObjspace = DecoyObjspace(UnsafeCell::new([0; 8192]));
-
-/// The data pointer to register any postponed job with (bug #19991, see the module doc).
-pub fn decoy_data() -> *mut c_void {
-    DECOY_OBJSPACE.0.get().cast()
-}
 
 /// What the trigger saw at its latest tick, for the job to judge how late it runs. A seqlock:
 /// `seq` is odd while the trigger writes.

@@ -1,8 +1,8 @@
 //! Facts about the Ruby VM that no public API gives, each with the Ruby source it comes from,
 //! for every Ruby version the gem runs on. Code elsewhere asks here rather than knowing them.
-//!
-//! (The bug #19991 decoy, `trigger`, is an older fact that still lives beside the code that
-//! uses it.)
+
+use std::cell::UnsafeCell;
+use std::ffi::c_void;
 
 /// `RUBY_T_MASK` and `RUBY_T_IMEMO` (`include/ruby/internal/value_type.h`, the same in 3.1,
 /// 3.3 and 3.4): an object's type is the low 5 bits of its `RBasic::flags`.
@@ -71,4 +71,34 @@ extern "C" {
     /// context and its thread's `blocking_region_buffer`, nothing else. Exported by libruby
     /// (3.1, 3.3, 3.4) but declared in no header that rb-sys binds.
     pub fn ruby_thread_has_gvl_p() -> std::ffi::c_int;
+}
+
+/// Ruby bug #19991's decoy (see [`decoy_data`]). Zeroed, writable (`.bss`), never read by us.
+#[repr(C, align(64))]
+struct DecoyObjspace(UnsafeCell<[u64; 8192]>);
+// SAFETY: we never touch its contents; the only writer is Ruby's `gc_finalize_deferred`
+// (atomic operations, see [`decoy_data`]), from a thread holding the GVL.
+unsafe impl Sync for DecoyObjspace {}
+static DECOY_OBJSPACE: DecoyObjspace = DecoyObjspace(UnsafeCell::new([0; 8192]));
+
+/// The data pointer to register any postponed job with.
+///
+/// Ruby bug #19991: another job may get our data.
+///
+/// In Ruby < 3.3 a register racing `rb_postponed_job_flush` can overwrite the slot that the
+/// flush is reading, so the flush may call the *previous* job's function with *our* data
+/// pointer. The previous job is in practice the GC's `gc_finalize_deferred`, whose data is the
+/// VM's objspace: it atomically sets and clears `objspace->atomic_flags.finalizing` and takes
+/// `objspace->heap_pages.deferred_final` (exchanging it with 0). dd-trace-rb passes the real
+/// objspace; its address is not reachable through the public headers, so we pass a zeroed,
+/// writable 64 KiB block instead ([`DECOY_OBJSPACE`]): that job then finds no deferred
+/// finalizer and does nothing. Checked in Debian's `libruby-3.1.so.3.1.2`: the function that
+/// `gc.c` registers (the only `rb_postponed_job_register_one` call in libruby) does `xchg` of
+/// 1 at data+0xc8 (`finalizing`), then `xchg` of 0 at data+0x140 (`deferred_final`), loops
+/// only while that was non-zero, and `xchg`es the flag back: both offsets are far inside the
+/// block. Our job ignores its data, so the opposite mix-up is harmless too. From 3.3 on,
+/// preregistered jobs keep their data in a table that a trigger never writes (`vm_trace.c`),
+/// so this is only a precaution there.
+pub fn decoy_data() -> *mut c_void {
+    DECOY_OBJSPACE.0.get().cast()
 }
