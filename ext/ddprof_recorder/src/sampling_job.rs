@@ -88,6 +88,10 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.define_singleton_method("_native_sampling_stop", function!(native_sampling_stop, 1))?;
     class.define_singleton_method("_native_signal_arm", function!(native_signal_arm, 1))?;
     class.define_singleton_method("_native_signal_disarm", function!(native_signal_disarm, 1))?;
+    class.define_singleton_method(
+        "_native_forget_thread_stacks",
+        function!(native_forget_thread_stacks, 1),
+    )?;
     let root_class = class.define_class("SignalSlotsRoot", ruby.class_object())?;
     root_class.undef_default_alloc_func();
     // One object for the process's life: marks the frames waiting in the signal slots.
@@ -215,6 +219,19 @@ fn native_signal_arm(ruby: &Ruby, tid: i32) -> Result<bool, Error> {
 fn native_signal_disarm(ruby: &Ruby, tid: i32) -> Result<(), Error> {
     entry(ruby, || {
         signal_sampler::disarm(tid);
+        Ok(())
+    })
+}
+
+/// `Profiler._native_forget_thread_stacks(tid)`: forgets every stack kept for native thread
+/// `tid`: its jobs' (`tid`, `-tid`) and its signal samples' (`signal_sampler::key`).
+fn native_forget_thread_stacks(ruby: &Ruby, tid: i32) -> Result<(), Error> {
+    entry(ruby, || {
+        crate::stack_capture::forget(i64::from(tid));
+        crate::stack_capture::forget(-i64::from(tid));
+        for n in 0..signal_sampler::KEYS_PER_THREAD {
+            crate::stack_capture::forget(signal_sampler::key(tid, n));
+        }
         Ok(())
     })
 }

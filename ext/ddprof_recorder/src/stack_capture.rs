@@ -146,7 +146,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     // One object for the process's life: marked (so are the frames it marks) at every GC.
     ruby.gc_register_mark_object(root);
     class.define_singleton_method("_native_capture_stack", function!(native_capture_stack, 1))?;
-    class.define_singleton_method("_native_forget_stack", function!(native_forget_stack, 1))?;
     class.define_singleton_method("_native_thread_frames", function!(native_thread_frames, 1))?;
     class.define_singleton_method("_native_check_frames", function!(native_check_frames, 1))?;
     class.define_singleton_method(
@@ -164,14 +163,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
 /// Returns its depth (0: nothing to record).
 fn native_capture_stack(ruby: &Ruby, key: i64) -> Result<usize, Error> {
     crate::errors::entry(ruby, || Ok(capture(key)))
-}
-
-/// `Profiler._native_forget_stack(key)`: drops what is kept under `key`.
-fn native_forget_stack(ruby: &Ruby, key: i64) -> Result<(), Error> {
-    crate::errors::entry(ruby, || {
-        forget(key);
-        Ok(())
-    })
 }
 
 /// Drops what is kept under `key`.

@@ -42,10 +42,6 @@ module DdprofRecorder
       # sampling rather than flood the log of a program that would keep failing the same way.
       MAX_CONSECUTIVE_ERRORS = 10
       GC_FRAME = ["(garbage collection)", "", 0].freeze
-      # Where ext/ddprof_recorder/src/signal_sampler.rs keeps a thread's signal samples' stacks:
-      # `native id + SIGNAL_KEY_OFFSET * (1 + n)`, n in 0...SIGNAL_KEYS_PER_THREAD (`key`).
-      SIGNAL_KEY_OFFSET = 1 << 32
-      SIGNAL_KEYS_PER_THREAD = 16
       # Signal samples kept while a pass holds the lock (switched out), for the next job.
       MAX_PENDING_SIGNAL_SAMPLES = 256
       # How a signal sample's cpu-time is made (see #signal_charge): the thread's average CPU
@@ -612,9 +608,7 @@ module DdprofRecorder
       def forget_stacks(tid)
         return unless tid
 
-        Profiler._native_forget_stack(tid)
-        Profiler._native_forget_stack(-tid)
-        SIGNAL_KEYS_PER_THREAD.times { |n| Profiler._native_forget_stack(tid + (SIGNAL_KEY_OFFSET * (1 + n))) }
+        Profiler._native_forget_thread_stacks(tid)
       end
 
       # Ruby gives the native thread of a finished thread to a new one, which then has the
