@@ -466,15 +466,10 @@ module DdprofRecorder
       Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
     end
 
-    SIGNAL_STATS = %i[signal signals signals_passed_over signals_read_in_handler signals_read_at_job signals_without_gvl signals_in_gc
-                      signals_slot_busy signals_in_job signals_stale signal_samples_dropped signal_arm_failures signal_blocked_threads threads_armed
-                      threads_armed_peak tick_ns].freeze
-    private_constant :SIGNAL_STATS
-
     def signal_stats(native)
       return nil if @sampling_mode == :off
 
-      native.slice(*SIGNAL_STATS)
+      native[:signals]
     end
 
     def internal_thread?(thread)
@@ -539,7 +534,7 @@ module DdprofRecorder
         raise
       end
       @sampler.start_signals(1_000_000_000 / @hz) unless @sampling_mode == :off
-      @recorder.comments = [sampling_comment(Profiler._native_sampling_stats[:signal])]
+      @recorder.comments = [sampling_comment(Profiler._native_sampling_stats[:signals][:signal])]
     end
 
     # The profile says how it was sampled (pprof's comments: `go tool pprof -comments`, and

@@ -252,16 +252,19 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
             ruby.to_symbol("interrupt_deferral_refused"),
             crate::interrupt_mask::REFUSED.load(Ordering::Relaxed),
         )?;
-        for (name, counter) in signal_sampler::COUNTERS.named() {
-            hash.aset(ruby.to_symbol(name), counter.load(Ordering::Relaxed))?;
-        }
-        hash.aset(ruby.to_symbol("threads_armed"), signal_sampler::armed())?;
-        hash.aset(ruby.to_symbol("tick_ns"), signal_sampler::tick_ns())?;
+        // The signal handler's own, apart: `Profiler#stats[:signals]`.
+        let signals = ruby.hash_new();
         let signo = signal_sampler::signal();
-        hash.aset(
+        signals.aset(
             ruby.to_symbol("signal"),
             (signo != 0).then(|| signal_sampler::signal_name(signo)),
         )?;
+        for (name, counter) in signal_sampler::COUNTERS.named() {
+            signals.aset(ruby.to_symbol(name), counter.load(Ordering::Relaxed))?;
+        }
+        signals.aset(ruby.to_symbol("threads_armed"), signal_sampler::armed())?;
+        signals.aset(ruby.to_symbol("tick_ns"), signal_sampler::tick_ns())?;
+        hash.aset(ruby.to_symbol("signals"), signals)?;
         Ok(hash)
     })
 }
