@@ -5,6 +5,7 @@
 #
 #   bench/run accuracy [--seconds 3] [--hz 99] [--runs 1] [--programs sleepy,c_heavy,...]
 #                      [--stackprof-interval 1000] [--draws 200] [--seed 1] [--timeout S] [--gc-apart]
+#                      [--reference stackprof|rbspy]
 #
 # Eight workloads (bench/accuracy/*.rb, each about --seconds of work, each header says what
 # it does; all by default). Three measure their own truth: `sleepy` (pure Ruby alternating
@@ -23,6 +24,10 @@
 # for the whole program, results written with Marshal); `--runs N` repeats the pair, the runs
 # of a program are pooled. One process at a time, never two profilers at once. Files go to
 # bench/out/accuracy/ (gitignored), every process has a timeout.
+#
+# `--reference rbspy` puts rbspy (`rbspy record --on-cpu`, cargo install rbspy --locked) where
+# stackprof is in what follows, for the Rubies that Debian has no stackprof for (3.3, 3.4: run
+# this file with that Ruby, the extension built for it; see run_rbspy).
 #
 # Self CPU share per function (self = the leaf frame of a sample):
 # - ours: the pprof's `cpu-time` at each sample's leaf over all cpu-time (the pprof is decoded
@@ -91,7 +96,7 @@ module AccuracyBench
   TOP = 5
 
   Options = Struct.new(:seconds, :hz, :runs, :programs, :stackprof_interval, :draws, :seed, :timeout, :gc_apart,
-                       keyword_init: true)
+                       :reference, keyword_init: true)
 
   # One profiled process: what it left behind.
   Run = Struct.new(:weights, :on_cpu_samples, :truth, :process_cpu_ns, :wall_s, :extra, keyword_init: true)
@@ -100,14 +105,15 @@ module AccuracyBench
 
   def parse(argv)
     o = Options.new(seconds: 3.0, hz: 99, runs: 1, programs: PROGRAMS, stackprof_interval: 1000, draws: 200, seed: 1,
-                    gc_apart: false)
+                    gc_apart: false, reference: "stackprof")
     OptionParser.new do |p|
       p.banner = "Usage: bench/run accuracy [options]   (ruby bench/accuracy.rb [options])"
       p.on("--seconds S", Float, "work per program run (default 3)") { |v| o.seconds = v }
       p.on("--hz N", Integer, "our profiler's rate, `record --hz` (default 99)") { |v| o.hz = v }
       p.on("--runs N", Integer, "runs of each profiler per program, pooled (default 1)") { |v| o.runs = v }
       p.on("--programs LIST", Array, "some of #{PROGRAMS.join(',')}") { |v| o.programs = v }
-      p.on("--stackprof-interval US", Integer, "stackprof's interval in µs (default 1000)") { |v| o.stackprof_interval = v }
+      p.on("--stackprof-interval US", Integer, "the reference's interval in µs (default 1000)") { |v| o.stackprof_interval = v }
+      p.on("--reference NAME", %w[stackprof rbspy], "stackprof (default) or rbspy --on-cpu") { |v| o.reference = v }
       p.on("--draws N", Integer, "multinomial draws for the unbiased overlap (default 200)") { |v| o.draws = v }
       p.on("--seed N", Integer, "of those draws (default 1)") { |v| o.seed = v }
       p.on("--timeout S", Float, "per process (default 5 x seconds + 30)") { |v| o.timeout = v }
@@ -128,11 +134,15 @@ module AccuracyBench
   PROGRAM_PACKAGES = { "rubocop" => %w[rubocop rubocop], "kramdown" => %w[kramdown ruby-kramdown] }.freeze
 
   # Fails early, with the fix, if a tool or a program's package is missing.
-  def check_tools(programs)
-    begin
-      require "stackprof"
-    rescue LoadError
-      abort "bench/accuracy: stackprof is missing: apt-get install ruby-stackprof"
+  def check_tools(programs, reference)
+    if reference == "rbspy"
+      abort "bench/accuracy: rbspy is missing: cargo install rbspy --locked" unless rbspy
+    else
+      begin
+        require "stackprof"
+      rescue LoadError
+        abort "bench/accuracy: stackprof is missing: apt-get install ruby-stackprof (or --reference rbspy)"
+      end
     end
     programs.filter_map { |program| PROGRAM_PACKAGES[program] }.each do |feature, package|
       # Found, not required: this process need not load the program's library.
@@ -209,6 +219,45 @@ module AccuracyBench
     Run.new(weights: self_samples[:weights], on_cpu_samples: self_samples[:weights].values.sum, truth: truth,
             process_cpu_ns: process_cpu, wall_s: wall,
             extra: { gc_samples: self_samples[:gc_samples], missed_samples: dump[:missed_samples] || 0 })
+  end
+
+  # rbspy's binary: on PATH, else where `cargo install` puts it; nil if neither.
+  def rbspy
+    [*ENV.fetch("PATH", "").split(File::PATH_SEPARATOR), File.join(Dir.home, ".cargo", "bin")]
+      .map { |dir| File.join(dir, "rbspy") }.find { |path| File.executable?(path) }
+  end
+
+  # The reference where stackprof is not built for the Ruby at hand (Debian has it for 3.1
+  # only): rbspy reads the stacks from outside, pausing the process for each (its blocking
+  # mode), at a rate of 1/--stackprof-interval, and only of threads on a CPU (`--on-cpu`), so
+  # it has no safepoint bias either. Its pprof gives each sample's on-CPU time (`wall`, 1/rate
+  # a sample). It sees no GC frames (GC time stays on the frame that allocated, as ours) and
+  # names frames by their bare label, C functions with ` [c function]` after it. Samples whose
+  # leaf it could not name, `(unknown)` or `(unknown) [c function]` (3-6% on Ruby 3.3), are left out and the rest
+  # renormalized, as stackprof's GC frames are; their share is printed in that place.
+  def run_rbspy(program, index, options)
+    base = File.join(OUT, "#{program}.#{index}.rbspy")
+    rate = 1_000_000 / options.stackprof_interval
+    argv = [rbspy, "record", "--on-cpu", "--rate", rate.to_s, "--format", "pprof", "--file", "#{base}.pb", "--silent",
+            "--", *program_argv(program, options.seconds)]
+    wall = spawn(argv, truth_env(program, base), "#{base}.log", options.timeout)
+    self_time = AccuracyAnalysis.pprof_self(File.binread("#{base}.pb"), value: "wall", count: "wall",
+                                            leave_out: [RBSPY_UNKNOWN, "#{RBSPY_UNKNOWN} [c function]"])
+    truth, process_cpu = read_truth(program, "#{base}.truth.json")
+    samples = ->(ns) { (ns * rate / 1e9).round }
+    Run.new(weights: self_time[:weights], on_cpu_samples: samples.call(self_time[:total]), truth: truth,
+            process_cpu_ns: process_cpu, wall_s: wall,
+            extra: { gc_samples: samples.call(self_time[:left_out]), missed_samples: 0 })
+  end
+  RBSPY_UNKNOWN = "(unknown)"
+
+  # What the reference's left-out samples are (`stackprof_gc_share` in the JSON).
+  def left_out_name(options)
+    options.reference == "rbspy" ? RBSPY_UNKNOWN : "GC"
+  end
+
+  def run_reference(program, index, options)
+    options.reference == "rbspy" ? run_rbspy(program, index, options) : run_stackprof(program, index, options)
   end
 
   def add_up(hashes)
@@ -290,11 +339,12 @@ module AccuracyBench
 
   def print_program(io, program, f, options)
     io.puts
-    io.puts format("%s: overlap %s with stackprof, n = %d on-CPU samples, an unbiased sampler with n: %s " \
+    ref = options.reference
+    io.puts format("%s: overlap %s with #{ref}, n = %d on-CPU samples, an unbiased sampler with n: %s " \
                    "-> ratio %s (target >= %.2f)",
                    program, num(f[:overlap]), f[:n], num(f[:unbiased_overlap]), num(f[:ratio], 2), TARGET)
     if f[:truth_coverage]
-      io.puts format("  vs truth: ours %s (unbiased with n: %s, ratio %s), stackprof %s (with its %d samples: %s, ratio %s)",
+      io.puts format("  vs truth: ours %s (unbiased with n: %s, ratio %s), #{ref} %s (with its %d samples: %s, ratio %s)",
                      num(f[:ours_vs_truth]), num(f[:ours_vs_truth_unbiased]), num(f[:ours_vs_truth_ratio], 2),
                      num(f[:stackprof_vs_truth]), f[:stackprof_samples], num(f[:stackprof_vs_truth_unbiased]),
                      num(f[:stackprof_vs_truth_ratio], 2))
@@ -302,7 +352,7 @@ module AccuracyBench
       io.puts "  vs truth: #{NA} (the program does not measure its own CPU)"
     end
     coverage = f[:truth_coverage] ? "#{pct(f[:truth_coverage][:ours]).strip} / #{pct(f[:truth_coverage][:stackprof]).strip}" : NA
-    io.puts format("  ours: %.2f s cpu-time%s; stackprof: %d samples (%s GC left out, %d signals missed); " \
+    io.puts format("  ours: %.2f s cpu-time%s; #{ref}: %d samples (%s #{left_out_name(options)} left out, %d signals missed); " \
                    "truth measured %s of the process CPU",
                    f[:ours_cpu_s], options.gc_apart ? " (#{pct(f[:ours_gc_share]).strip} GC left out)" : "",
                    f[:stackprof_samples], pct(f[:stackprof_gc_share]).strip, f[:stackprof_missed_samples], coverage)
@@ -310,17 +360,17 @@ module AccuracyBench
     names = (f[:ours_top] + f[:stackprof_top] + (f[:truth_top] || [])).map(&:first).uniq
     names.sort_by! { |name| [-d[:stackprof].fetch(name, 0), -d[:ours].fetch(name, 0), name] }
     width = [names.map(&:size).max || 0, 8].max
-    io.puts format("  %-#{width}s  %6s  %6s   %9s  %6s", "function", "ours", "truth", "stackprof", "truth")
+    io.puts format("  %-#{width}s  %6s  %6s   %9s  %6s", "function", "ours", "truth", ref, "truth")
     names.each do |name|
       io.puts format("  %-#{width}s  %6s  %6s   %9s  %6s", name, pct(d[:ours][name]), truth_pct(d[:ours_truth], name),
                      pct(d[:stackprof][name]), truth_pct(d[:stackprof_truth], name))
     end
   end
 
-  def print_summary(io, results)
+  def print_summary(io, results, reference)
     io.puts
     io.puts format("%-8s  %7s  %5s  %8s  %5s   %-16s  %-16s", "program", "overlap", "n", "unbiased", "ratio",
-                   "ours~truth ratio", "stackprof~truth")
+                   "ours~truth ratio", "#{reference}~truth")
     results.each do |program, f|
       vs_truth = lambda do |overlap, ratio|
         f[:truth_coverage] ? "#{num(f[overlap])} #{num(f[ratio], 2)}" : NA
@@ -342,20 +392,21 @@ module AccuracyBench
 
   def main(argv)
     options = parse(argv)
-    check_tools(options.programs)
+    check_tools(options.programs, options.reference)
     FileUtils.mkdir_p(OUT)
     load = File.read("/proc/loadavg").split.first if File.readable?("/proc/loadavg")
-    puts format("accuracy: %s, %.1f s each, ours at %d Hz%s vs stackprof cpu %d µs, %d run(s) each%s",
+    puts format("accuracy: %s, %.1f s each, ours at %d Hz%s vs %s %d µs, Ruby %s%s, %d run(s) each%s",
                 options.programs.join(", "), options.seconds, options.hz, options.gc_apart ? " (--gc, GC left out)" : "",
-                options.stackprof_interval, options.runs, load ? ", load average #{load}" : "")
+                options.reference == "rbspy" ? "rbspy --on-cpu" : "stackprof cpu", options.stackprof_interval,
+                RUBY_VERSION, ENV["RUBYOPT"].to_s.include?("--yjit") ? " (RUBYOPT --yjit)" : "", options.runs, load ? ", load average #{load}" : "")
     runs = Hash.new { |h, k| h[k] = { ours: [], stackprof: [] } }
     options.runs.times do |i|
       options.programs.each do |program|
         ours = run_ours(program, i + 1, options)
         runs[program][:ours] << ours
-        sp = run_stackprof(program, i + 1, options)
+        sp = run_reference(program, i + 1, options)
         runs[program][:stackprof] << sp
-        puts format("run %d %-8s ours %.1f s (%d on-CPU samples, %.2f s cpu-time), stackprof %.1f s (%d samples)",
+        puts format("run %d %-8s ours %.1f s (%d on-CPU samples, %.2f s cpu-time), #{options.reference} %.1f s (%d samples)",
                     i + 1, program, ours.wall_s, ours.on_cpu_samples, ours.extra[:cpu_ns] / 1e9, sp.wall_s,
                     sp.on_cpu_samples + sp.extra[:gc_samples])
       end
@@ -363,10 +414,10 @@ module AccuracyBench
 
     results = options.programs.to_h { |program| [program, figures(runs[program][:ours], runs[program][:stackprof], options)] }
     results.each { |program, f| print_program($stdout, program, f, options) }
-    print_summary($stdout, results)
+    print_summary($stdout, results, options.reference)
     ratios = results.values.map { |f| f[:ratio] }
     summary = {
-      bench: "accuracy", seconds: options.seconds, hz: options.hz, runs: options.runs, gc_apart: options.gc_apart,
+      bench: "accuracy", ruby: RUBY_VERSION, reference: options.reference, seconds: options.seconds, hz: options.hz, runs: options.runs, gc_apart: options.gc_apart,
       stackprof_interval_us: options.stackprof_interval, draws: options.draws, seed: options.seed, target: TARGET,
       load_average: load&.to_f, min_ratio: ratios.compact.min,
       programs: results.transform_values { |f| f.except(:dists) }

@@ -22,12 +22,13 @@ module AccuracyAnalysis
   # `<module:Foo>`, `<top (required)>`, `<singleton class>`) and ours (docs/profiler.md,
   # "Frame names": `main`, `class Foo`, `module Foo`, `top level of PATH`, `singleton class`)
   # become `main`, `class Foo`, `module Foo`, `top level` (stackprof's label has no path) and
-  # the label without its brackets, kept whole.
+  # the label without its brackets, kept whole. rbspy's ` [c function]` after a C function's
+  # name goes.
   #
   # @param label [String] e.g. "block (2 levels) in HotSpot.crunch", "Array#sort", "sort", "Object#<main>".
   # @return [String] e.g. "crunch", "sort", "sort", "<main>".
   def self.normalize_name(label)
-    name = label.sub(/\A(?:(?:block(?: \(\d+ levels\))?|rescue|ensure) in )+/, "")
+    name = label.delete_suffix(" [c function]").sub(/\A(?:(?:block(?: \(\d+ levels\))?|rescue|ensure) in )+/, "")
     case name
     when "<main>", "main" then "main"
     when "<top (required)>", /\Atop level of / then "top level"
