@@ -552,6 +552,9 @@ module DdprofRecorder
     def choose_sampling_mode
       return [:off, nil] unless @signals
       return [:safepoint, "YJIT is on"] if defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled?
+      unless Profiler._native_handler_can_read_stacks?
+        return [:safepoint, "Ruby #{RUBY_VERSION}'s thread layout is not checked (ext/ddprof_recorder/src/vm.rs)"]
+      end
       if Gem::Version.new(RUBY_VERSION) < Gem::Version.new("3.2") && GC.respond_to?(:auto_compact) && GC.auto_compact
         return [:safepoint, "GC.auto_compact is on (Ruby < 3.2)"]
       end

@@ -89,6 +89,10 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.define_singleton_method("_native_signal_arm", function!(native_signal_arm, 1))?;
     class.define_singleton_method("_native_signal_disarm", function!(native_signal_disarm, 1))?;
     class.define_singleton_method(
+        "_native_handler_can_read_stacks?",
+        function!(native_handler_can_read_stacks, 0),
+    )?;
+    class.define_singleton_method(
         "_native_forget_thread_stacks",
         function!(native_forget_thread_stacks, 1),
     )?;
@@ -137,7 +141,8 @@ fn signal_mode(ruby: &Ruby, mode: Symbol) -> Result<Option<signal_sampler::Mode>
 /// while any thread runs Ruby, and writes a byte to `wake_fd` (a non-blocking pipe) on ticks
 /// when none does. With `signals` `:handler` or `:safepoint`, installs the signal handler
 /// (threads are armed one by one, `_native_signal_arm`), whose samples go to
-/// `handler.signal_samples(samples, job_cpu_ns)`. Returns the signal number (0 with `:off`).
+/// `handler.signal_samples(samples, job_cpu_ns, now_ns)` (true when it made the wall pass,
+/// see `trigger::SIGNAL_PASS_NS`). Returns the signal number (0 with `:off`).
 /// One profiler per process: raises if another `owner` is sampling.
 fn native_sampling_start(
     ruby: &Ruby,
@@ -221,6 +226,13 @@ fn native_signal_disarm(ruby: &Ruby, tid: i32) -> Result<(), Error> {
         signal_sampler::disarm(tid);
         Ok(())
     })
+}
+
+/// `Profiler._native_handler_can_read_stacks?`: whether the signal handler can check that a
+/// thread's stack is walkable on this Ruby (`vm::current_stack_walkable`); if not, stacks are
+/// read at the job (`:safepoint`).
+fn native_handler_can_read_stacks(ruby: &Ruby) -> Result<bool, Error> {
+    entry(ruby, || Ok(crate::vm::THREAD_EC_OFFSET.is_some()))
 }
 
 /// `Profiler._native_forget_thread_stacks(tid)`: forgets every stack kept for native thread
@@ -380,14 +392,21 @@ fn hand_over_signal_samples(job_cpu_ns: i64) {
     if flat.is_empty() {
         return;
     }
-    if let Ok(ruby) = Ruby::get() {
-        call_handler(|handler| {
-            let samples = ruby.ary_from_vec(flat);
-            handler.funcall::<_, _, Value>(
-                LazyId::get_inner_with(&SIGNAL_SAMPLES, &ruby),
-                (samples, job_cpu_ns),
-            )
-        });
+    let Ok(ruby) = Ruby::get() else { return };
+    let now_ns = trigger::monotonic_ns();
+    let passed = call_handler(|handler| {
+        let samples = ruby.ary_from_vec(flat);
+        handler.funcall::<_, _, bool>(
+            LazyId::get_inner_with(&SIGNAL_SAMPLES, &ruby),
+            (samples, job_cpu_ns, now_ns),
+        )
+    });
+    // The handler made the wall pass that was due: it counts as the trigger's job, which the
+    // next tick then leaves out (`trigger::SIGNAL_PASS_NS`).
+    if passed == Some(true) {
+        trigger::SIGNAL_PASS_NS.store(now_ns, Ordering::Relaxed);
+        trigger::LAST_JOB_TID.store(own, Ordering::Relaxed);
+        JOBS.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -255,6 +255,9 @@ pub struct Counters {
     /// Most threads armed at once in the run.
     pub armed_peak: AtomicU64,
     pub dropped: AtomicU64,
+    /// Ticks on a thread whose VM stack could not be walked (`vm::current_stack_walkable`: the
+    /// thread was ending): no sample.
+    pub unwalkable: AtomicU64,
 }
 
 pub static COUNTERS: Counters = Counters {
@@ -271,11 +274,12 @@ pub static COUNTERS: Counters = Counters {
     blocked: AtomicU64::new(0),
     armed_peak: AtomicU64::new(0),
     dropped: AtomicU64::new(0),
+    unwalkable: AtomicU64::new(0),
 };
 
 impl Counters {
     /// Every counter with its name in `stats` (the one list `clear` and the stats share).
-    pub fn named(&self) -> [(&'static str, &AtomicU64); 13] {
+    pub fn named(&self) -> [(&'static str, &AtomicU64); 14] {
         [
             ("signals", &self.signals),
             ("signals_passed_over", &self.passed_over),
@@ -285,6 +289,7 @@ impl Counters {
             ("signals_in_gc", &self.in_gc),
             ("signals_slot_busy", &self.slot_busy),
             ("signals_in_job", &self.in_job),
+            ("signals_stack_unwalkable", &self.unwalkable),
             ("signals_stale", &self.stale),
             ("signal_samples_dropped", &self.dropped),
             ("signal_arm_failures", &self.arm_failures),
@@ -696,6 +701,12 @@ fn handle(info: *mut libc::siginfo_t) {
     slot.cpu_ns.store(cpu, Release);
     slot.at_ns.store(now, Release);
     let depth = if IN_HANDLER.load(Acquire) {
+        // SAFETY: a Ruby thread with the GVL (checked above).
+        if !unsafe { crate::vm::current_stack_walkable() } {
+            COUNTERS.unwalkable.fetch_add(1, Relaxed);
+            slot.state.store(EMPTY, Release);
+            return;
+        }
         let frames = slot.frames.load(Acquire);
         // SAFETY: the buffer was allocated at arm and is never freed; the slot is WRITING, so
         // nobody else reads or writes it.

@@ -81,6 +81,15 @@ pub static LAST_JOB_TID: AtomicI32 = AtomicI32::new(0);
 /// Ticks that registered the job (whether or not it ran since), for stats.
 pub static TICKS: AtomicU64 = AtomicU64::new(0);
 
+/// When a signal sample's job last made the wall pass (monotonic ns; 0: never, and always
+/// without signals). A tick less than a period after it registers no job: the pass is done,
+/// and the busy thread is spared a job of its own (a job costs 100 µs or so of CPU when the
+/// program has evicted our code and data from the caches, whatever it does). A signal job
+/// passes once half a period went by since the last pass of either kind
+/// (`ThreadSampler#signal_samples`), so with signals most passes ride on signal jobs, and
+/// the trigger's come in when the signals stop (every thread blocked, or none armed).
+pub static SIGNAL_PASS_NS: AtomicI64 = AtomicI64::new(0);
+
 /// The running trigger thread's Linux id (0: none), and the CPU the last one used in all.
 static THREAD_TID: AtomicI32 = AtomicI32::new(0);
 static LAST_THREAD_CPU_NS: AtomicI64 = AtomicI64::new(0);
@@ -224,7 +233,7 @@ fn run_ticks(setup: &Setup, stop: &AtomicBool) {
             // fail (EBADF, EAGAIN), which is fine: the Ruby thread is stopping or already woken.
             unsafe { libc::write(setup.wake_fd, b"!".as_ptr().cast(), 1) };
         }
-        tick(setup.job);
+        tick(setup.job, period);
         deadline += jitter.around(period);
         let now = Instant::now();
         if deadline < now {
@@ -234,10 +243,15 @@ fn run_ticks(setup: &Setup, stop: &AtomicBool) {
     }
 }
 
-fn tick(job: unsafe extern "C" fn(*mut c_void)) {
+fn tick(job: unsafe extern "C" fn(*mut c_void), period: Duration) {
     let tid = LAST_JOB_TID.load(Ordering::Relaxed);
     let cpu_ns = if tid > 0 { cpu_time_ns(tid).unwrap_or(-1) } else { -1 };
-    TICK.publish(Tick { at_ns: monotonic_ns(), tid, cpu_ns });
+    let at_ns = monotonic_ns();
+    TICK.publish(Tick { at_ns, tid, cpu_ns });
+    let period_ns = i64::try_from(period.as_nanos()).unwrap_or(i64::MAX);
+    if at_ns.saturating_sub(SIGNAL_PASS_NS.load(Ordering::Relaxed)) < period_ns {
+        return;
+    }
     // Callable from a thread Ruby does not know (module doc, and `postponed`).
     crate::postponed::trigger(job);
     TICKS.fetch_add(1, Ordering::Relaxed);

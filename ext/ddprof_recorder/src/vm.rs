@@ -60,6 +60,57 @@ pub const EC_INTERRUPT_MASK_OFFSET: usize = 0x24;
 /// `rb_thread_t::self` (after the 16-byte `lt_node`, in 3.1, 3.3 and 3.4): the Thread object
 /// itself, which lets a caller check that it holds a `rb_thread_t` of the layout above.
 pub const THREAD_SELF_OFFSET: usize = 0x10;
+/// The stack fields at the start of `rb_execution_context_t` (`vm_core.h`, the same in 3.1,
+/// 3.3 and 3.4): `vm_stack`, `vm_stack_size` (in VALUEs) and `cfp`.
+const EC_VM_STACK_OFFSET: usize = 0x0;
+const EC_VM_STACK_SIZE_OFFSET: usize = 0x8;
+const EC_CFP_OFFSET: usize = 0x10;
+
+/// Whether the calling thread's VM stack can be walked now, in a signal handler that
+/// interrupted it: its execution context has a stack and its `cfp` lies in it. A thread
+/// that ends clears them one after the other (`rb_ec_clear_vm_stack`, `vm.c`, from
+/// `thread_cleanup_func` via `rb_threadptr_root_fiber_terminate`, 3.1 to 3.4: `vm_stack`
+/// and its size first, then `cfp`). A signal between the two finds a `cfp` with no stack
+/// end to stop at, and `rb_profile_frames` then walks off the stack: found on 3.3.8 by
+/// `bench/interrupt_storm.rb` (a SEGV in `thread_profile_frames` under
+/// `thread_cleanup_func`). Reads only memory (the handler interrupted this very thread, so
+/// nothing changes while it runs); false on a Ruby whose layout is not known.
+///
+/// # Safety
+///
+/// The calling thread is a Ruby thread holding the GVL (`ruby_thread_has_gvl_p`).
+pub unsafe fn current_stack_walkable() -> bool {
+    let Some(ec_offset) = THREAD_EC_OFFSET else { return false };
+    // SAFETY: a Ruby thread with the GVL has a current thread (its TLS execution context);
+    // rb_thread_current only reads it.
+    let thread = unsafe { rb_sys::rb_thread_current() };
+    // SAFETY: a Thread is a T_DATA object whose data is its rb_thread_t (`rb_thread_ptr`).
+    let th = unsafe { rb_sys::RTYPEDDATA_GET_DATA(thread) as *const u8 };
+    if th.is_null() {
+        return false;
+    }
+    // SAFETY: `th` is the live rb_thread_t, larger than these offsets (see above).
+    let (own, ec) = unsafe {
+        (
+            *(th.add(THREAD_SELF_OFFSET) as *const rb_sys::VALUE),
+            *(th.add(ec_offset) as *const *const u8),
+        )
+    };
+    if own != thread || ec.is_null() {
+        return false;
+    }
+    // SAFETY: `ec` is the thread's live execution context; these are its first fields.
+    let (stack, size, cfp) = unsafe {
+        (
+            std::ptr::read_volatile(ec.add(EC_VM_STACK_OFFSET) as *const usize),
+            std::ptr::read_volatile(ec.add(EC_VM_STACK_SIZE_OFFSET) as *const usize),
+            std::ptr::read_volatile(ec.add(EC_CFP_OFFSET) as *const usize),
+        )
+    };
+    let end = stack.wrapping_add(size.wrapping_mul(8));
+    stack != 0 && size != 0 && cfp >= stack && cfp < end
+}
+
 /// The interrupt bits of `interrupt_mask` (`vm_core.h`, the same in 3.1, 3.3 and 3.4).
 pub const PENDING_INTERRUPT_MASK: u32 = 0x2;
 pub const POSTPONED_JOB_INTERRUPT_MASK: u32 = 0x4;

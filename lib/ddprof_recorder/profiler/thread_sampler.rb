@@ -216,17 +216,23 @@ module DdprofRecorder
       #   the thread's native id, its CPU clock and the monotonic clock at the tick, the depth
       #   of the stack kept (0: none) and the key it is kept under.
       # @param job_cpu_ns [Integer] the calling thread's CPU clock when the job started.
-      # @return [Boolean] false if the samples wait for the next job (a pass is under way).
+      # @param now_ns [Integer] the monotonic clock then.
+      # @return [Boolean] whether it also made the wall pass, as it does once half a period
+      #   went by since the last one: the trigger then registers no job for a period
+      #   (ext/ddprof_recorder/src/trigger.rs, SIGNAL_PASS_NS), so a busy thread runs one job
+      #   where it would run two. False too if the samples wait for the next job (a pass is
+      #   under way).
       #
       # Which ticks are samples: every scheduler tick a thread runs through is a candidate,
       # drawn independently with the same probability (ext/ddprof_recorder/src/signal_sampler.rs),
       # so the samples fall on the thread's stacks in proportion to the CPU they use.
-      def signal_samples(samples, job_cpu_ns)
+      def signal_samples(samples, job_cpu_ns, now_ns)
         unless !gave_up? && @lock.try_lock
           @pending_signal.concat(samples) if @pending_signal.size < MAX_PENDING_SIGNAL_SAMPLES * 5
           return false
         end
 
+        passed = false
         begin
           unless @pending_signal.empty?
             samples = @pending_signal.concat(samples)
@@ -237,14 +243,19 @@ module DdprofRecorder
             signal_sample(samples[i], samples[i + 1], samples[i + 2], samples[i + 3], samples[i + 4])
             i += 5
           end
-          # Not a pass: a run of failing passes is not broken by signal samples.
+          # Samples alone are not a pass: a run of failing passes is not broken by them.
+          if now_ns - @last_pass_ns >= @signal_period_ns / 2
+            pass_locked(now_ns, Thread.current)
+            passed = true
+            succeeded
+          end
         rescue StandardError => e
           failed(e)
         ensure
           skip_own_cpu(Thread.current, job_cpu_ns, false)
           @lock.unlock
         end
-        true
+        passed
       end
 
       # A wall pass over every live thread but `except` (and the profiler's own).
