@@ -12,6 +12,7 @@
 #
 # Environment:
 #   CARGO             the cargo to use (default: PATH, then ~/.cargo/bin/cargo)
+#   DDPROF_RECORDER_UNTESTED_RUBY=1   builds on a Ruby other than TESTED_RUBIES (below)
 #   CARGO_TARGET_DIR  cargo's target directory, kept after the install: give an absolute path,
 #                     and builds that share it reuse each other's work (a relative one is taken
 #                     from this directory). Without it cargo builds in ./target here, which
@@ -21,6 +22,19 @@ require "shellwords"
 require_relative "cargo_build"
 
 # Before mkmf, whose exit handler would add its own banner to our one line.
+# Where it is built and tested (README, "Supported Rubies"): the profiler needs Linux (thread
+# CPU clocks by thread id, per-thread timers, /proc), and its VM facts are checked for these
+# Rubies only (ext/ddprof_recorder/src/vm.rs).
+TESTED_RUBIES = %w[3.1 3.3 3.4].freeze
+unless RUBY_PLATFORM.include?("linux")
+  abort "ddprof_recorder: it builds on Linux only, not on #{RUBY_PLATFORM} (its profiler uses Linux's thread clocks and timers)"
+end
+minor = RUBY_VERSION[/\A\d+\.\d+/]
+unless TESTED_RUBIES.include?(minor) || ENV["DDPROF_RECORDER_UNTESTED_RUBY"] == "1"
+  abort "ddprof_recorder: Ruby #{RUBY_VERSION} is untested (tested: #{TESTED_RUBIES.join(', ')}); " \
+        "DDPROF_RECORDER_UNTESTED_RUBY=1 builds it anyway"
+end
+
 begin
   cargo = DdprofRecorderBuild.cargo
 rescue DdprofRecorderBuild::Error => e
