@@ -595,7 +595,10 @@ pub struct Sample {
 /// Takes every sample waiting in the slots, names its frames, and hands it to `take`. With
 /// the GVL held, in a postponed job. `own_tid` is the calling thread's id: a sample whose
 /// stack is to be read at the job (safepoint mode) is read here if it is this thread's, and
-/// dropped otherwise (its CPU is charged at the thread's next sample).
+/// left waiting otherwise, for its own thread's job (the handler asked for one on that
+/// thread: a job runs on the thread whose signal handler triggered it). Dropping it there,
+/// as before, lost the samples of a thread whose job had not run yet when another thread's
+/// did (a thread in a C call that lets go of the GVL).
 pub fn drain(own_tid: i32, mut take: impl FnMut(Sample)) {
     for slot in &SLOTS {
         if slot.state.compare_exchange(FULL, READING, AcqRel, Acquire).is_err() {
@@ -603,6 +606,10 @@ pub fn drain(own_tid: i32, mut take: impl FnMut(Sample)) {
         }
         let tid = slot.tid.load(Acquire);
         let depth = slot.depth.load(Acquire);
+        if depth == READ_AT_JOB && tid != own_tid {
+            slot.state.store(FULL, Release);
+            continue;
+        }
         let key = key(tid, slot.taken.fetch_add(1, AcqRel));
         let sample = |depth| Sample {
             tid,
@@ -612,7 +619,8 @@ pub fn drain(own_tid: i32, mut take: impl FnMut(Sample)) {
             depth,
         };
         let taken = if depth == READ_AT_JOB {
-            (tid == own_tid).then(|| sample(crate::stack_capture::capture_here(key)))
+            // This thread's own (checked above).
+            Some(sample(crate::stack_capture::capture_here(key)))
         } else {
             let frames = slot.frames.load(Acquire);
             let depth = (depth as usize).min(DEPTH);
