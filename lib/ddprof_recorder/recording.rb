@@ -141,11 +141,15 @@ module DdprofRecorder
            .group_by(&:first).transform_values { |files| files.map(&:last) }
     end
 
-    # Writes through a temporary file and a rename, so a reader never sees half a profile.
+    # Writes through a temporary file and a rename, so a reader never sees half a profile;
+    # a failed write leaves no temporary file behind.
     def write(path, pprof)
       tmp = "#{path}.tmp#{Process.pid}"
       File.binwrite(tmp, pprof)
       File.rename(tmp, path)
+    rescue SystemCallError
+      File.delete(tmp) if File.file?(tmp)
+      raise
     end
 
     # This process's pid if it is a forked child, nil in the owner.

@@ -87,8 +87,8 @@ module DdprofRecorder
 
       # @return [Integer] the program's exit status (128 + signal if a signal ended it).
       def run(options)
+        check_output(options.out)
         out = File.expand_path(options.out)
-        raise Failure, "record: #{options.out}: directory does not exist" unless File.directory?(File.dirname(out))
 
         Recording.profile_files(out).each_value { |stale| stale.each { |f| File.delete(f) if File.file?(f) } }
 
