@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "fileutils"
 require "rbconfig"
 
 # `ddprof-recorder record` in process (lib/ddprof_recorder/cli/record.rb and
@@ -163,15 +164,51 @@ RSpec.describe "ddprof-recorder record" do
     end
   end
 
-  it "says when it cannot run the command (127) or the command wrote no profile (1)" do
+  it "says when it cannot run the command (127) or the output's directory does not exist (1)" do
     _, err, status = run_cli("record", "-o", "x.pb", "--", "/nonexistent/program")
     expect(status).to eq(127)
     expect_one_line(err, %r{\Addprof-recorder: record: cannot run /nonexistent/program: No such file or directory})
-    _, err, status = run_cli("record", "-o", "x.pb", "--", "true")
-    expect(status).to eq(1)
-    expect_one_line(err, /no profile was written by `true` \(is it a Ruby program\?/)
     _, err, status = run_cli("record", "-o", "nowhere/x.pb", "--", "true")
     expect(status).to eq(1)
     expect_one_line(err, %r{record: nowhere/x\.pb: directory does not exist$})
+  end
+
+  # Through the executable, with no RUBYOPT of the user's, and a TMPDIR of the example's, which
+  # the note from the program's Ruby (Recording::STARTED) must leave empty.
+  describe "a command that wrote no profile: why, in one line, with status 1" do
+    def record(*command)
+      tmp = File.join(@dir, "tmp")
+      FileUtils.mkdir_p(tmp)
+      out, err, status = run_exe("record", "-o", "x.pb", "--", *command, env: { "TMPDIR" => tmp, "RUBYOPT" => nil })
+      expect(Dir.children(tmp)).to be_empty
+      expect(File.exist?(File.join(@dir, "x.pb"))).to be(false)
+      [out, err, status]
+    end
+
+    it "when no Ruby ran, or none loaded the profiler" do
+      out, err, status = record("echo", "hi")
+      expect([out, status]).to eq(["hi\n", 1])
+      expect_one_line(err, /\Addprof-recorder: record: no profile: `echo hi` ran no Ruby that loaded the profiler \(record profiles Ruby programs through RUBYOPT: ruby, bundle exec, rake, \.\.\.\)$/)
+      _, err, status = record(RbConfig.ruby, "--disable-rubyopt", "-e", "1")
+      expect(status).to eq(1)
+      expect_one_line(err, /: no profile: `\S+ --disable-rubyopt -e 1` ran no Ruby that loaded the profiler /)
+    end
+
+    it "when its Ruby was killed by a signal that Ruby does not handle, or exec'd another program" do
+      _, err, status = record(RbConfig.ruby, "-e", "Process.kill(:KILL, $$)")
+      expect(status).to eq(1)
+      expect_one_line(err, /: no profile: `\S+ -e 'Process\.kill\(:KILL, \$\$\)'` was killed by signal 9 before its Ruby \(process \d+\) could write one \(a signal that Ruby does not handle, such as SIGKILL, or a crash\)$/)
+      _, err, status = record(RbConfig.ruby, "-e", "exec('true')")
+      expect(status).to eq(1)
+      expect_one_line(err, /: no profile: `\S+ -e 'exec\('\\''true'\\''\)'` started the profiler \(process \d+\) but wrote nothing at its end \(did it exec a program that is not Ruby\?\)$/)
+    end
+
+    it "when the profiler could not start in its Ruby: the Ruby's message, then record's" do
+      _, err, status = record("env", "DDPROF_RECORDER_HZ=fast", RbConfig.ruby, "-e", "1")
+      expect(status).to eq(1)
+      expect(err.lines.size).to eq(2), err
+      expect(err.lines.first).to start_with("ddprof-recorder: not profiling this process: ArgumentError: ")
+      expect(err.lines.last).to match(/\Addprof-recorder: record: no profile: the profiler could not start in `env DDPROF_RECORDER_HZ=fast \S+ -e 1` \(process \d+; its message is above\)$/)
+    end
   end
 end

@@ -25,8 +25,8 @@ module CliHelpers
   # Runs exe/ddprof-recorder as a user does, a process of its own, in `dir`.
   #
   # @return [Array(String, String, Integer)] stdout, stderr and the exit status.
-  def run_exe(*argv, dir: @dir)
-    out, err, status = Open3.capture3(RbConfig.ruby, EXE, *argv, chdir: dir)
+  def run_exe(*argv, dir: @dir, env: {})
+    out, err, status = Open3.capture3(env, RbConfig.ruby, EXE, *argv, chdir: dir)
     [out, err, status.exitstatus]
   end
 
