@@ -54,7 +54,7 @@ RSpec.describe "ddprof-recorder record" do
     lines = Dir.chdir(@dir) { summary.lines }
     expect(lines[0]).to eq("ddprof-recorder: recorded `puma -w 2` (exit status 0, 2.50 s)")
     expect(lines[2]).to start_with("  samples   260") # 90 + 10 + 110 + 50
-    expect(lines[3]).to eq("  threads   0: cruncher, sleeper, main") # no "thread id" labels here
+    expect(lines[3]).to eq("  threads   0 in 2 processes: cruncher, sleeper, main") # no "thread id" labels here
     expect(lines[4]).to eq("  cpu-time  1.50 s   wall-time 3.60 s")
     expect(lines[5]).to eq("  hottest   crunch (app.rb) 93.3% of cpu-time")
     expect(lines.drop(6)).to eq([
@@ -66,6 +66,27 @@ RSpec.describe "ddprof-recorder record" do
       "            ddprof-recorder flamegraph --by-process srv.pb.gz srv.pid*.pb.gz -o srv.svg",
       "            go tool pprof -top srv.pb.gz srv.pid*.pb.gz",
     ])
+  end
+
+  # Through the executable, as users see it.
+  it "names each thread name once with the number of processes that have it, for a forking program" do
+    program = "def burn = (t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.02; nil while " \
+              "Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < t); pid = fork { burn }; burn; Process.wait(pid)"
+    out, err, status = run_exe("record", "-o", "f.pb", "--", RbConfig.ruby, "-e", program, env: { "RUBYOPT" => nil })
+    expect([err, status]).to eq(["", 0])
+    expect(out.lines(chomp: true)).to include("  threads   2 in 2 processes: main (in each)",
+                                              "  processes 2: the command's and 1 forked")
+  end
+
+  it "says that a program shorter than one sampling period has no samples, and names no hottest function" do
+    out, err, status = run_exe("record", "-o", "e.pb", "--hz", "1", "--", RbConfig.ruby, "-e", "exit 3",
+                               env: { "RUBYOPT" => nil })
+    expect([err, status]).to eq(["", 3])
+    lines = out.lines(chomp: true)
+    expect(lines).to include("  samples   0: the profiled run was shorter than one sampling period (1.00 s at 1 Hz)")
+    expect(lines.drop(1).map { |l| l[0, 12].strip }).to eq(["duration", "samples", "sampling", "threads", "cpu-time",
+                                                          "written", "view it", "", ""])
+    expect(out).not_to include("recording.rb")
   end
 
   describe "the sampling line" do
@@ -96,7 +117,7 @@ RSpec.describe "ddprof-recorder record" do
       expect(lines[3, 3]).to eq([
         "  sampling  at each thread's CPU tick, stacks read in the signal handler (SIGRTMIN+8)",
         "            at safepoints, in a postponed job",
-        "  threads   0: cruncher, sleeper",
+        "  threads   0 in 3 processes: cruncher (in each), sleeper (in each)",
       ])
     end
 
