@@ -103,9 +103,10 @@ module DdprofRecorder
       at_exit { finish }
       Kernel.prepend(KernelExitBang)
       [Kernel, Process].each { |mod| mod.singleton_class.prepend(ExitBang) }
-      @profiler = Profiler.start(**options)
+      # Before the profiler starts, so that its cost is not in the profile ("failed" below
+      # replaces it).
       report_start(env, "started")
-      @profiler
+      @profiler = Profiler.start(**options)
     rescue StandardError, LoadError, ScriptError => e
       warn "ddprof-recorder: not profiling this process: #{e.class}: #{e.message}"
       report_start(env, "failed") if env[OWNER] == Process.pid.to_s
