@@ -29,8 +29,8 @@ module DdprofRecorder
   # write first (Unicorn's workers end with it). A process killed by a signal that Ruby does
   # not handle (SIGKILL) or crashing writes nothing.
   #
-  # `DDPROF_RECORDER_STARTED`, if set, names a file where the owner writes `started PID` once
-  # the profiler runs (`failed PID` if it could not start): when no profile comes, `record`
+  # `DDPROF_RECORDER_STARTED`, if set, names a file where the owner writes `started PID` as it
+  # starts the profiler (then `failed PID` if that failed): when no profile comes, `record`
   # can tell a command that ran no Ruby with the profiler from one whose Ruby did not write.
   #
   # Nothing here may break the program: a failure is one line on $stderr.
