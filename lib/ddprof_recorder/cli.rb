@@ -74,7 +74,9 @@ module DdprofRecorder
     rescue Errno::EPIPE
       0 # the reader went away (`| head`): nothing left to say
     rescue SystemCallError => e
-      error(e.message) # e.g. an output file in a directory that does not exist
+      # The commands name the file of a failed read or write (Command#write_output); this
+      # is any other one, still one line.
+      error(e.message)
       FAILURE
     rescue Interrupt
       130

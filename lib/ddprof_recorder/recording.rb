@@ -29,6 +29,10 @@ module DdprofRecorder
   # write first (Unicorn's workers end with it). A process killed by a signal that Ruby does
   # not handle (SIGKILL) or crashing writes nothing.
   #
+  # `DDPROF_RECORDER_STARTED`, if set, names a file where the owner writes `started PID` as it
+  # starts the profiler (then `failed PID` if that failed): when no profile comes, `record`
+  # can tell a command that ran no Ruby with the profiler from one whose Ruby did not write.
+  #
   # Nothing here may break the program: a failure is one line on $stderr.
   module Recording
     OUT = "DDPROF_RECORDER_OUT"
@@ -39,6 +43,7 @@ module DdprofRecorder
     HEAP = "DDPROF_RECORDER_HEAP"
     GC = "DDPROF_RECORDER_GC"
     ALLOCATION_OVERHEAD = "DDPROF_RECORDER_ALLOCATION_OVERHEAD"
+    STARTED = "DDPROF_RECORDER_STARTED"
 
     # `exit!` on an object (Kernel's private instance method), prepended to Kernel.
     module KernelExitBang
@@ -98,10 +103,24 @@ module DdprofRecorder
       at_exit { finish }
       Kernel.prepend(KernelExitBang)
       [Kernel, Process].each { |mod| mod.singleton_class.prepend(ExitBang) }
+      # Before the profiler starts, so that its cost is not in the profile ("failed" below
+      # replaces it).
+      report_start(env, "started")
       @profiler = Profiler.start(**options)
     rescue StandardError, LoadError, ScriptError => e
       warn "ddprof-recorder: not profiling this process: #{e.class}: #{e.message}"
+      report_start(env, "failed") if env[OWNER] == Process.pid.to_s
       nil
+    end
+
+    # Says in the file that {STARTED} names, if any, how this process's start went.
+    #
+    # @param what [String] "started" or "failed".
+    def report_start(env, what)
+      path = env[STARTED]
+      File.write(path, "#{what} #{Process.pid}\n") if path && !path.empty?
+    rescue SystemCallError => e
+      warn "ddprof-recorder: could not tell record that this process #{what}: #{e.message}"
     end
 
     # The file of one process's profile, or of one of its windows:
@@ -141,11 +160,15 @@ module DdprofRecorder
            .group_by(&:first).transform_values { |files| files.map(&:last) }
     end
 
-    # Writes through a temporary file and a rename, so a reader never sees half a profile.
+    # Writes through a temporary file and a rename, so a reader never sees half a profile;
+    # a failed write leaves no temporary file behind.
     def write(path, pprof)
       tmp = "#{path}.tmp#{Process.pid}"
       File.binwrite(tmp, pprof)
       File.rename(tmp, path)
+    rescue SystemCallError
+      File.delete(tmp) if File.file?(tmp)
+      raise
     end
 
     # This process's pid if it is a forked child, nil in the owner.

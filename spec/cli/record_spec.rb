@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "fileutils"
 require "rbconfig"
 
 # `ddprof-recorder record` in process (lib/ddprof_recorder/cli/record.rb and
@@ -53,7 +54,7 @@ RSpec.describe "ddprof-recorder record" do
     lines = Dir.chdir(@dir) { summary.lines }
     expect(lines[0]).to eq("ddprof-recorder: recorded `puma -w 2` (exit status 0, 2.50 s)")
     expect(lines[2]).to start_with("  samples   260") # 90 + 10 + 110 + 50
-    expect(lines[3]).to eq("  threads   0: cruncher, sleeper, main") # no "thread id" labels here
+    expect(lines[3]).to eq("  threads   0 in 2 processes: cruncher, sleeper, main") # no "thread id" labels here
     expect(lines[4]).to eq("  cpu-time  1.50 s   wall-time 3.60 s")
     expect(lines[5]).to eq("  hottest   crunch (app.rb) 93.3% of cpu-time")
     expect(lines.drop(6)).to eq([
@@ -65,6 +66,27 @@ RSpec.describe "ddprof-recorder record" do
       "            ddprof-recorder flamegraph --by-process srv.pb.gz srv.pid*.pb.gz -o srv.svg",
       "            go tool pprof -top srv.pb.gz srv.pid*.pb.gz",
     ])
+  end
+
+  # Through the executable, as users see it.
+  it "names each thread name once with the number of processes that have it, for a forking program" do
+    program = "def burn = (t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.02; nil while " \
+              "Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < t); pid = fork { burn }; burn; Process.wait(pid)"
+    out, err, status = run_exe("record", "-o", "f.pb", "--", RbConfig.ruby, "-e", program, env: { "RUBYOPT" => nil })
+    expect([err, status]).to eq(["", 0])
+    expect(out.lines(chomp: true)).to include("  threads   2 in 2 processes: main (in each)",
+                                              "  processes 2: the command's and 1 forked")
+  end
+
+  it "says that a program shorter than one sampling period has no samples, and names no hottest function" do
+    out, err, status = run_exe("record", "-o", "e.pb", "--hz", "1", "--", RbConfig.ruby, "-e", "exit 3",
+                               env: { "RUBYOPT" => nil })
+    expect([err, status]).to eq(["", 3])
+    lines = out.lines(chomp: true)
+    expect(lines).to include("  samples   0: the profiled run was shorter than one sampling period (1.00 s at 1 Hz)")
+    expect(lines.drop(1).map { |l| l[0, 12].strip }).to eq(["duration", "samples", "sampling", "threads", "cpu-time",
+                                                          "written", "view it", "", ""])
+    expect(out).not_to include("recording.rb")
   end
 
   describe "the sampling line" do
@@ -95,7 +117,7 @@ RSpec.describe "ddprof-recorder record" do
       expect(lines[3, 3]).to eq([
         "  sampling  at each thread's CPU tick, stacks read in the signal handler (SIGRTMIN+8)",
         "            at safepoints, in a postponed job",
-        "  threads   0: cruncher, sleeper",
+        "  threads   0 in 3 processes: cruncher (in each), sleeper (in each)",
       ])
     end
 
@@ -163,15 +185,51 @@ RSpec.describe "ddprof-recorder record" do
     end
   end
 
-  it "says when it cannot run the command (127) or the command wrote no profile (1)" do
+  it "says when it cannot run the command (127) or the output's directory does not exist (1)" do
     _, err, status = run_cli("record", "-o", "x.pb", "--", "/nonexistent/program")
     expect(status).to eq(127)
     expect_one_line(err, %r{\Addprof-recorder: record: cannot run /nonexistent/program: No such file or directory})
-    _, err, status = run_cli("record", "-o", "x.pb", "--", "true")
-    expect(status).to eq(1)
-    expect_one_line(err, /no profile was written by `true` \(is it a Ruby program\?/)
     _, err, status = run_cli("record", "-o", "nowhere/x.pb", "--", "true")
     expect(status).to eq(1)
     expect_one_line(err, %r{record: nowhere/x\.pb: directory does not exist$})
+  end
+
+  # Through the executable, with no RUBYOPT of the user's, and a TMPDIR of the example's, which
+  # the note from the program's Ruby (Recording::STARTED) must leave empty.
+  describe "a command that wrote no profile: why, in one line, with status 1" do
+    def record(*command)
+      tmp = File.join(@dir, "tmp")
+      FileUtils.mkdir_p(tmp)
+      out, err, status = run_exe("record", "-o", "x.pb", "--", *command, env: { "TMPDIR" => tmp, "RUBYOPT" => nil })
+      expect(Dir.children(tmp)).to be_empty
+      expect(File.exist?(File.join(@dir, "x.pb"))).to be(false)
+      [out, err, status]
+    end
+
+    it "when no Ruby ran, or none loaded the profiler" do
+      out, err, status = record("echo", "hi")
+      expect([out, status]).to eq(["hi\n", 1])
+      expect_one_line(err, /\Addprof-recorder: record: no profile: `echo hi` ran no Ruby that loaded the profiler \(record profiles Ruby programs through RUBYOPT: ruby, bundle exec, rake, \.\.\.\)$/)
+      _, err, status = record(RbConfig.ruby, "--disable-rubyopt", "-e", "1")
+      expect(status).to eq(1)
+      expect_one_line(err, /: no profile: `\S+ --disable-rubyopt -e 1` ran no Ruby that loaded the profiler /)
+    end
+
+    it "when its Ruby was killed by a signal that Ruby does not handle, or exec'd another program" do
+      _, err, status = record(RbConfig.ruby, "-e", "Process.kill(:KILL, $$)")
+      expect(status).to eq(1)
+      expect_one_line(err, /: no profile: `\S+ -e 'Process\.kill\(:KILL, \$\$\)'` was killed by signal 9 before its Ruby \(process \d+\) could write one \(a signal that Ruby does not handle, such as SIGKILL, or a crash\)$/)
+      _, err, status = record(RbConfig.ruby, "-e", "exec('true')")
+      expect(status).to eq(1)
+      expect_one_line(err, /: no profile: `\S+ -e 'exec\('\\''true'\\''\)'` started the profiler \(process \d+\) but wrote nothing at its end \(did it exec a program that is not Ruby\?\)$/)
+    end
+
+    it "when the profiler could not start in its Ruby: the Ruby's message, then record's" do
+      _, err, status = record("env", "DDPROF_RECORDER_HZ=fast", RbConfig.ruby, "-e", "1")
+      expect(status).to eq(1)
+      expect(err.lines.size).to eq(2), err
+      expect(err.lines.first).to start_with("ddprof-recorder: not profiling this process: ArgumentError: ")
+      expect(err.lines.last).to match(/\Addprof-recorder: record: no profile: the profiler could not start in `env DDPROF_RECORDER_HZ=fast \S+ -e 1` \(process \d+; its message is above\)$/)
+    end
   end
 end

@@ -1,7 +1,8 @@
 # frozen_string_literal: true
 
 # DdprofRecorder::CLI.run (lib/ddprof_recorder/cli.rb): picking the command, --help and
-# --version, and the one error path. spec/integration/exe_spec.rb runs exe/ddprof-recorder as a process.
+# --version, and the one error path (in process, and through exe/ddprof-recorder where said);
+# spec/integration/exe_spec.rb runs the commands' work as a user does.
 RSpec.describe "DdprofRecorder::CLI.run" do
   it "lists the commands with --help, and on stderr with status 2 when none is given" do
     out, err, status = run_cli("--help")
@@ -45,12 +46,30 @@ RSpec.describe "DdprofRecorder::CLI.run" do
       %w[flamegraph hot.pb.gz notes.txt] => /\Addprof-recorder: notes\.txt: not a pprof profile: /,
       %w[top empty.pb] => /\Addprof-recorder: empty\.pb: not a pprof profile: the input is empty$/,
       %w[top hot.pb.gz hot.pb.gz --value bogus] => /\Addprof-recorder: unknown value type "bogus"; this profile has: /,
-      %w[flamegraph hot.pb.gz -o nowhere/x.svg] => /\Addprof-recorder: No such file or directory @ rb_sysopen - nowhere\/x\.svg$/ }
+      %w[flamegraph hot.pb.gz -o nowhere/x.svg] => %r{\Addprof-recorder: flamegraph: nowhere/x\.svg: directory does not exist$} }
       .each do |argv, message|
         out, err, status = run_cli(*argv)
         expect([out, status]).to eq(["", 1]), argv.inspect
         expect_one_line(err, message)
       end
+  end
+
+  it "says the same of an -o it cannot write, in every command that takes one, as the executable" do
+    write_profile("hot.pb", CliHelpers::HOT_SAMPLES)
+    Dir.mkdir(File.join(@dir, "adir"))
+    commands = { "record" => ["--", RbConfig.ruby, "-e", "exit 0"], "flamegraph" => ["hot.pb"],
+                 "speedscope" => ["hot.pb"], "merge" => ["hot.pb"] }
+    commands.each do |command, args|
+      out, err, status = run_exe(command, "-o", "/nonexistent/dir/x.out", *args)
+      expect([out, status]).to eq(["", 1]), command
+      expect_one_line(err, %r{\Addprof-recorder: #{command}: /nonexistent/dir/x\.out: directory does not exist$})
+      next if command == "record" # it writes no file itself: the program does, at exit
+
+      out, err, status = run_exe(command, "-o", "adir", *args)
+      expect([out, status]).to eq(["", 1]), command
+      expect_one_line(err, /\Addprof-recorder: #{command}: adir: cannot write it: Is a directory$/)
+    end
+    expect(Dir.children(@dir).sort).to eq(%w[adir hot.pb]) # no temporary file left by merge
   end
 
   it "reads each FILE within --max-decompressed BYTES: over it, one line naming the file and the flag" do

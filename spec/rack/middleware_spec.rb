@@ -2,7 +2,9 @@
 
 require "json"
 require "logger"
+require "rexml/document"
 require "stringio"
+require "tmpdir"
 
 require_relative "../../lib/ddprof_recorder/rack"
 
@@ -22,9 +24,28 @@ RSpec.describe DdprofRecorder::Rack do
     loop { 10_000.times { |i| i * i } }
   end
 
+  # A long request's work before its cap: busy until the slot is free again (the cap stopped
+  # its profile), 60 s at most.
+  def self.rack_spec_before_cap
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 60
+    x = 0
+    x += 1 while DdprofRecorder::Rack.slot.held? && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+    x
+  end
+
+  # And after it: busy until its thread used `seconds` of CPU.
+  def self.rack_spec_after_cap(seconds)
+    deadline = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + seconds
+    x = 0
+    x += 1 while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < deadline
+    x
+  end
+
   # Their frame names: owner and method (docs/profiler.md, "Frame names").
   render_page = "#{self}.rack_spec_render_page"
   other_thread_work = "#{self}.rack_spec_other_thread_work"
+  before_cap = "#{self}.rack_spec_before_cap"
+  after_cap = "#{self}.rack_spec_after_cap"
 
   # Runs the block while a thread named rack_spec_busy works.
   def with_busy_thread
@@ -71,7 +92,7 @@ RSpec.describe DdprofRecorder::Rack do
   before { DdprofRecorder.logger = Logger.new(log) }
 
   after do
-    expect(described_class.lock).not_to be_locked
+    expect(described_class.slot).not_to be_held
     expect(DdprofRecorder::Profiler._native_sampling_stats[:trigger_running]).to be(false)
   end
 
@@ -89,6 +110,11 @@ RSpec.describe DdprofRecorder::Rack do
       expect { described_class.new(app, authorize: true) }.to raise_error(ArgumentError, /authorize must respond to #call/)
       expect { described_class.new(app, authorize: authorize, hz: 5000) }.to raise_error(ArgumentError, /hz must be/)
       expect { described_class.new(app, authorize: authorize, param: "") }.to raise_error(ArgumentError, /param/)
+      [0, -1, Float::INFINITY, "10", nil].each do |bad|
+        expect { described_class.new(app, authorize: authorize, max_seconds: bad) }
+          .to raise_error(ArgumentError, "max_seconds must be a positive number of seconds, got #{bad.inspect}")
+      end
+      expect(described_class::DEFAULT_MAX_SECONDS).to eq(10)
     end
   end
 
@@ -121,35 +147,64 @@ RSpec.describe DdprofRecorder::Rack do
       expect(log.string).not_to include("ddprof=") # the query may hold secrets
     end
 
-    it "serves an authorized request normally while another request is being profiled" do
-      described_class.lock.lock
+  end
+
+  describe "an authorized request while profiling is busy: 503, and a header that says why" do
+    def expect_busy(response, why, retry_after:)
+      status, headers, body = response
+      expect(status).to eq(503)
+      expect(headers).to include("x-ddprof-busy" => why, "content-type" => "text/plain; charset=utf-8",
+                                 "cache-control" => "no-store")
+      expect(headers["retry-after"]).to(retry_after ? match(/\A([1-9]|10)\z/) : be_nil) # the cap: 10 s by default
+      expect(body.join).to eq("ddprof_recorder: profiling is busy: #{why}" \
+                              "#{retry_after ? "; retry in #{headers['retry-after']} s" : ''}\n")
+    end
+
+    it "while another request is being profiled, with the seconds until that one's cap" do
+      inside = Queue.new
+      go_on = Queue.new
+      holding = described_class.new(lambda do |_env|
+        inside << true
+        go_on.pop
+        page
+      end, authorize: authorize)
+      first = Thread.new { holding.call(env("ddprof=pprof", token: token, path: "/hold")) }
+      inside.pop
       begin
-        expect(middleware.call(env("ddprof=flamegraph", token: token))).to equal(page)
+        expect_busy(middleware.call(env("ddprof=flamegraph", token: token)), "another request is being profiled",
+                    retry_after: true)
+        expect(calls).to be_empty # the app is not called for it
       ensure
-        described_class.lock.unlock
+        go_on << true
       end
+      status, _, body = first.value
+      expect(status).to eq(200)
+      expect(decode_pprof(body.join).sample).not_to be_empty
       expect(log.string).to include("rack: not profiling GET /users: another request is being profiled")
     end
 
-    it "serves an authorized request normally while the process-wide profiler runs" do
+    it "while the process-wide profiler runs" do
       DdprofRecorder::Profiler.start(hz: 19)
       begin
-        expect(middleware.call(env("ddprof=flamegraph", token: token))).to equal(page)
+        expect_busy(middleware.call(env("ddprof=flamegraph", token: token)),
+                    "a profiler is already running in this process", retry_after: false)
       ensure
         DdprofRecorder::Profiler.stop
       end
+      expect(calls).to be_empty
       expect(log.string).to include("rack: not profiling GET /users: a profiler is already running in this process")
+      expect(middleware.call(env("ddprof=flamegraph", token: token)).first).to eq(200) # once it stopped
     end
 
-    it "serves an authorized request normally while a profiler of someone's own runs" do
+    it "while a profiler of someone's own runs" do
       own = DdprofRecorder::Profiler.new(hz: 19).start
       begin
         expect(DdprofRecorder::Profiler.running?).to be(false) # not the process-wide one
-        expect(middleware.call(env("ddprof=speedscope", token: token))).to equal(page)
+        expect_busy(middleware.call(env("ddprof=speedscope", token: token)),
+                    "a profiler is already running in this process", retry_after: false)
       ensure
         own.stop
       end
-      expect(log.string).to include("a profiler is already running in this process")
     end
   end
 
@@ -230,6 +285,127 @@ RSpec.describe DdprofRecorder::Rack do
       mw = described_class.new(app, authorize: authorize, param: "_prof")
       expect(mw.call(env("ddprof=flamegraph", token: token))).to equal(page)
       expect(mw.call(env("_prof=flamegraph", token: token)).first).to eq(200)
+    end
+
+    it "longer than max_seconds: served to its end, its profile covers the cap, a header says so, the slot is free" do
+      second = nil
+      long = lambda do |_env|
+        self.class.rack_spec_before_cap
+        # The cap gave the slot back: another request is profiled while this one goes on.
+        second = Thread.new { middleware.call(env("ddprof=pprof", token: token, path: "/second")) }.value
+        self.class.rack_spec_after_cap(0.05)
+        page
+      end
+      mw = described_class.new(long, authorize: authorize, max_seconds: 0.2)
+      status, headers, body = mw.call(env("ddprof=pprof", token: token))
+      expect(status).to eq(200)
+      capped = headers["x-ddprof-capped"]
+      expect(capped).to match(/\Aprofiled the first \d+\.\d\d s of \d+\.\d\d s \(max_seconds: 0\.2\)\z/)
+      first, total = capped.scan(/\d+\.\d\d/).map { |n| Float(n) }
+      expect(first).to be <= total
+      profile = decode_pprof(body.join)
+      expect(profile.duration_nanos / 1e9).to be_within(0.006).of(first)
+      frames = samples_from(profile).flat_map { |s| s[:frames].map(&:first) }
+      expect(frames).to include(before_cap)
+      expect(frames).not_to include(after_cap)
+      expect(second.first).to eq(200)
+      expect(samples_from(decode_pprof(second[2].join)).flat_map { |s| s[:frames].map(&:first) }).to include(render_page)
+      expect(log.string).to match(%r{rack: profiled GET /users as pprof \(the first \d+\.\d ms of \d+\.\d ms\)})
+    end
+
+    it "longer than max_seconds, as a flamegraph: its title says what it covers" do
+      mw = described_class.new(->(_env) { self.class.rack_spec_before_cap && page }, authorize: authorize, max_seconds: 0.2)
+      status, headers, body = mw.call(env("ddprof=flamegraph", token: token))
+      expect([status, headers.key?("x-ddprof-capped")]).to eq([200, true])
+      expect(body.join).to match(%r{GET /users: wall-time, the first \d+\.\d ms of \d+\.\d ms \(ddprof_recorder, 999 Hz, max_seconds: 0\.2\)})
+        .and include(before_cap)
+    end
+  end
+
+  describe "a request too short to get a sample: 200, a valid file of its kind that says so, and a header" do
+    # At 1 Hz a request that does nothing almost never gets a sample (a CPU tick is drawn as
+    # one with the odds of its share of a period, 4 ms in 1 s here): asked again until one
+    # has none.
+    def empty_response(kind)
+      mw = described_class.new(->(_env) { page }, authorize: authorize, hz: 1)
+      50.times do
+        response = mw.call(env("ddprof=#{kind}", token: token))
+        return response if response[1].key?("x-ddprof-empty")
+      end
+      raise "50 requests at 1 Hz, and each got a sample"
+    end
+
+    let(:note) do
+      /\Anothing to draw: the profiler took no sample in the request's \d+\.\d ms \(at 1 Hz, about one every 1000\.0 ms; a request this short can get none\)\z/
+    end
+
+    it "a flamegraph: an SVG that shows the title and the note" do
+      status, headers, body = empty_response("flamegraph")
+      svg = body.join
+      expect(status).to eq(200)
+      expect(headers).to include("content-type" => "image/svg+xml; charset=utf-8", "content-length" => svg.bytesize.to_s)
+      expect(headers["x-ddprof-empty"]).to match(note)
+      texts = REXML::XPath.match(REXML::Document.new(svg), "//text").map(&:text)
+      expect(texts).to match([%r{\AGET /users: wall-time, \d+\.\d ms \(ddprof_recorder, 1 Hz\)\z}, headers["x-ddprof-empty"]])
+      expect(log.string).to match(%r{rack: profiled GET /users as flamegraph \(\d+\.\d ms; nothing to draw\)})
+    end
+
+    it "a speedscope file: one empty profile named with the note" do
+      status, headers, body = empty_response("speedscope")
+      expect(status).to eq(200)
+      expect(headers["x-ddprof-empty"]).to match(note)
+      expect(headers["content-disposition"]).to eq('attachment; filename="ddprof-empty.speedscope.json"')
+      doc = JSON.parse(body.join)
+      expect(doc).to include("$schema" => "https://www.speedscope.app/file-format-schema.json", "activeProfileIndex" => 0)
+      expect(doc["profiles"]).to eq([{ "type" => "sampled", "name" => headers["x-ddprof-empty"], "unit" => "none",
+                                       "startValue" => 0, "endValue" => 0, "samples" => [], "weights" => [] }])
+    end
+
+    it "files that speedscope's schema and Chromium read: the speedscope file valid, the SVG drawn with its note" do
+      viewers_ready!(browser: true)
+      Dir.mktmpdir("ddprof_recorder_rack_empty") do |dir|
+        json = File.join(dir, "empty.speedscope.json")
+        File.write(json, empty_response("speedscope")[2].join)
+        expect(Viewers.check("schema", json)["results"]).to match([include("valid" => true, "errors" => [])])
+        svg = File.join(dir, "empty.svg")
+        _, headers, body = empty_response("flamegraph")
+        File.write(svg, body.join)
+        report = Viewers.check("svg", svg, File.join(dir, "empty.png"))
+        expect(report).to include("errors" => [], "refused" => [])
+        expect(report["texts"]).to include(headers["x-ddprof-empty"])
+      end
+    end
+
+    it "a pprof: the profile as it is, without a sample" do
+      status, headers, body = empty_response("pprof")
+      expect([status, headers["content-type"]]).to eq([200, "application/octet-stream"])
+      expect(headers["x-ddprof-empty"]).to match(note)
+      expect(value_totals(samples_from(decode_pprof(body.join)))["cpu-samples"]).to eq(0)
+    end
+  end
+
+  describe "the log" do
+    # The default logger, made again on a $stderr of the example's (after the `before` above).
+    around do |example|
+      stderr = $stderr
+      $stderr = StringIO.new
+      example.run
+    ensure
+      $stderr = stderr
+      DdprofRecorder.logger = nil
+    end
+
+    before { DdprofRecorder.logger = nil }
+
+    it "is at INFO for profiled and busy requests, which the default logger (WARN) shows once its level says so" do
+      expect(middleware.call(env("ddprof=pprof", token: token)).first).to eq(200)
+      raising = described_class.new(app, authorize: ->(_env) { raise KeyError, "no session" })
+      expect(raising.call(env("ddprof=flamegraph"))).to equal(page)
+      expect($stderr.string.lines).to match([/\AW, .* WARN -- ddprof_recorder: rack: authorize raised KeyError: no session; /])
+
+      DdprofRecorder.logger.level = Logger::INFO
+      expect(middleware.call(env("ddprof=pprof", token: token)).first).to eq(200)
+      expect($stderr.string).to match(%r{INFO -- ddprof_recorder: rack: profiled GET /users as pprof \(\d+\.\d ms\)})
     end
   end
 end

@@ -1,12 +1,14 @@
 # frozen_string_literal: true
 
+require "open3"
+require "rbconfig"
 require "stringio"
 require "tmpdir"
 
 require_relative "../../lib/ddprof_recorder/cli"
 
-# The in-process CLI specs (spec/cli/): DdprofRecorder::CLI.run with StringIOs, in a temporary
-# directory, on pprofs made by the recorder with known samples.
+# The CLI specs (spec/cli/): DdprofRecorder::CLI.run in process with StringIOs, or the
+# executable, in a temporary directory, on pprofs made by the recorder with known samples.
 module CliHelpers
   # Runs the command line in this process, in `dir` (default: the example's @dir).
   #
@@ -16,6 +18,16 @@ module CliHelpers
     err = StringIO.new
     status = Dir.chdir(dir) { DdprofRecorder::CLI.run(argv, out: out, err: err) }
     [out.string, err.string, status]
+  end
+
+  EXE = File.expand_path("../../exe/ddprof-recorder", __dir__)
+
+  # Runs exe/ddprof-recorder as a user does, a process of its own, in `dir`.
+  #
+  # @return [Array(String, String, Integer)] stdout, stderr and the exit status.
+  def run_exe(*argv, dir: @dir, env: {})
+    out, err, status = Open3.capture3(env, RbConfig.ruby, EXE, *argv, chdir: dir)
+    [out, err, status.exitstatus]
   end
 
   # Writes `name` in @dir: a pprof of the profiler's value types (cpu-time, cpu-samples,

@@ -132,7 +132,11 @@ module DdprofRecorder
           raise Failure, "#{path}: no such file" unless File.exist?(path)
           raise Failure, "#{path}: is a directory, not a pprof file" if File.directory?(path)
 
-          File.binread(path)
+          begin
+            File.binread(path)
+          rescue SystemCallError => e
+            raise Failure, "#{path}: cannot read it: #{reason(e)}"
+          end
         end
         on_profiles(paths) { yield data }
       end
@@ -143,9 +147,37 @@ module DdprofRecorder
         if out == "-"
           @out.write(text)
         else
-          File.write(out, text)
+          write_output(out) { File.write(out, text) }
           @out.puts("ddprof-recorder: wrote #{out} (#{yield}, #{text.bytesize} bytes)")
         end
+      end
+
+      # The one check of an output file's directory, before a command writes there (`record`
+      # before it runs the program): one line naming the file.
+      #
+      # @raise [Failure] if the directory does not exist.
+      def check_output(path)
+        return if File.directory?(File.dirname(File.expand_path(path)))
+
+        raise Failure, "#{name}: #{path}: directory does not exist"
+      end
+
+      # Runs the block that writes `path` (an `-o` file), after #check_output. The errors of
+      # the write (a directory, no permission) are one line naming the file as given, without
+      # Ruby's `@ rb_sysopen` and the name of a temporary file.
+      #
+      # @raise [Failure]
+      def write_output(path)
+        check_output(path)
+        yield
+      rescue SystemCallError => e
+        raise Failure, "#{name}: #{path}: cannot write it: #{reason(e)}"
+      end
+
+      # What went wrong in a failed system call, as strerror says it ("Permission denied"):
+      # Ruby's message adds the call and the path (`@ rb_sysopen - x.svg`).
+      def reason(error)
+        SystemCallError.new(nil, error.errno).message
       end
 
       # Runs the view `method` of DdprofRecorder (:top, :folded...) on the FILEs: the one pprof,

@@ -45,7 +45,7 @@ module DdprofRecorder
           @out.binmode
           @out.write(merged)
         else
-          Recording.write(out, merged)
+          write_output(out) { Recording.write(out, merged) }
           @out.puts("ddprof-recorder: merged #{options.paths.size} profiles into #{out} (#{merged.bytesize} bytes)")
         end
         0

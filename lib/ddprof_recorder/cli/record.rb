@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "tempfile"
+
 require_relative "command"
 require_relative "record_summary"
 require_relative "../recording"
@@ -87,25 +89,48 @@ module DdprofRecorder
 
       # @return [Integer] the program's exit status (128 + signal if a signal ended it).
       def run(options)
+        check_output(options.out)
         out = File.expand_path(options.out)
-        raise Failure, "record: #{options.out}: directory does not exist" unless File.directory?(File.dirname(out))
 
         Recording.profile_files(out).each_value { |stale| stale.each { |f| File.delete(f) if File.file?(f) } }
 
+        report = Tempfile.create("ddprof-recorder-started")
+        report.close
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        status = run_profiled(options.command, env(out, options))
+        status = run_profiled(options.command, env(out, options).merge(Recording::STARTED => report.path))
         elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
         files = Recording.profile_files(out)
-        if files.empty?
-          raise Failure, "record: no profile was written by `#{display_command(options.command)}` " \
-                         "(is it a Ruby program? did it end through exit! or a signal?)"
-        end
+        raise Failure, no_profile(options.command, status, File.read(report.path)) if files.empty?
 
         print_summary(RecordSummary.new(options, status, elapsed, files))
         exit_status(status)
+      ensure
+        File.delete(report.path) if report && File.exist?(report.path)
       end
 
       private
+
+      # Why no profile came, from what the command's Ruby said at start (Recording::STARTED:
+      # nothing if no Ruby loaded the profiler) and how the command ended.
+      def no_profile(command, status, report)
+        shown = "`#{display_command(command)}`"
+        what, pid = report.split
+        case what
+        when nil
+          "record: no profile: #{shown} ran no Ruby that loaded the profiler (record profiles Ruby programs " \
+            "through RUBYOPT: ruby, bundle exec, rake, ...)"
+        when "failed"
+          "record: no profile: the profiler could not start in #{shown} (process #{pid}; its message is above)"
+        else
+          if status.termsig
+            "record: no profile: #{shown} was #{status_text(status)} before its Ruby (process #{pid}) " \
+              "could write one (a signal that Ruby does not handle, such as SIGKILL, or a crash)"
+          else
+            "record: no profile: #{shown} started the profiler (process #{pid}) but wrote nothing at its " \
+              "end (did it exec a program that is not Ruby?)"
+          end
+        end
+      end
 
       # The summary is the last thing `record` says: if its reader went away (`record ... |
       # head`, once the summary outgrows the pipe's buffer or @out is sync), there is no one

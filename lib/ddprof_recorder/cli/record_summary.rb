@@ -41,7 +41,6 @@ module DdprofRecorder
         totals = Hash.new(0)
         @processes.each { |p| p[:totals].each { |k, v| totals[k] += v } }
         duration = summaries.map { |s| s[:finish] }.max - summaries.map { |s| s[:start] }.min
-        threads = summaries.flat_map { |s| s[:thread_names] }.uniq
         thread_ids = summaries.flat_map { |s| s[:thread_ids] }.uniq
         samples = totals["cpu-samples"]
 
@@ -49,16 +48,13 @@ module DdprofRecorder
         lines << "ddprof-recorder: recorded `#{display_command(@options.command)}` " \
                  "(#{status_text(@status)}, #{format('%.2f', @elapsed)} s)"
         lines << row("duration", format("%.2f s profiled", duration))
-        rate = if thread_ids.empty? || duration <= 0
-                 ""
-               else
-                 format(", about %.0f per second per thread (asked %d)", samples / thread_ids.size / duration, @options.hz)
-               end
-        lines << row("samples", "#{samples}#{rate}")
+        lines << row("samples", samples_text(samples, thread_ids.size, duration))
         lines.concat(sampling_lines(summaries))
-        lines << row("threads", "#{thread_ids.size}: #{threads.first(6).join(', ')}#{threads.size > 6 ? ', ...' : ''}")
+        lines << row("threads", threads_text(thread_ids.size))
         lines << row("cpu-time", format("%.2f s   wall-time %.2f s", totals["cpu-time"] / 1e9, totals["wall-time"] / 1e9))
-        lines.concat(hottest_lines(totals["cpu-time"]))
+        # Without a sample, the cpu-time is only what the threads used before the profiler
+        # stopped, charged where they were then: no hottest function to name.
+        lines.concat(hottest_lines(totals["cpu-time"])) if samples.positive?
         lines.concat(allocator_lines(totals["alloc-count"]))
         lines.concat(@processes.size == 1 ? written_lines(@processes.first) : process_lines)
         lines.concat(view_lines(@files.keys, @processes.first[:paths].first))
@@ -74,6 +70,37 @@ module DdprofRecorder
         summaries.each { |s| s[:totals].each { |k, v| totals[k] += v } }
         pid = child_pid || summaries.flat_map { |s| s[:process_ids] }.first
         { pid: pid, paths: paths, data: data, summaries: summaries, totals: totals, bytes: data.sum(&:bytesize) }
+      end
+
+      # How many samples, and at what rate per thread; for none, why.
+      def samples_text(samples, threads, duration)
+        if samples.zero?
+          period = 1.0 / @options.hz
+          return "0" unless duration < period
+
+          shown = period < 1 ? format("%.1f ms", period * 1e3) : format("%.2f s", period)
+          return "0: the profiled run was shorter than one sampling period (#{shown} at #{@options.hz} Hz)"
+        end
+        return samples.to_s if threads.zero? || duration <= 0
+
+        format("%d, about %.0f per second per thread (asked %d)", samples, samples / threads / duration, @options.hz)
+      end
+
+      # How many threads, and their names; with forked children, each name says in how many
+      # processes it is (a server's workers all have a "main").
+      def threads_text(count)
+        in_processes = Hash.new(0)
+        @processes.each do |p|
+          p[:summaries].flat_map { |s| s[:thread_names] }.uniq.each { |name| in_processes[name] += 1 }
+        end
+        several = @processes.size > 1
+        names = in_processes.map do |name, n|
+          next name unless n > 1
+
+          "#{name} (in #{n == @processes.size ? 'each' : n})"
+        end
+        shown = "#{names.first(6).join(', ')}#{names.size > 6 ? ', ...' : ''}"
+        several ? "#{count} in #{@processes.size} processes: #{shown}" : "#{count}: #{shown}"
       end
 
       # How the files say they were sampled: the text of each distinct "sampling: " comment
