@@ -103,7 +103,7 @@ RSpec.describe "exe/ddprof-recorder" do
       out, err, status = cli("record", "-o", "none.pb.gz", "--", "true")
       expect(status).to eq(1)
       expect(out).to eq("")
-      expect_one_line(err, /no profile was written by `true` \(is it a Ruby program\?/)
+      expect_one_line(err, /no profile: `true` ran no Ruby that loaded the profiler/)
 
       _, err, status = cli("record", "--", "/nonexistent/program")
       expect(status).to eq(127)

@@ -94,15 +94,19 @@ RSpec.describe "DdprofRecorder::Rack under puma" do
       expect(server_log.scan("rack: profiled").size).to eq(profiled_before)
     end
 
-    it "serves a second authorized request the page while a first one is being profiled" do
+    it "answers a second authorized request 503 busy while a first one is being profiled" do
       first = Thread.new { get("/hold?ddprof=pprof", token: token) }
       deadline = now + 10
       sleep 0.01 until File.exist?(@started) || now > deadline
       expect(File.exist?(@started)).to be(true), "the first request did not reach the app:\n#{server_log}"
 
-      second = get("/hello?ddprof=flamegraph", token: token)
-      expect([second.code, second.body, second["content-type"]]).to eq(["200", "hello\n", "text/plain"])
-      File.write(@release, "")
+      begin
+        second = get("/hello?ddprof=flamegraph", token: token)
+      ensure
+        File.write(@release, "")
+      end
+      expect([second.code, second["x-ddprof-busy"]]).to eq(["503", "another request is being profiled"])
+      expect(Integer(second["retry-after"])).to be_between(1, 10)
       held = first.value
       expect([held.code, held["content-type"]]).to eq(["200", "application/octet-stream"])
       frames = samples_from(decode_pprof(held.body)).flat_map { |s| s[:frames].map(&:first) }
@@ -113,12 +117,11 @@ RSpec.describe "DdprofRecorder::Rack under puma" do
       File.delete(@release) if File.exist?(@release)
     end
 
-    it "serves authorized requests the page while the process-wide profiler runs" do
+    it "answers authorized requests 503 busy while the process-wide profiler runs" do
       expect(get("/profiler/start").body).to eq("started\n")
       begin
         response = get("/checkout?ddprof=flamegraph", token: token)
-        expect([response.code, response["content-type"]]).to eq(["200", "text/plain"])
-        expect(response.body).to start_with("checkout total ")
+        expect([response.code, response["x-ddprof-busy"]]).to eq(["503", "a profiler is already running in this process"])
       ensure
         expect(get("/profiler/stop").body).to eq("stopped\n")
       end
