@@ -240,7 +240,14 @@ module AccuracyBench
     rate = 1_000_000 / options.stackprof_interval
     argv = [rbspy, "record", "--on-cpu", "--rate", rate.to_s, "--format", "pprof", "--file", "#{base}.pb", "--silent",
             "--", *program_argv(program, options.seconds)]
-    wall = spawn(argv, truth_env(program, base), "#{base}.log", options.timeout)
+    # rbspy 0.55 on Ruby 3.3 at times stops sampling and never exits, or gives up on a stack
+    # ("stack base and cfp address out of sync"): one more try, then the failure stands.
+    wall = begin
+      spawn(argv, truth_env(program, base), "#{base}.log", options.timeout)
+    rescue RuntimeError => e
+      warn "bench/accuracy: rbspy run failed, trying once more: #{e.message.lines.first.strip}"
+      spawn(argv, truth_env(program, base), "#{base}.log", options.timeout)
+    end
     self_time = AccuracyAnalysis.pprof_self(File.binread("#{base}.pb"), value: "wall", count: "wall",
                                             leave_out: [RBSPY_UNKNOWN, "#{RBSPY_UNKNOWN} [c function]"])
     truth, process_cpu = read_truth(program, "#{base}.truth.json")
