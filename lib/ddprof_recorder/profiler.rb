@@ -370,7 +370,10 @@ module DdprofRecorder
     #   (passes per second really reached), `:on_cpu_hz` (on-CPU samples per second),
     #   `:sampler_cpu_ns` (CPU of the profiler's Ruby thread and of the jobs' own work, which
     #   the program's threads pay), `:trigger_cpu_ns` (CPU of the native trigger thread),
-    #   `:recorder` ({StackRecorder#stats}); with allocations or heap, `:allocations`
+    #   `:recorder` ({StackRecorder#stats}), `:interrupt_deferral` (whether the jobs defer
+    #   the program's `Thread#raise`/`Timeout` to after them on this Ruby: its thread layout
+    #   passed the start's check, ext/ddprof_recorder/src/vm.rs; false means they may be
+    #   lost, and the profile's `sampling` comment says so); with allocations or heap, `:allocations`
     #   (`:sampled`, `:recorded`, `:dropped` when too many waited for their job, and
     #   `:heap_tracked`, `:heap_freed`, `:heap_skipped` past {MAX_HEAP_TRACKED},
     #   `:heap_live_tracked`); with gc, `:gc_lost_ns` (GC CPU of threads past the native
@@ -394,6 +397,7 @@ module DdprofRecorder
         signal_samples: counts[:signal_samples],
         sampling_mode: @sampling_mode,
         sampling_mode_reason: @sampling_mode_reason,
+        interrupt_deferral: @interrupt_deferral,
         signals: @started ? signal_stats(Profiler._native_sampling_stats) : @signal_stats,
         sampler_cpu_ns: (thread_cpu || 0) + counts[:job_cpu_ns],
         trigger_cpu_ns: @started ? Profiler._native_sampling_stats[:trigger_cpu_ns] : @trigger_cpu_ns,
@@ -522,6 +526,7 @@ module DdprofRecorder
     # process makes it raise, and this run's threads are let go.
     def start_sampling(run)
       @sampling_mode, @sampling_mode_reason = choose_sampling_mode
+      @interrupt_deferral = Profiler._native_interrupt_deferral_checked?
       begin
         Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno, @sampling_mode, self)
       rescue StandardError
@@ -546,7 +551,9 @@ module DdprofRecorder
               "at each thread's CPU tick (#{signal}), stacks read at the next interrupt check (#{@sampling_mode_reason})"
             else "at the VM's interrupt checks, no signal (signals: false)"
             end
-      "sampling: #{how}, #{@hz} Hz"
+      deferral = @interrupt_deferral ? "" : "; the program's Thread#raise and Timeout may be lost in the profiler's " \
+                                                  "jobs (Ruby #{RUBY_VERSION}'s thread layout is not checked)"
+      "sampling: #{how}, #{@hz} Hz#{deferral}"
     end
 
     def choose_sampling_mode

@@ -407,7 +407,8 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
     expect(lost).to be_empty, "interrupts that never arrived, of #{rounds * width} sent: #{lost}"
     expect(stats[:on_cpu_samples] + stats[:signal_samples]).to be > 100
     expect(stats[:allocations][:recorded]).to be > 0
-    # The deferral works on this Ruby: its layout checks passed in every job.
+    # The deferral works on this Ruby: its layout checks passed at start and in every job.
+    expect(stats[:interrupt_deferral]).to be(true)
     expect(native).to include(interrupt_deferral_refused: 0)
     expect(native[:jobs_deferring_interrupts]).to be > 0
   ensure

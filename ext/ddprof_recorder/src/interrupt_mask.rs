@@ -78,6 +78,32 @@ pub unsafe fn defer_async_interrupts() -> Deferred {
 ///
 /// As [`defer_async_interrupts`].
 unsafe fn interrupt_mask() -> Option<&'static AtomicU32> {
+    // SAFETY: as this function's own contract.
+    let mask = unsafe { thread_interrupt_mask() }?;
+    let flush_bits = POSTPONED_JOB_INTERRUPT_MASK | TRAP_INTERRUPT_MASK;
+    // Not the layout we know, or not inside a flush: leave it alone.
+    (mask.load(Ordering::SeqCst) & flush_bits == flush_bits).then_some(mask)
+}
+
+/// Whether the layout guards pass on the calling thread, outside a job: the start's
+/// self-check (`Profiler#stats[:interrupt_deferral]`, and the profile's `sampling` comment
+/// when they fail).
+///
+/// # Safety
+///
+/// GVL held, on a Ruby thread.
+pub unsafe fn layout_checks() -> bool {
+    // SAFETY: as this function's own contract (the mask is only read).
+    unsafe { thread_interrupt_mask() }.is_some()
+}
+
+/// The calling thread's `interrupt_mask` field, if the Ruby's layout is known and the
+/// `rb_thread_t` holds its Thread at `vm::THREAD_SELF_OFFSET`.
+///
+/// # Safety
+///
+/// GVL held, on a Ruby thread whose execution context lives while the result is used.
+unsafe fn thread_interrupt_mask() -> Option<&'static AtomicU32> {
     let ec_offset = THREAD_EC_OFFSET?;
     // SAFETY: the caller holds the GVL; rb_thread_current has no other precondition.
     let thread = unsafe { rb_sys::rb_thread_current() };
@@ -100,8 +126,5 @@ unsafe fn interrupt_mask() -> Option<&'static AtomicU32> {
     }
     // SAFETY: `interrupt_mask` is a 4-byte aligned rb_atomic_t at this offset of the live
     // execution context (vm.rs); other threads only read or atomically update it.
-    let mask = unsafe { &*(ec.add(EC_INTERRUPT_MASK_OFFSET) as *const AtomicU32) };
-    let flush_bits = POSTPONED_JOB_INTERRUPT_MASK | TRAP_INTERRUPT_MASK;
-    // Not the layout we know, or not inside a flush: leave it alone.
-    (mask.load(Ordering::SeqCst) & flush_bits == flush_bits).then_some(mask)
+    Some(unsafe { &*(ec.add(EC_INTERRUPT_MASK_OFFSET) as *const AtomicU32) })
 }

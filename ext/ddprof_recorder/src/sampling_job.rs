@@ -89,6 +89,10 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.define_singleton_method("_native_signal_arm", function!(native_signal_arm, 1))?;
     class.define_singleton_method("_native_signal_disarm", function!(native_signal_disarm, 1))?;
     class.define_singleton_method(
+        "_native_interrupt_deferral_checked?",
+        function!(native_interrupt_deferral_checked, 0),
+    )?;
+    class.define_singleton_method(
         "_native_handler_can_read_stacks?",
         function!(native_handler_can_read_stacks, 0),
     )?;
@@ -226,6 +230,13 @@ fn native_signal_disarm(ruby: &Ruby, tid: i32) -> Result<(), Error> {
         signal_sampler::disarm(tid);
         Ok(())
     })
+}
+
+/// `Profiler._native_interrupt_deferral_checked?`: whether the jobs can defer the program's
+/// interrupts on this Ruby (`interrupt_mask`'s layout guards pass on the calling thread).
+fn native_interrupt_deferral_checked(ruby: &Ruby) -> Result<bool, Error> {
+    // SAFETY: a Ruby method, so on a Ruby thread with the GVL.
+    entry(ruby, || Ok(unsafe { crate::interrupt_mask::layout_checks() }))
 }
 
 /// `Profiler._native_handler_can_read_stacks?`: whether the signal handler can check that a
