@@ -59,18 +59,22 @@ module SpecRuns
       puts "==> #{label}: #{command.shelljoin}"
       started = now
       tail = +""
+      summary = nil
       IO.popen(env, command, err: %i[child out]) do |io|
         loop do
           chunk = io.readpartial(65_536) # as it comes: RSpec's progress dots end no line
           $stdout.write(chunk)
           $stdout.flush
-          tail = (tail + chunk)[-4096..] || (tail + chunk)
+          # The summary line is followed by the list of failed examples: keep it when it passes.
+          seen = tail + chunk
+          summary = seen.scan(SUMMARY).last || summary
+          tail = seen[-4096..] || seen
         rescue EOFError
           break
         end
       end
       status = $?
-      summary = tail.scan(SUMMARY).last || "no summary line (#{status})"
+      summary ||= "no summary line (#{status})"
       @runs << Run.new(label, summary, now - started, status.success?)
       puts "#{label}: #{summary}"
       status.success?
@@ -89,6 +93,7 @@ module Rubies
   ROOT = File.expand_path("..", __dir__)
   # Where Debian's Ruby's library waits while the others are tested.
   PARKED = File.join(ROOT, "tmp", "rubies", "ddprof_recorder-#{RUBY_VERSION}.so")
+  RSPEC = File.join(RbConfig::CONFIG["bindir"], "rspec")
 
   module_function
 
@@ -151,7 +156,8 @@ module Rubies
     Rake::FileUtilsExt.sh(env.merge("GEM_PATH" => "/usr/share/rubygems-integration/all"), ruby, "-S", "rake", "compile")
     steps << "extension #{SpecRuns.duration(SpecRuns.now - started)}"
 
-    rspec = [ruby, "-rrspec/core", "-e", "RSpec::Core::Runner.invoke"]
+    # Debian's rspec executable (`require "rspec/core"`, then run), on that Ruby.
+    rspec = [ruby, RSPEC]
     SpecRuns.run("Ruby #{version}", env, rspec)
     steps << "rspec #{SpecRuns.duration(SpecRuns.runs.last.seconds)}"
 
