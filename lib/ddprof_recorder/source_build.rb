@@ -36,6 +36,15 @@ module DdprofRecorder
       end
 
       require HELPER
+      build
+    end
+
+    # The cargo build, once HELPER is loaded. A method of its own because its rescue names
+    # DdprofRecorderBuild: in {.build_or_raise}, the LoadErrors raised before the require
+    # turned into a NameError for that constant.
+    #
+    # @raise [LoadError] if the build fails.
+    def build
       dest = File.join(ROOT, "lib", "ddprof_recorder", DdprofRecorderBuild.dlib_name)
       target = File.expand_path(ENV.fetch("CARGO_TARGET_DIR", "target"), ROOT)
       warn "ddprof_recorder: the native extension is not built in #{ROOT}; building it now with cargo " \

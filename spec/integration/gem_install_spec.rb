@@ -10,10 +10,12 @@ require "tmpdir"
 # installed executable, and an application whose Gemfile names the gem by `path:`, after
 # `bundle install --local`. go tool pprof reads what they write.
 #
-# cargo builds in the checkout's target/ (CARGO_TARGET_DIR, which the extconf honors), so the
-# dependencies compiled by `rake compile` are reused: only the workspace's own crates, now at
-# the installed gem's path, are compiled again (about 20 s each, against 2 min from nothing).
-# The cdylib in target/release is then the installed gem's build, of the same sources.
+# cargo builds in the checkout's target directory (CARGO_TARGET_DIR if set, as for a Ruby other
+# than Debian's (rakelib/rubies.rake), else target/; the extconf honors it), so the
+# dependencies compiled by `rake compile` for this Ruby are reused: only the workspace's own
+# crates, now at the installed gem's path, are compiled again (about 20 s each, against 2 min
+# from nothing). The cdylib in <target>/release is then the installed gem's build, of the same
+# sources.
 RSpec.describe "the gem, built and installed as a user would" do
   root = File.expand_path("../..", __dir__)
   gemspec = Dir.chdir(root) { Gem::Specification.load(File.join(root, "ddprof_recorder.gemspec")) }
@@ -71,7 +73,7 @@ RSpec.describe "the gem, built and installed as a user would" do
   # Environment for every command below: nothing of this process's own Ruby or Bundler setup.
   define_method(:clean_env) do
     { "RUBYOPT" => nil, "RUBYLIB" => nil, "BUNDLE_GEMFILE" => nil, "BUNDLE_BIN_PATH" => nil,
-      "CARGO_TARGET_DIR" => File.join(root, "target") }
+      "DDPROF_RECORDER_BUILD" => nil, "CARGO_TARGET_DIR" => File.expand_path(ENV.fetch("CARGO_TARGET_DIR", "target"), root) }
   end
 
   describe "the packaged file list" do
@@ -142,6 +144,17 @@ RSpec.describe "the gem, built and installed as a user would" do
     end
   end
 
+  describe "the first require from a source tree without the library, with DDPROF_RECORDER_BUILD=0" do
+    it "raises LoadError saying how to build it, and builds nothing" do
+      script = "require #{File.join(root, 'lib', 'ddprof_recorder', 'source_build').dump}; " \
+               'DdprofRecorder::SourceBuild.build_or_raise(LoadError.new("no library"))'
+      _, err, status = Open3.capture3(clean_env.merge("DDPROF_RECORDER_BUILD" => "0"), RbConfig.ruby, "-e", script)
+      expect(status.success?).to be(false)
+      expect(err).to include("ddprof_recorder's native extension is not built (run `rake compile` in #{root}; " \
+                             "DDPROF_RECORDER_BUILD=0 keeps `require` from building it): no library (LoadError)")
+    end
+  end
+
   describe "gem build, gem install --local into a clean GEM_HOME" do
     before(:context) do
       @dir = Dir.mktmpdir("ddprof_recorder_gem")
@@ -205,6 +218,7 @@ RSpec.describe "the gem, built and installed as a user would" do
       before(:context) do
         # The gem's files, as a checkout of it would have them.
         src = File.join(@dir, "src")
+        @src = File.join(src, "ddprof_recorder-#{version}")
         _, ok = run(clean_env, "gem", "unpack", @gem, "--target", src, chdir: @dir)
         raise "gem unpack failed" unless ok
 
@@ -213,7 +227,7 @@ RSpec.describe "the gem, built and installed as a user would" do
         File.write(File.join(@bundle_app, "app.rb"), app_rb)
         File.write(File.join(@bundle_app, "Gemfile"), <<~RUBY)
           source "https://rubygems.org"
-          gem "ddprof_recorder", path: #{File.join(src, "ddprof_recorder-#{version}").inspect}
+          gem "ddprof_recorder", path: #{@src.inspect}
         RUBY
         # GEM_PATH stays the system's: Bundler itself is Debian's gem.
         @bundle_env = clean_env.merge("GEM_HOME" => File.join(@dir, "bundle_home"), "GEM_PATH" => nil,
@@ -221,7 +235,7 @@ RSpec.describe "the gem, built and installed as a user would" do
                                       "BUNDLE_APP_CONFIG" => File.join(@bundle_app, ".bundle"))
         (@bundle_out, @bundle_ok), @bundle_seconds =
           timed { run(@bundle_env, "bundle", "install", "--local", chdir: @bundle_app) }
-        @library = File.join(src, "ddprof_recorder-#{version}", "lib", "ddprof_recorder", "ddprof_recorder.#{RbConfig::CONFIG['DLEXT']}")
+        @library = File.join(@src, "lib", "ddprof_recorder", "ddprof_recorder.#{RbConfig::CONFIG['DLEXT']}")
         @built_by_bundler = File.exist?(@library)
         (@first_out, @first_ok), @first_seconds =
           timed { run(@bundle_env, "bundle", "exec", RbConfig.ruby, "-e", 'require "ddprof_recorder"; puts :loaded', chdir: @bundle_app) }
@@ -231,8 +245,11 @@ RSpec.describe "the gem, built and installed as a user would" do
 
       it "installs with bundle install --local; the first require builds the extension, which Bundler does not" do
         expect(@bundle_ok).to be(true), @bundle_out
-        expect(@bundle_out).to include("Using ddprof_recorder #{version} from source at")
-        expect(File.exist?(File.join(@bundle_app, "Gemfile.lock"))).to be(true)
+        expect(@bundle_out).to include("Bundle complete!")
+        # Bundler 2.3 (Debian's) also prints "Using ddprof_recorder 0.1.0 from source at ...";
+        # Ruby 3.3's and 3.4's Bundler do not: the lock file says it for both.
+        expect(File.read(File.join(@bundle_app, "Gemfile.lock")))
+          .to include("PATH\n  remote: #{@src}\n  specs:\n    ddprof_recorder (#{version})\n")
         # Bundler builds no extension for a path: gem (see lib/ddprof_recorder/source_build.rb).
         expect(@built_by_bundler).to be(false)
         expect(@first_ok).to be(true), @first_out

@@ -18,10 +18,6 @@ RSpec.describe "record on forking servers" do
   let(:boot_timeout) { 20 }
   let(:stop_timeout) { 20 }
 
-  def self.available?(program)
-    ENV.fetch("PATH", "").split(File::PATH_SEPARATOR).any? { |dir| File.executable?(File.join(dir, program)) }
-  end
-
   around do |example|
     Dir.mktmpdir("ddprof_recorder_servers") do |dir|
       @dir = dir
@@ -140,7 +136,8 @@ RSpec.describe "record on forking servers" do
   end
 
   it "profiles Puma's master and both workers of `puma -w 2` (cluster mode, stopped with TERM)" do
-    skip "Debian's puma and wrk are needed" unless self.class.available?("puma") && self.class.available?("wrk")
+    skip "Debian's puma and wrk are needed" unless Programs.available?("puma") && Programs.available?("wrk")
+    skip Programs.other_ruby("puma") if Programs.other_ruby("puma")
 
     port = free_port
     pidfile = File.join(@dir, "puma.pid")
@@ -162,7 +159,8 @@ RSpec.describe "record on forking servers" do
   end
 
   it "profiles Unicorn's master and both workers (worker_processes 2, stopped with TERM: workers exit!)" do
-    skip "Debian's unicorn and wrk are needed" unless self.class.available?("unicorn") && self.class.available?("wrk")
+    skip "Debian's unicorn and wrk are needed" unless Programs.available?("unicorn") && Programs.available?("wrk")
+    skip Programs.other_ruby("unicorn") if Programs.other_ruby("unicorn")
 
     port = free_port
     pidfile = File.join(@dir, "unicorn.pid")

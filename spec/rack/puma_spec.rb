@@ -15,16 +15,14 @@ RSpec.describe "DdprofRecorder::Rack under puma" do
   config_ru = File.join(root, "spec", "fixtures", "rack_app", "config.ru")
   token = "test-token-#{Process.pid}"
 
-  def self.available?(program)
-    ENV.fetch("PATH", "").split(File::PATH_SEPARATOR).any? { |dir| File.executable?(File.join(dir, program)) }
-  end
-
   before(:context) do
-    unless self.class.available?("puma")
+    unless Programs.available?("puma")
       raise "puma is not on PATH (CI installs Debian's puma)" if ENV["CI"]
 
       skip "puma is not on PATH (apt-get install puma)"
     end
+    other_ruby = Programs.other_ruby("puma")
+    skip other_ruby if other_ruby
     @dir = Dir.mktmpdir("ddprof_recorder_rack_puma")
     @log = File.join(@dir, "puma.log")
     @started = File.join(@dir, "hold_started")
@@ -161,7 +159,7 @@ RSpec.describe "DdprofRecorder::Rack under puma" do
       # 200 ms of CPU at 999 Hz: about 200 (fewer on a loaded machine).
       expect(samples.sum { |s| s[:values]["cpu-samples"] }).to be >= 50
 
-      skip "go is not on PATH" unless self.class.available?("go")
+      skip "go is not on PATH" unless Programs.available?("go")
       file = File.join(@dir, "checkout.pb.gz")
       File.binwrite(file, response.body)
       out, err, status = Open3.capture3({ "HOME" => @dir, "GOTOOLCHAIN" => "local", "GOPROXY" => "off" },
