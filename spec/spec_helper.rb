@@ -119,7 +119,6 @@ Dir[File.join(SpecSupport::SUPPORT_DIR, "**/*.rb")].sort.each { |file| require f
 RSpec.configure do |config|
   config.include PprofHelpers
   config.include WaitHelpers
-  config.include KnownIssues
 
   config.expect_with :rspec do |expectations|
     expectations.include_chain_clauses_in_custom_matcher_descriptions = true

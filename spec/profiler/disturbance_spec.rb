@@ -407,7 +407,6 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
     stats = profiler.stats
     native = described_class._native_sampling_stats
     profiler.stop
-    pending_lost_interrupts("never arrived, of #{rounds * width} sent: #{lost}") unless lost.empty?
     expect(lost).to be_empty, "interrupts that never arrived, of #{rounds * width} sent: #{lost}"
     expect(stats[:on_cpu_samples] + stats[:signal_samples]).to be > 100
     expect(stats[:allocations][:recorded]).to be > 0

@@ -485,7 +485,6 @@ RSpec.describe DdprofRecorder::Profiler do
       ensure
         profiler.stop
       end
-      pending_lost_interrupts("#{undelivered} of 80 not delivered") if undelivered.positive?
       expect(undelivered).to eq(0)
       expect(profiler.stats[:errors]).to eq(0)
       expect(profiler.stats[:on_cpu_samples]).to be > 100
