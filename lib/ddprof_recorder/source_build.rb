@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "rbconfig"
+
 module DdprofRecorder
   # Builds the native extension at the first `require "ddprof_recorder"` from a source tree
   # that lacks it.
@@ -22,11 +24,26 @@ module DdprofRecorder
 
     module_function
 
-    # Builds the library, or raises LoadError saying how to get it.
+    # The library's path in this tree's lib/, if it is there.
+    #
+    # @return [String, nil]
+    def existing_library
+      path = File.join(ROOT, "lib", "ddprof_recorder", "ddprof_recorder.#{RbConfig::CONFIG['DLEXT']}")
+      File.file?(path) ? path : nil
+    end
+
+    # Builds the library, or raises LoadError saying how to get it. Only a missing library is
+    # built: one that is there but does not load (built for another Ruby, or damaged) gets its
+    # error and how to rebuild it, rather than a two-minute build inside the application.
     #
     # @param error [LoadError] why it could not be loaded.
+    # @param existing [String, nil] the library that failed to load, if there is one.
     # @raise [LoadError]
-    def build_or_raise(error)
+    def build_or_raise(error, existing: existing_library)
+      if existing
+        raise LoadError, "ddprof_recorder's native extension #{existing} does not load (#{error.message}); built for " \
+                         "another Ruby? Rebuild it: `rake compile` in #{ROOT}, or reinstall the gem"
+      end
       unless File.file?(HELPER) && File.file?(File.join(ROOT, "Cargo.toml"))
         raise LoadError, "ddprof_recorder's native extension is missing (reinstall the gem: `gem install` builds it): #{error.message}"
       end

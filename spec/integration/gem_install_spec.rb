@@ -146,12 +146,26 @@ RSpec.describe "the gem, built and installed as a user would" do
 
   describe "the first require from a source tree without the library, with DDPROF_RECORDER_BUILD=0" do
     it "raises LoadError saying how to build it, and builds nothing" do
+      # This checkout has its library: `existing: nil` stands for a tree without one.
       script = "require #{File.join(root, 'lib', 'ddprof_recorder', 'source_build').dump}; " \
-               'DdprofRecorder::SourceBuild.build_or_raise(LoadError.new("no library"))'
+               'DdprofRecorder::SourceBuild.build_or_raise(LoadError.new("no library"), existing: nil)'
       _, err, status = Open3.capture3(clean_env.merge("DDPROF_RECORDER_BUILD" => "0"), RbConfig.ruby, "-e", script)
       expect(status.success?).to be(false)
       expect(err).to include("ddprof_recorder's native extension is not built (run `rake compile` in #{root}; " \
                              "DDPROF_RECORDER_BUILD=0 keeps `require` from building it): no library (LoadError)")
+    end
+  end
+
+  describe "a require whose library is there but does not load (built for another Ruby)" do
+    it "raises its LoadError with how to rebuild it, and builds nothing" do
+      script = "require #{File.join(root, 'lib', 'ddprof_recorder', 'source_build').dump}; " \
+               'DdprofRecorder::SourceBuild.build_or_raise(LoadError.new("undefined symbol: rb_foo"))'
+      _, err, status = Open3.capture3(clean_env, RbConfig.ruby, "-e", script)
+      expect(status.success?).to be(false)
+      library = File.join(root, "lib", "ddprof_recorder", "ddprof_recorder.#{RbConfig::CONFIG['DLEXT']}")
+      expect(err).to include("ddprof_recorder's native extension #{library} does not load (undefined symbol: rb_foo); " \
+                             "built for another Ruby? Rebuild it: `rake compile` in #{root}, or reinstall the gem")
+      expect(err).not_to include("building it now with cargo")
     end
   end
 
