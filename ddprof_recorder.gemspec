@@ -16,7 +16,7 @@ Gem::Specification.new do |spec|
   spec.license = "Apache-2.0"
   spec.authors = ["ddprof_recorder developers"]
   spec.homepage = "https://example.invalid/ddprof_recorder"
-  spec.required_ruby_version = ">= 3.0"
+  spec.required_ruby_version = [">= 3.1", "< 3.5"] # CI tests 3.1, 3.3 and 3.4 (README, "Supported Rubies")
   spec.requirements = ["Rust 1.88 or newer (cargo), from rustup", "libclang (Debian: libclang-dev), for bindgen"]
 
   # What cargo needs to build the extension from the installed gem: every member of the
