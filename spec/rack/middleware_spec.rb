@@ -19,8 +19,10 @@ RSpec.describe DdprofRecorder::Rack do
     x
   end
 
-  # What another thread does meanwhile: not the request's work.
-  def self.rack_spec_other_thread_work
+  # What another thread does meanwhile: not the request's work. Says when it runs, from
+  # inside (so that its stack has this method from then on).
+  def self.rack_spec_other_thread_work(started = nil)
+    started&.push(true)
     loop { 10_000.times { |i| i * i } }
   end
 
@@ -48,10 +50,13 @@ RSpec.describe DdprofRecorder::Rack do
   after_cap = "#{self}.rack_spec_after_cap"
 
   # Runs the block while a thread named rack_spec_busy works.
+  # Waits until the thread runs its work: a thread that has not run yet has no stack to sample
+  # (under load the request's 50 ms could pass before it first got the GVL).
   def with_busy_thread
-    busy = Thread.new { self.class.rack_spec_other_thread_work }
+    started = Thread::Queue.new
+    busy = Thread.new { self.class.rack_spec_other_thread_work(started) }
     busy.name = "rack_spec_busy"
-    Thread.pass until busy.status == "run" || busy.status == "runnable" || !busy.alive?
+    started.pop
     yield
   ensure
     busy.kill.join
