@@ -156,8 +156,9 @@ module Rubies
     Rake::FileUtilsExt.sh(env.merge("GEM_PATH" => "/usr/share/rubygems-integration/all"), ruby, "-S", "rake", "compile")
     steps << "extension #{SpecRuns.duration(SpecRuns.now - started)}"
 
-    # Debian's rspec executable (`require "rspec/core"`, then run), on that Ruby.
-    rspec = [ruby, RSPEC]
+    # Debian's rspec executable (`require "rspec/core"`, then run), on that Ruby; the ten
+    # slowest examples listed at the end, for the CI time.
+    rspec = [ruby, RSPEC, "--profile", "10"]
     SpecRuns.run("Ruby #{version}", env, rspec)
     steps << "rspec #{SpecRuns.duration(SpecRuns.runs.last.seconds)}"
 

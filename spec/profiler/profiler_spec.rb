@@ -459,7 +459,16 @@ RSpec.describe DdprofRecorder::Profiler do
       # The job runs Ruby code on the sampled thread; an exception raised at that thread while
       # it runs would end there (interrupt_mask.rs). 3 of 60 rounds were lost before.
       error = Class.new(StandardError)
-      spin = ->(started) { started << true; x = 0; loop { x = (x + [x, 3].max) % 1_000_003 } }
+      # A thread that missed its raise or kill is stopped by the flag instead: left spinning, it
+      # would take the CPU from every later example (5 of them slowed a Ruby 3.3 run to a crawl).
+      done = false
+      spinners = []
+      spin = lambda do |started|
+        spinners << Thread.current
+        started << true
+        x = 0
+        x = (x + [x, 3].max) % 1_000_003 until done
+      end
       profiler = described_class.new(hz: 999).start
       undelivered = 0
       begin
@@ -483,6 +492,8 @@ RSpec.describe DdprofRecorder::Profiler do
           [raised, killed].compact.each(&:kill)
         end
       ensure
+        done = true
+        spinners.each { |thread| thread.join(5) }
         profiler.stop
       end
       expect(undelivered).to eq(0)
