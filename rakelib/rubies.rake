@@ -14,8 +14,9 @@
 #      (RUBY_YJIT_ENABLE=1, which the Ruby programs the specs start inherit).
 #
 # Each run prints its line (`Ruby 3.3.8: 601 examples, 0 failures, 2 pending`) and the end of
-# `rake rubies` prints them all again, with how long each step took. A failing run does not
-# stop the others: `rake rubies` fails at the end.
+# `rake rubies` prints them all again, Debian's Ruby's too, with how long each step took. A
+# failing run does not stop the others (under `rake`, not even one on Debian's Ruby): `rake
+# rubies` fails at the end.
 #
 # One library at a time: `rake compile` puts the extension in lib/ddprof_recorder/, where
 # `require` finds it whichever Ruby runs. So the Rubies go one after the other, and the
@@ -78,6 +79,16 @@ module SpecRuns
       @runs << Run.new(label, summary, now - started, status.success?)
       puts "#{label}: #{summary}"
       status.success?
+    end
+
+    # {.run}, for a task of its own: it fails if the run did, except under `rake` (default),
+    # where `rubies`, the last task, fails for it at the end (a failure on Debian's Ruby then
+    # does not keep the other Rubies from being tested).
+    def run!(label, env, command)
+      return if run(label, env, command)
+
+      abort "#{label}: rspec failed" unless Rake.application.top_level_tasks == ["default"]
+      puts "#{label}: rspec failed; `rake` goes on, and fails at its end"
     end
 
     # Every run so far, one line each: label, summary, time.
