@@ -40,6 +40,11 @@ Gem::Specification.new do |spec|
   spec.require_paths = ["lib"]
   spec.metadata["rubygems_mfa_required"] = "true"
 
+  # Logger is a default gem of every supported Ruby (1.5.0 in 3.1, 1.6.4 in 3.4), which Ruby
+  # 3.4 warns about when a bundle that does not list it requires it (it leaves the default gems
+  # in 3.5): named here, it is part of every bundle that has this gem.
+  spec.add_dependency "logger", "~> 1.5"
+
   # Development only: the versions Debian 12 ships (ruby-google-protobuf, rake, ruby-rspec).
   spec.add_development_dependency "google-protobuf", "~> 3.21"
   spec.add_development_dependency "rake", "~> 13.0"

@@ -117,7 +117,7 @@ RSpec.describe "DdprofRecorder::CLI.run" do
       out, err, status = run_cli("top", "hot.pb.gz")
       expect([out, status]).to eq(["", 1])
       expect_backtrace(err, "value must be a String or Symbol, got Integer (TypeError)",
-                       %r{lib/ddprof_recorder/cli/top\.rb:\d+:in `run'})
+                       %r{lib/ddprof_recorder/cli/top\.rb:\d+:in [`'](DdprofRecorder::CLI::Top#)?run'})
     end
 
     it "a NoMethodError or an ArgumentError in the CLI's own code: its backtrace, status 1" do
@@ -126,7 +126,7 @@ RSpec.describe "DdprofRecorder::CLI.run" do
           allow_any_instance_of(DdprofRecorder::CLI::TopTable).to receive(:print).and_raise(klass, message)
           out, err, status = run_cli("top", "hot.pb.gz")
           expect([out, status]).to eq(["", 1])
-          expect_backtrace(err, "#{message} (#{klass})", %r{lib/ddprof_recorder/cli/top\.rb:\d+:in `run'})
+          expect_backtrace(err, "#{message} (#{klass})", %r{lib/ddprof_recorder/cli/top\.rb:\d+:in [`'](DdprofRecorder::CLI::Top#)?run'})
         end
     end
   end

@@ -197,7 +197,7 @@ RSpec.describe DdprofRecorder::Profiler, "at exit" do
   end
 
   it "exits 1 on an uncaught exception (#{counts['raise']} runs)" do
-    report = /\A-e:\d+:in `<main>': uncaught on purpose \(RuntimeError\)\n\z/
+    report = /\A-e:\d+:in [`']<main>': uncaught on purpose \(RuntimeError\)\n\z/
     expect_no_problems(run_all("raise", counts["raise"]), expected_exit: 1, expected_err: report)
   end
 

@@ -13,9 +13,9 @@ RSpec.describe "Profiler frame names" do
   exe = File.join(root, "exe", "ddprof-recorder")
 
   required = <<~RUBY
-    # The top level of a required file, busy for a while.
+    # The top level of a required file, busy for about 0.1 s (a sample in its block each time).
     t = 0
-    400_000.times { |i| t += i }
+    2_000_000.times { |i| t += i }
   RUBY
   program = <<~RUBY
     require_relative "shapes_required"
@@ -46,6 +46,14 @@ RSpec.describe "Profiler frame names" do
 
   # What the weaker names (base labels) and Ruby's own `<...>` labels look like: none of them
   # may appear when frames are named natively.
+  # A define_method method (a bmethod). On Ruby 3.1 the native reader (vm_frames.rs) gives its
+  # method entry, named by owner and name. On 3.3+ frames come from rb_profile_frames and
+  # rb_profile_thread_frames, which give the block it runs: it is named as Ruby's own
+  # backtraces and stackprof name it there.
+  bmethod = ->(name) { RUBY_VERSION < "3.3" ? "Shapes::Node##{name}" : "block in class Node" }
+  meth = bmethod.call("meth")
+  park = bmethod.call("park")
+
   weak_names = ["meth", "work", "build", "park", "format", "pop", "times", "<main>", "<class:Node>",
                 "<module:Shapes>", "<top (required)>"].freeze
 
@@ -85,8 +93,8 @@ RSpec.describe "Profiler frame names" do
 
   it "names methods by owner, C methods too, and a define_method method by its name" do
     names = @samples.flat_map { |s| s[:frames].map(&:first) }.uniq
-    expect(names).to include("Shapes::Node#meth", "Shapes::Node#work", "Shapes::Node.build", "Kernel#format",
-                             "Kernel#Integer", "Integer#times", "Array#each", "Shapes::Node#park",
+    expect(names).to include(meth, "Shapes::Node#work", "Shapes::Node.build", "Kernel#format",
+                             "Kernel#Integer", "Integer#times", "Array#each", park,
                              "Thread::Queue#pop")
     expect(names & weak_names).to eq([])
   end
@@ -101,17 +109,22 @@ RSpec.describe "Profiler frame names" do
   it "keeps the recorder's frame contract: the path is the file's, a C method takes its caller's" do
     frames = @samples.flat_map { |s| s[:frames] }.uniq
     program_path = "shapes.rb" # as the program was started
-    expect(frames).to include(["Shapes::Node#meth", program_path, 4], ["Integer#times", program_path, 4],
-                              ["Kernel#format", program_path, 6], ["Integer#times", @required, 3])
+    # Integer#times is a C method on Ruby 3.1; 3.3 writes it in Ruby (numeric.rb), so its
+    # frame has a path and line of its own there.
+    times = lambda do |path, line|
+      RUBY_VERSION < "3.3" ? ["Integer#times", path, line] : ["Integer#times", "<internal:numeric>", kind_of(Integer)]
+    end
+    expect(frames).to include([meth, program_path, 4], times.call(program_path, 4),
+                              ["Kernel#format", program_path, 6], times.call(@required, 3))
   end
 
   it "names another thread's frames as its own: a parked thread read by passes, a busy one by both" do
     by_thread = names_by_thread(@samples)
     # The parked thread never holds the GVL once parked: only passes read it.
     parked = @samples.select { |s| s[:labels]["thread name"] == "parked" }.map { |s| s[:frames].map(&:first) }
-    expect(parked).to include(["Thread::Queue#pop", "Shapes::Node#park", "block in main"])
-    expect(by_thread.fetch("busy")).to include("Shapes::Node#meth", "Shapes::Node#work", "Kernel#format")
-    expect(by_thread.fetch("main")).to include("Shapes::Node#meth", "Shapes::Node#work", "Kernel#format")
+    expect(parked).to include(["Thread::Queue#pop", park, "block in main"])
+    expect(by_thread.fetch("busy")).to include(meth, "Shapes::Node#work", "Kernel#format")
+    expect(by_thread.fetch("main")).to include(meth, "Shapes::Node#work", "Kernel#format")
     by_thread.each_value { |names| expect(names & weak_names).to eq([]) }
   end
 
@@ -120,7 +133,7 @@ RSpec.describe "Profiler frame names" do
     names = go_pprof_names(@file)
     ours = @samples.flat_map { |s| s[:frames].map(&:first) }.uniq
     expect(names).not_to include("<unknown>")
-    expect(names).to include("main", "class Node", "top level of #{@required}", "Shapes::Node#meth",
+    expect(names).to include("main", "class Node", "top level of #{@required}", meth,
                              "Kernel#format")
     expect(names - ours).to eq([])
   end
@@ -141,6 +154,7 @@ RSpec.describe "Profiler frame names" do
   end
 
   it "names frames the weaker way on both paths when the native reader is not used" do
+    skip "Ruby #{RUBY_VERSION} names frames from the public API alone: there is no reader to fail" unless RUBY_VERSION < "3.3"
     script = <<~RUBY
       require "ddprof_recorder"
       # Ends the self-check as failed before it runs, as a failed check would.

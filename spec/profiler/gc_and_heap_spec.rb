@@ -111,11 +111,14 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
       expect(kept.sum { |s| s[:values]["alloc-samples"] }).to eq(4_000)
       expect(dropped.sum { |s| s[:values]["alloc-samples"] }).to eq(36_000)
       expect(kept.sum { |s| s[:values]["heap-live-samples"] }).to eq(4_000)
-      expect(dropped.sum { |s| s[:values]["heap-live-samples"] }).to eq(0)
-      expect(live["String#*"]).to eq(4_000)
+      # The GC is conservative about the machine stack and registers: the last String or two
+      # that `dropped` made can still be referenced from there, so alive (seen on Ruby 3.4).
+      still_referenced = dropped.sum { |s| s[:values]["heap-live-samples"] }
+      expect(still_referenced).to be <= 2
+      expect(live["String#*"]).to eq(4_000 + still_referenced)
       expect(allocated["String#*"]).to eq(40_000)
       expect(stats).to include(heap_skipped: 0)
-      expect(stats[:heap_freed]).to be >= 36_000
+      expect(stats[:heap_freed]).to be >= 36_000 - still_referenced
       sizes = kept.sum { |s| s[:values]["heap-live-size"] }
       expect(sizes).to eq(4_000 * ObjectSpace.memsize_of(MemoryShape::KEPT.first))
     end

@@ -13,19 +13,24 @@
 //!
 //! # Names
 //!
-//! When `vm_frames`' self-check passed (Ruby 3.1, checked once by `Profiler::FrameNames`
-//! before anything is named), frames are named as stackprof names them on Ruby 3.1, from the
-//! frame object alone, whichever thread it was read on:
+//! Frames are named as stackprof names them, from the frame object alone, whichever thread
+//! it was read on, on Ruby 3.3 and later always (every frame object then comes from the
+//! public API: `rb_profile_frames`, and `rb_profile_thread_frames` for other threads), and on
+//! Ruby 3.1 once `vm_frames`' self-check passed (checked once by `Profiler::FrameNames`
+//! before anything is named):
 //!
 //! - a method entry: its owner and name, `Klass#meth`, `Klass.meth` for a singleton method
 //!   (`rb_profile_frame_qualified_method_name`: `rb_profile_frame_classpath`, which takes a
 //!   module's name for an included method, `#` or `.` by
 //!   `rb_profile_frame_singleton_method_p`, and `rb_profile_frame_method_name`, the name the
 //!   method was defined with). That holds for a C method too (`Kernel#is_a?`,
-//!   `Integer#times`). For a `define_method` method the name is the entry's `original_id`
-//!   (`rb_profile_frame_method_name` gives nil for a bmethod). A block inside a method runs
-//!   with the method's entry (`rb_vm_frame_method_entry` walks the block's ep chain up to
-//!   the method's), so on Ruby 3.1 it is named as its method, as in stackprof.
+//!   `Integer#times`). A block inside a method runs with the method's entry
+//!   (`rb_vm_frame_method_entry` walks the block's ep chain up to the method's), so it is
+//!   named as its method, as in stackprof.
+//! - a method made with `define_method` (a bmethod): on Ruby 3.1 `vm_frames` gives its
+//!   method entry, named by the entry's `original_id` (`rb_profile_frame_method_name` gives
+//!   nil for a bmethod); on 3.3+ `rb_profile_frames` gives the block it runs, an iseq, named
+//!   as Ruby's own backtraces name it there (`block in class Node`).
 //! - an instruction sequence: its `label` (`block in <main>`, `<class:Node>`), spelled by
 //!   [`spell`].
 //!
@@ -35,7 +40,7 @@
 //! `<...>` from it, so `<main>` became `` (shown as `<unknown>`) and `block (2 levels) in
 //! <main>` became `block  in `.
 //!
-//! Otherwise (another Ruby, or the check failed) frames are named the weaker way, from what a
+//! Otherwise (Ruby 3.1 when the check failed) frames are named the weaker way, from what a
 //! `Thread::Backtrace::Location` also gives: the `base_label` (for a C method, its name),
 //! spelled; other threads are then read with `Thread#backtrace_locations` and named the same
 //! way (`Profiler::FrameNames.location_frames`).
@@ -369,11 +374,18 @@ const MAIN: &str = "main";
 
 /// A frame's names (module doc, "Names").
 fn names_of(frame: rb_sys::VALUE) -> Names {
-    if crate::vm_frames::available() {
+    if qualified() {
         qualified_names(frame)
     } else {
         base_names(frame)
     }
+}
+
+/// Whether frames get qualified names (module doc, "Names"): on Ruby 3.3 and later always,
+/// since every frame object then comes from the public API (`rb_profile_frames`,
+/// `rb_profile_thread_frames`); on 3.1 once `vm_frames`' self-check passed.
+fn qualified() -> bool {
+    cfg!(ruby_gte_3_3) || crate::vm_frames::available()
 }
 
 /// The weaker names: what a Location gives.
@@ -407,34 +419,60 @@ fn qualified_names(frame: rb_sys::VALUE) -> Names {
             let name = spell(&label, path.as_deref().unwrap_or(""));
             return Names { name: name.into(), path };
         }
-        match crate::vm_frames::method_type(frame) {
+        // A C method's entry has no path (`rb_profile_frame_path`: nil when `frame2iseq`
+        // finds no iseq). On 3.3+ `rb_profile_frames` gives no bmethod entry (it gives the
+        // block's iseq), so the type is read only where `vm_frames`' layouts were checked.
+        let kind = if crate::vm_frames::available() {
+            crate::vm_frames::method_type(frame)
+        } else if rb_sys::rb_profile_frame_path(frame) == rb_sys::Qnil as rb_sys::VALUE {
+            crate::vm_frames::METHOD_CFUNC
+        } else {
+            crate::vm_frames::METHOD_ISEQ
+        };
+        match kind {
             crate::vm_frames::METHOD_BMETHOD => {
                 // `rb_profile_frame_method_name` and `_path` are nil for a bmethod's entry:
                 // the name it was defined with, and the path of the block it runs.
                 let method = text(rb_sys::rb_id2str(crate::vm_frames::original_id(frame)));
-                let class = text(rb_sys::rb_profile_frame_classpath(frame));
-                let singleton = rb_sys::rb_profile_frame_singleton_method_p(frame)
-                    == rb_sys::Qtrue as rb_sys::VALUE;
-                let method = method.unwrap_or_default();
-                let name = match class {
-                    Some(class) => format!("{class}{}{method}", if singleton { "." } else { "#" }),
-                    None => method.into(),
-                };
+                let name = qualify(frame, &method.unwrap_or_default());
                 let path = crate::vm_frames::bmethod_iseq(frame)
                     .and_then(|iseq| text(rb_sys::rb_profile_frame_path(iseq)));
                 Names { name: name.into(), path }
             }
             kind => {
-                let name =
-                    text(rb_sys::rb_profile_frame_qualified_method_name(frame)).unwrap_or_default();
+                let method = text(rb_sys::rb_profile_frame_method_name(frame));
+                let name = method.map_or_else(String::new, |method| qualify(frame, &method));
                 let path = if kind == crate::vm_frames::METHOD_CFUNC {
                     None
                 } else {
                     text(rb_sys::rb_profile_frame_path(frame))
                 };
-                Names { name, path }
+                Names { name: name.into(), path }
             }
         }
+    }
+}
+
+/// `method` qualified by the owner of the method entry `frame`, as
+/// `rb_profile_frame_qualified_method_name` does (`Klass#meth`, `Klass.meth` for a singleton
+/// method, `meth` alone when there is no class path), but not misled by Ruby 3.3 into naming
+/// a module's method found through an include as a singleton method (`vm::defined_in_iclass`).
+///
+/// # Safety
+///
+/// `frame` is a live method entry; GVL held.
+unsafe fn qualify(frame: rb_sys::VALUE, method: &str) -> String {
+    // SAFETY: the caller's contract; both calls take a method entry.
+    let (class, singleton) = unsafe {
+        (
+            text(rb_sys::rb_profile_frame_classpath(frame)),
+            rb_sys::rb_profile_frame_singleton_method_p(frame) == rb_sys::Qtrue as rb_sys::VALUE
+                && !crate::vm::defined_in_iclass(frame),
+        )
+    };
+    match class {
+        Some(class) => format!("{class}{}{method}", if singleton { "." } else { "#" }),
+        None => method.to_owned(),
     }
 }
 
@@ -478,7 +516,7 @@ fn native_thread_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Er
         if !thread.is_kind_of(ruby.class_thread()) {
             return Err(crate::errors::type_error(ruby, "thread must be a Thread"));
         }
-        if !crate::vm_frames::available() {
+        if !qualified() {
             return Ok(None);
         }
         Ok(Some(thread_frames(ruby, thread.as_raw())))
@@ -491,10 +529,7 @@ fn thread_frames(ruby: &Ruby, thread: rb_sys::VALUE) -> RArray {
         let Ok(mut buffer) = buffer.try_borrow_mut() else { return 0 };
         let Buffer { frames, lines, slots } = &mut *buffer;
         // SAFETY: `thread` is a live Thread (checked by the caller); GVL held.
-        let Some(ec) = (unsafe { crate::vm_frames::thread_ec(thread) }) else { return 0 };
-        // SAFETY: its context, GVL held since.
-        let n =
-            unsafe { crate::vm_frames::read(ec, frames, lines, crate::vm_frames::Bmethods::Named) };
+        let n = unsafe { read_thread(thread, frames, lines) };
         store_frames(OTHER_THREAD_KEY, &frames[..n], &lines[..n], slots, Skip::Nothing)
     });
     let mut triples: Vec<(String, String, i64)> = Vec::with_capacity(depth);
@@ -514,6 +549,49 @@ fn thread_frames(ruby: &Ruby, thread: rb_sys::VALUE) -> RArray {
         let _ = array.push(triple);
     }
     array
+}
+
+/// Reads `thread`'s frames, leaf first, as [`read_current`] reads the current thread's:
+/// `vm_frames` on Ruby 3.1 (only called once its self-check passed, or while it runs),
+/// `rb_profile_thread_frames` on 3.3+ (Ruby 3.3.8 and 3.4.5 `vm_backtrace.c`: the walk of
+/// `rb_profile_frames` over `th->ec`), once `vm::stack_walkable` found its stack whole.
+/// Returns how many (0: no stack, not started or finished).
+///
+/// # Safety
+///
+/// `thread` is a live Thread whose status is not false or nil; GVL held.
+unsafe fn read_thread(
+    thread: rb_sys::VALUE,
+    frames: &mut [rb_sys::VALUE],
+    lines: &mut [i32],
+) -> usize {
+    #[cfg(ruby_gte_3_3)]
+    {
+        let limit = frames.len().min(lines.len());
+        // SAFETY: the caller's contract.
+        if !unsafe { crate::vm::stack_walkable(thread) } {
+            return 0;
+        }
+        // SAFETY: a live Thread whose stack is whole (checked just now, GVL held since); both
+        // buffers hold `limit` entries.
+        let n = unsafe {
+            rb_sys::rb_profile_thread_frames(
+                thread,
+                0,
+                limit as i32,
+                frames.as_mut_ptr(),
+                lines.as_mut_ptr(),
+            )
+        };
+        usize::try_from(n).unwrap_or(0).min(limit)
+    }
+    #[cfg(not(ruby_gte_3_3))]
+    {
+        // SAFETY: the caller's contract.
+        let Some(ec) = (unsafe { crate::vm_frames::thread_ec(thread) }) else { return 0 };
+        // SAFETY: its context, GVL held since.
+        unsafe { crate::vm_frames::read(ec, frames, lines, crate::vm_frames::Bmethods::Named) }
+    }
 }
 
 /// `Profiler._native_check_frames(thread)`: the self-check of `vm_frames` (its module doc),
@@ -541,13 +619,13 @@ fn native_frame_names_checked(ruby: &Ruby, passed: bool) -> Result<bool, Error> 
     crate::errors::entry(ruby, || {
         crate::vm_frames::finish_check(passed);
         *cache() = None;
-        Ok(crate::vm_frames::available())
+        Ok(qualified())
     })
 }
 
 /// `Profiler._native_qualified_names?`: whether frames get qualified names (module doc).
 fn native_qualified(ruby: &Ruby) -> Result<bool, Error> {
-    crate::errors::entry(ruby, || Ok(crate::vm_frames::available()))
+    crate::errors::entry(ruby, || Ok(qualified()))
 }
 
 /// `Profiler._native_frame_reader?`: whether this build has the VM frame reader at all

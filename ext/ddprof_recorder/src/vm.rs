@@ -16,6 +16,34 @@ const IMEMO_MASK: u64 = 0x0f;
 const IMEMO_MENT: u64 = 6;
 const IMEMO_ISEQ: u64 = 7;
 
+/// `RUBY_T_ICLASS` (`include/ruby/internal/value_type.h`, 3.1, 3.3 and 3.4): the class that
+/// stands for a module in the ancestors of the class that includes it.
+const T_ICLASS: u64 = 0x1c;
+
+/// `rb_callable_method_entry_t::defined_class` (`method.h`, 3.1, 3.3 and 3.4: after `flags`).
+const CME_DEFINED_CLASS_OFFSET: usize = 0x8;
+
+/// Whether the callable method entry `cme` was found through an included module (its
+/// `defined_class` is an iclass). `rb_profile_frame_singleton_method_p` tests `FL_SINGLETON`
+/// on `defined_class` without looking at its type (Ruby 3.3.8 `vm_backtrace.c`); on an iclass
+/// that bit (`FL_USER1`) means something else, so on 3.3 a module function called as the
+/// module's instance method (`format`, `sleep`: Kernel's, through Object's iclass) reads as a
+/// singleton method, `Kernel.format`. Ruby 3.4 checks the type (`RCLASS_SINGLETON_P`).
+///
+/// # Safety
+///
+/// `cme` is a live `imemo_ment`; GVL held.
+pub unsafe fn defined_in_iclass(cme: rb_sys::VALUE) -> bool {
+    // SAFETY: a method entry's `defined_class` is a live class or module (marked by it), or 0.
+    let klass = unsafe { *((cme as usize + CME_DEFINED_CLASS_OFFSET) as *const rb_sys::VALUE) };
+    if klass == 0 || klass & 0x7 != 0 {
+        return false;
+    }
+    // SAFETY: a heap object's first word is its flags.
+    let flags = unsafe { *(klass as *const u64) };
+    flags & T_MASK == T_ICLASS
+}
+
 /// Whether `v` is a heap object of the kinds `rb_profile_frames` returns (an iseq or a
 /// callable method entry): a frame object read earlier that a compaction moved in the
 /// meantime would read as `T_MOVED` instead.
@@ -80,10 +108,26 @@ const EC_CFP_OFFSET: usize = 0x10;
 ///
 /// The calling thread is a Ruby thread holding the GVL (`ruby_thread_has_gvl_p`).
 pub unsafe fn current_stack_walkable() -> bool {
-    let Some(ec_offset) = THREAD_EC_OFFSET else { return false };
     // SAFETY: a Ruby thread with the GVL has a current thread (its TLS execution context);
     // rb_thread_current only reads it.
     let thread = unsafe { rb_sys::rb_thread_current() };
+    // SAFETY: the running thread is a live Thread; its own stack cannot change meanwhile.
+    unsafe { stack_walkable(thread) }
+}
+
+/// Whether `thread`'s VM stack can be walked (as [`current_stack_walkable`] checks): for
+/// `rb_profile_thread_frames` (3.3+), which reads `th->ec->cfp` with no check of its own but
+/// a NULL one (Ruby 3.3.8 and 3.4.5 `vm_backtrace.c`, `thread_profile_frames`). With the GVL
+/// held, a thread that does not hold it cannot move its frames, nor clear its stack
+/// (`thread_start_func_2` calls `thread_cleanup_func` before it releases the GVL, `thread.c`): so what is read stays true until the GVL is
+/// released.
+///
+/// # Safety
+///
+/// `thread` is a live Thread object; the calling thread holds the GVL (or, in a signal
+/// handler, interrupted `thread` itself).
+pub unsafe fn stack_walkable(thread: rb_sys::VALUE) -> bool {
+    let Some(ec_offset) = THREAD_EC_OFFSET else { return false };
     // SAFETY: a Thread is a T_DATA object whose data is its rb_thread_t (`rb_thread_ptr`).
     let th = unsafe { rb_sys::RTYPEDDATA_GET_DATA(thread) as *const u8 };
     if th.is_null() {

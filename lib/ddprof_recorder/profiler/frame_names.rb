@@ -6,12 +6,13 @@ module DdprofRecorder
     # whichever path read it (the rules: "Names" in ext/ddprof_recorder/src/stack_capture.rs;
     # for users: docs/profiler.md, "Frame names").
     #
-    # On Ruby 3.1 frames are read natively, for the current thread and for others, through the
-    # VM's own structures (ext/ddprof_recorder/src/vm_frames.rs), and named `Klass#meth`. That
-    # reader checks itself once per process ({.check}) before anything is named; if the check
-    # fails (or on another Ruby), every frame is named the weaker way, from what a
-    # `Thread::Backtrace::Location` gives, and other threads are read with
-    # `Thread#backtrace_locations`.
+    # Frames are named `Klass#meth`. On Ruby 3.3+ they are read through the public API
+    # (`rb_profile_frames`, `rb_profile_thread_frames`), and {.check} has nothing to check. On
+    # Ruby 3.1 they are read natively, for the current thread and for others, through the VM's
+    # own structures (ext/ddprof_recorder/src/vm_frames.rs). That reader checks itself once per
+    # process ({.check}) before anything is named; if the check fails, every frame is named the
+    # weaker way, from what a `Thread::Backtrace::Location` gives, and other threads are read
+    # with `Thread#backtrace_locations`.
     module FrameNames
       @checked = false
 
