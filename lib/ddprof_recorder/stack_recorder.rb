@@ -81,7 +81,23 @@ module DdprofRecorder
       status, result = serializer_mutex.synchronize { self.class._native_serialize(self) }
       if status == :ok
         start, finish, encoded_pprof = result
-        DdprofRecorder.logger.debug { "Encoded profile covering #{start.iso8601} to #{finish.iso8601}" }
+        # The window is taken: from here to the return nothing may process an interrupt that
+        # the caller deferred to blocking points (`handle_interrupt(Object => :on_blocking)`),
+        # or the window is lost with it. Logging can block: a DEBUG logger writes to its IO,
+        # and the default logger is made here on first use, where logger 1.6 (Ruby 3.3 and
+        # 3.4; not 1.5 on 3.1, where $stderr has no #path) calls File.exist?($stderr.path)
+        # (log_device.rb, set_dev): a stat without the GVL, after which Ruby processes
+        # interrupts at blocking timing (3.4.5: file.c:1181 stat_without_gvl, internal/io.h:18,
+        # thread.c:1584-1586 RUBY_VM_CHECK_INTS_BLOCKING in rb_nogvl; 3.3.8: file.c:1171,
+        # thread.c:1553-1555). So the log runs with every interrupt deferred; one that arrives
+        # meanwhile is processed as soon as the caller's mask allows. `Object`, not
+        # `Exception`: Thread#kill is queued as the Integer 0 (3.4.5: internal/thread.h:33,
+        # thread.c:2786; 3.1.2: thread.c:148), which only a mask of one of Integer's
+        # ancestors defers (thread.c:2062-2076; one of `Exception` alone skips it explicitly
+        # on 3.3 and 3.4, 2052-2059 in 3.4.5).
+        Thread.handle_interrupt(Object => :never) do
+          DdprofRecorder.logger.debug { "Encoded profile covering #{start.iso8601} to #{finish.iso8601}" }
+        end
         [start, finish, encoded_pprof]
       else
         DdprofRecorder.logger.error("Failed to serialize profiling data: #{result}")

@@ -15,7 +15,8 @@
 #    lose windows should: inside `Thread.handle_interrupt(Object => :never)`, with
 #    `:on_blocking` around the call itself. Interrupts are then delivered only at blocking
 #    points, the serializer Mutex and the native call's own interrupt check before it touches the
-#    slots, where nothing is lost, or after the result is stored. The sum of cpu-samples over
+#    slots, where nothing is lost, or after the result is stored (nothing `serialize` does after
+#    the flip is one: see StackRecorder#serialize on its log). The sum of cpu-samples over
 #    the profiles obtained plus a final serialize must equal the number of successful
 #    record_sample calls exactly.
 # 2. "interrupts anywhere": no handle_interrupt, so some windows are lost to exceptions. Exact

@@ -8,6 +8,29 @@ module ConcurrencySpec
   # The exception the examples send with Thread#raise.
   class SentByTheSpec < StandardError; end
 
+  # A serializer that must never lose a window (spec/reliability/stress_spec.rb's protection):
+  # interrupts deferred past the result, let in only at blocking points inside `serialize`.
+  # Stores its thread in out[:thread] and what serialize returned in out[:result]; returns
+  # :interrupted if a SentByTheSpec came after.
+  def self.protected_serializer(recorder, out)
+    lambda do
+      out[:thread] = Thread.current
+      Thread.current.report_on_exception = false # killed or raised into: expected
+      Thread.handle_interrupt(Object => :never) do
+        out[:result] = Thread.handle_interrupt(Object => :on_blocking) { recorder.serialize }
+      end
+      :not_interrupted
+    rescue SentByTheSpec
+      :interrupted
+    end
+  end
+
+  # Thread#raise and Thread#kill, by name.
+  INTERRUPTS = {
+    "Thread#raise" => ->(thread) { thread.raise(SentByTheSpec, "sent by the spec") },
+    "Thread#kill" => ->(thread) { thread.kill },
+  }.freeze
+
   # `count` distinct stacks of `depth` frames drawn from `pool` distinct frames, built up front:
   # recording from prebuilt Arrays is cheap, so the cost of a big profile is in the recorder.
   def self.stacks(count, depth:, pool:)
@@ -91,6 +114,30 @@ RSpec.describe DdprofRecorder::StackRecorder, "across threads and processes" do
       expect(start).to be <= finish
       expect(counts[:while_serializer_blocked]).to be >= 100
       expect(sample_count(encoded_pprof)).to eq large_stacks.size
+    end
+
+    # The first large pprof does not fit the String made before the flip (sized by the last
+    # window's), so it is copied into one after the window is taken: that copy must not
+    # process the interrupt that arrived meanwhile.
+    ConcurrencySpec::INTERRUPTS.each do |name, interrupt|
+      it "hands a large pprof copied after the flip to a caller that defers interrupts (#{name} during the flip)" do
+        recorder = described_class.new # raw: well over 4 MiB
+        record_all(recorder, large_stacks)
+        DdprofRecorder.logger = Logger.new(StringIO.new) # made already: only the native side is tested
+        out = {}
+        released, outcome = with_parked_serializer(recorder, hold_seconds: 30,
+                                                             serialize: ConcurrencySpec.protected_serializer(recorder, out)) do
+          interrupt.call(out.fetch(:thread))
+        end
+
+        expect(released).to be true
+        expect(outcome).to eq(name == "Thread#raise" ? :interrupted : nil)
+        expect(out[:result]).not_to be_nil, "the window was taken (serializations: #{recorder.stats[:serializations]}) but lost"
+        expect(out[:result][2].bytesize).to be > 4 * 1024 * 1024
+        expect(sample_count(out[:result][2])).to eq large_stacks.size
+        expect(recorder.stats[:serializations]).to eq 1
+        expect_consistent_slots(recorder)
+      end
     end
   end
 
@@ -246,6 +293,57 @@ RSpec.describe DdprofRecorder::StackRecorder, "across threads and processes" do
       outcomes = interrupt_rounds(48, &:kill)
 
       expect(outcomes.values.sum).to eq 48
+    end
+
+    # After the native call took the window, `serialize` logs it: a DEBUG logger writes to its
+    # file, a blocking point where Ruby processes interrupts deferred to blocking points (so
+    # does making the default logger on Ruby 3.3 and 3.4, see StackRecorder#serialize). The
+    # interrupt must wait until the result is the caller's.
+    ConcurrencySpec::INTERRUPTS.each do |name, interrupt|
+      it "hands the window to a caller that defers interrupts even if it logs at DEBUG (#{name} during the flip)" do
+        recorder = described_class.new
+        recorder.record_sample([["kept", "a.rb", 1]], [1, 1, 1])
+        Dir.mktmpdir do |dir|
+          log = File.join(dir, "ddprof.log")
+          DdprofRecorder.logger = Logger.new(log, level: Logger::DEBUG)
+          out = {}
+          released, outcome = with_parked_serializer(recorder, hold_seconds: 30,
+                                                               serialize: ConcurrencySpec.protected_serializer(recorder, out)) do
+            interrupt.call(out.fetch(:thread))
+          end
+          DdprofRecorder.logger.close
+
+          expect(released).to be true
+          expect(outcome).to eq(name == "Thread#raise" ? :interrupted : nil)
+          expect(out[:result]).not_to be_nil, "the window was taken (serializations: #{recorder.stats[:serializations]}) but lost"
+          expect(samples_from(decode_pprof(out[:result][2])).map { |s| s[:frames] }).to eq [[["kept", "a.rb", 1]]]
+          expect(File.read(log)).to include("Encoded profile covering")
+        end
+        expect(recorder.stats[:serializations]).to eq 1
+        expect_consistent_slots(recorder)
+      end
+    end
+
+    # spec/reliability/stress_spec.rb lost the first windows of a run this way on Ruby 3.3 and 3.4:
+    # the default logger, made by the first serialization, stats $stderr.path (logger 1.6).
+    ConcurrencySpec::INTERRUPTS.each do |name, interrupt|
+      it "hands the window to a caller that defers interrupts while the default logger is made (#{name} during the flip)" do
+        recorder = described_class.new
+        recorder.record_sample([["kept", "a.rb", 1]], [1, 1, 1])
+        DdprofRecorder.logger = nil # the next use makes the default one
+        out = {}
+        released, outcome = with_parked_serializer(recorder, hold_seconds: 30,
+                                                             serialize: ConcurrencySpec.protected_serializer(recorder, out)) do
+          interrupt.call(out.fetch(:thread))
+        end
+
+        expect(released).to be true
+        expect(outcome).to eq(name == "Thread#raise" ? :interrupted : nil)
+        expect(out[:result]).not_to be_nil, "the window was taken (serializations: #{recorder.stats[:serializations]}) but lost"
+        expect(samples_from(decode_pprof(out[:result][2])).map { |s| s[:frames] }).to eq [[["kept", "a.rb", 1]]]
+        expect(DdprofRecorder.instance_variable_get(:@logger)).to be_a(Logger)
+        expect_consistent_slots(recorder)
+      end
     end
 
     it "processes an interrupt that arrived before the native call without flipping anything" do

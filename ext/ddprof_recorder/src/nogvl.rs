@@ -5,7 +5,7 @@ use std::ptr::null_mut;
 
 use magnus::{Error, Ruby};
 
-use crate::errors::panic_error;
+use crate::errors::{gem_error, panic_error};
 
 struct Call<F, R> {
     work: Option<F>,
@@ -64,4 +64,40 @@ where
             None => continue,
         }
     }
+}
+
+/// Runs `work` without the GVL if no interrupt is pending, else here with it; never processes
+/// an interrupt. For the work done after a serialization took its window, whose result must
+/// reach the caller: an interrupt processed here (`rb_thread_check_ints`, or
+/// `rb_thread_call_without_gvl` on its way out) would raise, or kill the thread, and take the
+/// window with it, even for a caller that deferred interrupts to blocking points
+/// (`Thread.handle_interrupt(Object => :on_blocking)`): both check at blocking timing (3.4.5:
+/// thread.c:1424 and 1584-1586). A pending interrupt stays pending, for the next point where
+/// the caller's mask lets it in.
+pub fn nogvl_or_here<F, R>(ruby: &Ruby, work: F) -> Result<R, Error>
+where
+    F: Send + FnOnce() -> R,
+    R: Send,
+{
+    let mut call = Call { work: Some(work), result: None };
+    // SAFETY: as in `nogvl`: `trampoline::<F, R>` matches `call`'s type, no unblocking function,
+    // `call` outlives the call; rb_thread_call_without_gvl2 never raises.
+    unsafe {
+        rb_sys::rb_thread_call_without_gvl2(
+            Some(trampoline::<F, R>),
+            (&mut call as *mut Call<F, R>).cast(),
+            None,
+            null_mut(),
+        );
+    }
+    let result = match (call.result.take(), call.work.take()) {
+        (Some(result), _) => result,
+        // Returned early because an interrupt is pending: do the work with the GVL instead.
+        (None, Some(work)) => catch_unwind(AssertUnwindSafe(work)),
+        // Not reached: the trampoline stores a result whenever it takes the work.
+        (None, None) => {
+            return Err(gem_error(ruby, "internal error in ddprof_recorder: no-GVL work lost"))
+        }
+    };
+    result.map_err(|panic| panic_error(ruby, panic))
 }

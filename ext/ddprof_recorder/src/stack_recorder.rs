@@ -41,7 +41,7 @@ use magnus::{
 
 use crate::convert;
 use crate::errors::{arg_error, entry, IntoRubyError};
-use crate::nogvl::nogvl;
+use crate::nogvl::{nogvl, nogvl_or_here};
 
 #[derive(TypedData)]
 #[magnus(class = "DdprofRecorder::StackRecorder", free_immediately, size)]
@@ -429,8 +429,9 @@ fn pprof_string(ruby: &Ruby, bytes: Vec<u8>) -> Result<RString, Error> {
         return Ok(ruby.str_from_slice(&bytes));
     }
     let (string, buffer) = StringBuffer::new(ruby, output_capacity(bytes.len()));
-    // An interrupt pending here (Thread#raise) loses the window, as it would a moment later.
-    Ok(match nogvl(ruby, move || buffer.fill(bytes))? {
+    // The window is taken: an interrupt processed here would lose it, even for a caller that
+    // deferred interrupts past the result (see `nogvl_or_here`). So none is.
+    Ok(match nogvl_or_here(ruby, move || buffer.fill(bytes))? {
         // SAFETY: `fill` wrote `len` bytes into `string`'s buffer.
         Ok(len) => unsafe { StringBuffer::set_len(string, len) },
         Err(bytes) => ruby.str_from_slice(&bytes),
