@@ -3,6 +3,7 @@
 require_relative "profiler/thread_sampler"
 require_relative "profiler/exporter"
 require_relative "profiler/allocation_recorder"
+require_relative "profiler/ractor_guard"
 
 module DdprofRecorder
   # A sampling profiler built on {StackRecorder}. It records, for every live Ruby thread,
@@ -237,6 +238,10 @@ module DdprofRecorder
     def start
       @lifecycle.synchronize do
         raise Error, "this profiler is already running" if @started && Process.pid == @pid
+        if @allocations && RactorGuard.ractors?
+          raise Error, "allocation sampling cannot start while a Ractor other than the main one runs: " \
+                       "Ruby's allocation hooks are not safe with Ractors; start without allocations: and heap:"
+        end
 
         @recorder = new_recorder
         @pid = Process.pid
@@ -376,8 +381,8 @@ module DdprofRecorder
     #   lost, and the profile's `sampling` comment says so); with allocations or heap, `:allocations`
     #   (`:sampled`, `:recorded`, `:dropped` when too many waited for their job, and
     #   `:heap_tracked`, `:heap_freed`, `:heap_skipped` past {MAX_HEAP_TRACKED},
-    #   `:heap_live_tracked`); with gc, `:gc_lost_ns` (GC CPU of threads past the native
-    #   table's 64).
+    #   `:heap_live_tracked`; `:stopped`, why sampling stopped early: RactorGuard); with gc,
+    #   `:gc_lost_ns` (GC CPU of threads past the native table's 64).
     def stats
       return {} unless @sampler
 
@@ -429,6 +434,26 @@ module DdprofRecorder
                                                    samples_index: VALUE_TYPES.size)
       Profiler._native_allocations_start(@allocation_interval, recorder, @heap, @allocation_overhead,
                                          ALLOCATION_CALIBRATION)
+      @allocations_stopped = nil
+      RactorGuard.owner = self
+    end
+
+    # A Ractor is about to start (RactorGuard): stops the allocation and heap hooks for the rest
+    # of this run, the live heap recorded first, and says so in the profile, the log and stats.
+    def stop_memory_for_ractor
+      stopped = @lifecycle.synchronize do
+        next false unless @started && @allocations && !@allocations_stopped && Process.pid == @pid
+
+        Profiler._native_allocations_stop
+        @allocation_stats = Profiler._native_allocations_stats
+        record_heap
+        Profiler._native_heap_stop
+        @allocations_stopped = RactorGuard::REASON
+        @comments += ["allocations: stopped at #{Time.now.utc.strftime('%H:%M:%S')} UTC: #{RactorGuard::REASON}"]
+        @recorder.comments = @comments
+        true
+      end
+      DdprofRecorder.logger.warn("profiler: allocation sampling stopped: #{RactorGuard::REASON}") if stopped
     end
 
     # With the lifecycle lock: no allocation is sampled after this; the live heap goes into
@@ -437,7 +462,10 @@ module DdprofRecorder
       Profiler._native_gc_stop if @gc
       return unless @allocations
 
+      RactorGuard.owner = nil
       Profiler._native_allocations_stop
+      return if @allocations_stopped # by a Ractor: its stats and live heap are in already
+
       @allocation_stats = Profiler._native_allocations_stats
       record_heap
       Profiler._native_heap_stop
@@ -445,7 +473,10 @@ module DdprofRecorder
 
     def memory_stats
       stats = {}
-      stats[:allocations] = @started ? Profiler._native_allocations_stats : @allocation_stats if @allocations
+      if @allocations
+        stats[:allocations] = @started && !@allocations_stopped ? Profiler._native_allocations_stats : @allocation_stats
+        stats[:allocations] = stats[:allocations].merge(stopped: @allocations_stopped) if @allocations_stopped
+      end
       stats[:gc_lost_ns] = Profiler._native_gc_lost_ns if @gc
       stats
     end
@@ -539,7 +570,8 @@ module DdprofRecorder
         raise
       end
       @sampler.start_signals(1_000_000_000 / @hz) unless @sampling_mode == :off
-      @recorder.comments = [sampling_comment(Profiler._native_sampling_stats[:signals][:signal])]
+      @comments = [sampling_comment(Profiler._native_sampling_stats[:signals][:signal])]
+      @recorder.comments = @comments
     end
 
     # The profile says how it was sampled (pprof's comments: `go tool pprof -comments`, and

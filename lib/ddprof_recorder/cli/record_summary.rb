@@ -15,6 +15,9 @@ module DdprofRecorder
       # A pprof comment that starts with this says how the profile was sampled (the profiler
       # sets it, through StackRecorder#comments=); the summary's `sampling` line shows the rest.
       SAMPLING_COMMENT = "sampling: "
+      # One that says allocation sampling stopped early (Profiler::RactorGuard): shown whole,
+      # under the `sampling` line.
+      ALLOCATIONS_COMMENT = "allocations: stopped"
 
       # @param options [Record::Options] what `record` was asked.
       # @param status [Process::Status] how the program ended.
@@ -111,7 +114,9 @@ module DdprofRecorder
                          .select { |c| c.start_with?(SAMPLING_COMMENT) }
                          .map { |c| c.delete_prefix(SAMPLING_COMMENT) }
                          .reject(&:empty?).uniq
-        texts.each_with_index.map { |text, i| row(i.zero? ? "sampling" : "", text) }
+        lines = texts.each_with_index.map { |text, i| row(i.zero? ? "sampling" : "", text) }
+        lines + summaries.flat_map { |s| s[:comments] }.select { |c| c.start_with?(ALLOCATIONS_COMMENT) }.uniq
+                         .map { |c| row("", c) }
       end
 
       # The function with the most cpu-time as a leaf, over every file.
