@@ -33,17 +33,6 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
     samples_from(decode_pprof(profiler_class.profile(compression: :none, **options, &block)))
   end
 
-  # Issue 21: in loaded CI runs (4 of them, 2026-12-02) allocation samples went missing from
-  # whole stretches of a run: half of an interval-1 count, a share 5 points off. Not explained
-  # yet. Such a run is reported as pending with the counters, so that it is seen in every CI
-  # log, rather than failing the suite; a run within the margin is checked as usual.
-  def skip_lossy_run(value, expected, margin, stats)
-    return if (value - expected).abs <= margin
-
-    skip "issue 21, allocation samples lost under load: #{value.round(1)} where #{expected.round(1)} +- #{margin}; " \
-         "#{stats.inspect}"
-  end
-
   # Runs `script` (after `require "ddprof_recorder"` and AllocationShape) in a fresh Ruby and
   # returns what it writes to stdout. The GC.stress examples run there: a full GC at each
   # allocation marks the whole heap, and the spec process's (RSpec, google-protobuf, every
@@ -67,10 +56,7 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
     profiler = profiler_class.new(allocations: true, allocation_interval: 1, compression: :none).start
     AllocationShape.run(20, 500)
     samples = samples_from(decode_pprof(profiler.stop[2]))
-    stats = profiler.stats[:allocations]
     counts = by_leaf(samples, "alloc-samples")
-    # In a loaded CI run only 50,025 of the 100,000 were in the profile.
-    skip_lossy_run(counts["ten"].to_i, 20 * 5000, 0, stats)
     expect(counts["ten"]).to eq(20 * 5000)
     expect(counts["one"]).to eq(20 * 500)
     expect(by_leaf(samples, "alloc-count")).to include("ten" => 100_000, "one" => 10_000)
@@ -88,8 +74,6 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
     AllocationShape.run(300, 1_000)
     samples = samples_from(decode_pprof(profiler.stop[2]))
     counts = by_leaf(samples, "alloc-count").slice("ten", "one")
-    # In a loaded CI run the share came out 96.2% (issue 21, as in the interval-1 example).
-    skip_lossy_run(share(counts, "ten"), 100.0 * 10 / 11, 5, profiler.stats[:allocations])
     expect(share(counts, "ten")).to be_within(5).of(100.0 * 10 / 11)
     expect(counts.values.sum).to be_within(truth / 10).of(truth)
     taken = by_leaf(samples, "alloc-samples").slice("ten", "one").values.sum
@@ -114,9 +98,23 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
     expect(stats[:hook_on_share]).to be < 0.5, stats.inspect
     expect(stats[:hook_cost_ns]).to be_between(5, 500)
     counts = by_leaf(samples_from(decode_pprof(pprof)), "alloc-count").slice("ten", "one")
-    skip_lossy_run(share(counts, "ten"), 100.0 * 10 / 11, 5, stats)
     expect(share(counts, "ten")).to be_within(5).of(100.0 * 10 / 11)
     expect(counts.values.sum).to be_positive
+  end
+
+  # Two threads allocating at interval 1: each one's job is switched out in its Ruby handler
+  # now and then, for a time slice in which the other allocates tens of thousands of samples.
+  # The buffer must start over while a job is away: it used to wait for it and drop the rest
+  # (128,180 to 186,166 of about 440,000 in 3 runs here; 73,688 of 110,026 in a loaded run of
+  # the interval-1 example, where the profiler's own sampler thread was the other one).
+  it "drops no sample at interval 1 while two threads allocate, their jobs switched out in turn" do
+    profiler = profiler_class.new(allocations: true, allocation_interval: 1, compression: :none).start
+    threads = Array.new(2) { Thread.new { AllocationShape.run(20, 1_000) } }
+    threads.each(&:join)
+    samples = samples_from(decode_pprof(profiler.stop[2]))
+    stats = profiler.stats[:allocations]
+    expect(stats[:dropped]).to eq(0)
+    expect(by_leaf(samples, "alloc-count")).to include("ten" => 2 * 200_000, "one" => 2 * 20_000)
   end
 
   # String#split makes its parts in C, without an interrupt check: every sample waits for the

@@ -50,8 +50,9 @@
 //! The job's own allocations, and those of the sampling job, are not sampled: each job marks
 //! the thread it runs on ([`JOB_HERE`], `sampling_job::in_job_here`), so that a job switched
 //! out in its Ruby handler does not hide the other threads' allocations. Any thread's job
-//! records the pending samples of every thread, each taking the next one not taken; they
-//! stay pending (marked) until none is being recorded. A forked child inherits the enabled tracepoint, but the hook and
+//! records the pending samples of every thread, each taking the next one not taken; a taken
+//! sample stays marked until its job has recorded it, and the buffer starts over as soon as
+//! every sample in it is taken. A forked child inherits the enabled tracepoint, but the hook and
 //! the job do nothing in a process other than the one that started sampling (the fork
 //! generation of `stack_recorder`), until sampling is started again there. An end proc
 //! (registered at load, run after every `at_exit` block) disables the tracepoint before the
@@ -107,9 +108,9 @@ struct State {
     frames: Vec<rb_sys::VALUE>,
     lines: Vec<i32>,
     pending: Vec<Pending>,
-    /// Pending samples taken by a job (from the front), and of those, not recorded yet.
+    /// Pending samples taken by a job (from the front). Once all are, the buffer starts over:
+    /// what a job holds is marked through [`FLYING`] from the moment it takes it.
     taken: usize,
-    in_flight: usize,
     interval: u64,
     /// The current step: the allocations to see until the next sample.
     step: u64,
@@ -166,24 +167,27 @@ fn state() -> MutexGuard<'static, Option<State>> {
     STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Marks what the pending samples hold: their GC root.
+/// Marks what the pending samples hold, and the samples jobs have taken ([`FLYING`]): their GC
+/// root.
 #[derive(TypedData)]
 #[magnus(class = "DdprofRecorder::Profiler::AllocationRoot", mark, free_immediately)]
 struct PendingRoot;
 
 impl DataTypeFunctions for PendingRoot {
     fn mark(&self, _marker: &gc::Marker) {
-        // Never contended: the lock is never held across an allocation (module doc).
-        let Ok(guard) = STATE.try_lock() else { return };
-        let Some(state) = guard.as_ref() else { return };
-        for pending in &state.pending {
-            let frames = &state.frames[pending.start..pending.start + pending.depth];
-            for &value in frames.iter().chain([&pending.thread, &pending.klass, &pending.object]) {
-                if value != 0 {
-                    // SAFETY: each is a heap object that was live when the hook read it, and
-                    // has been marked (so kept, pinned) at every GC since.
-                    unsafe { rb_sys::rb_gc_mark(value) };
-                }
+        // Never contended: the locks are never held across an allocation (module doc).
+        let (Ok(guard), Ok(flying)) = (STATE.try_lock(), FLYING.try_lock()) else { return };
+        let pending = guard.iter().flat_map(|state| {
+            state.pending.iter().flat_map(|pending| {
+                let frames = &state.frames[pending.start..pending.start + pending.depth];
+                frames.iter().chain([&pending.thread, &pending.klass, &pending.object])
+            })
+        });
+        for &value in pending.chain(flying.iter().flat_map(|(_, held)| held)) {
+            if value != 0 {
+                // SAFETY: each is a heap object that was live when the hook read it, and has
+                // been marked (so kept, pinned) at every GC since, pending or taken.
+                unsafe { rb_sys::rb_gc_mark(value) };
             }
         }
     }
@@ -229,7 +233,6 @@ fn stop() {
     if let Some(state) = state().as_mut() {
         state.pending.clear();
         state.taken = 0;
-        state.in_flight = 0;
     }
     HANDLER.store(rb_sys::Qnil as usize, Ordering::Release);
 }
@@ -283,7 +286,6 @@ fn native_start(
             lines: vec![0; POOL],
             pending: Vec::with_capacity(MAX_PENDING),
             taken: 0,
-            in_flight: 0,
             interval,
             step: 1,
             carried: 0,
@@ -438,6 +440,8 @@ unsafe extern "C" fn job(_data: *mut c_void) {
 /// What the job copies out of a pending sample (the sample itself stays marked until all
 /// are done).
 struct Taken {
+    /// Its entry in [`FLYING`].
+    id: u64,
     run: u64,
     thread: rb_sys::VALUE,
     klass: rb_sys::VALUE,
@@ -464,7 +468,7 @@ fn run_job() {
         let key = ALLOCATION_KEY + i64::from(crate::sampling_job::own_tid().max(0));
         while let Some(taken) = take() {
             record(&ruby, &taken, key);
-            done();
+            done(taken.id);
         }
         crate::stack_capture::forget(key);
     }
@@ -579,8 +583,9 @@ fn calibrate(ruby: &Ruby, calibration: Value) -> Result<f64, Error> {
     Ok(measured.max(MIN_HOOK_COST_NS))
 }
 
-/// The next pending sample not taken yet, or None: none left, or sampling is off or was
-/// started in another process (then what is pending is dropped, once no job holds any).
+/// The next pending sample not taken yet, or None: none left (the buffer then starts over),
+/// or sampling is off or was started in another process (then what is pending is dropped).
+/// What the sample holds stays marked, through [`FLYING`], until [`done`].
 fn take() -> Option<Taken> {
     let mut guard = state();
     let state = guard.as_mut()?;
@@ -588,42 +593,60 @@ fn take() -> Option<Taken> {
         && state.generation == crate::stack_recorder::fork_generation();
     let index = state.taken;
     let Some(pending) = state.pending.get(index).filter(|_| live) else {
-        if state.in_flight == 0 {
-            state.pending.clear();
-            state.taken = 0;
-        }
+        // Every sample in the buffer is taken (or none may be): it starts over at once,
+        // whatever the jobs that took them are doing. A job switched out in its handler
+        // used to keep it from starting over until it was back, and at interval 1 a
+        // buffer filled in that time (MAX_PENDING, or POOL frames) dropped the rest: 73,688
+        // of 110,026 samples in a loaded run of allocations_spec's interval-1 example.
+        state.pending.clear();
+        state.taken = 0;
         return None;
     };
     state.taken += 1;
-    state.in_flight += 1;
     let range = pending.start..pending.start + pending.depth;
+    let frames = state.frames[range.clone()].to_vec();
+    let marks =
+        frames.iter().copied().chain([pending.thread, pending.klass, pending.object]).collect();
     Some(Taken {
+        id: hold(marks),
         run: RUN.load(Ordering::Acquire),
         thread: pending.thread,
         klass: pending.klass,
         object: pending.object,
         weight: pending.weight,
-        frames: state.frames[range.clone()].to_vec(),
+        frames,
         lines: state.lines[range].to_vec(),
     })
 }
 
-/// A taken sample is recorded: once none is in flight and all are taken, the buffer is
-/// emptied (until then every pending sample stays marked).
-fn done() {
-    if let Some(state) = state().as_mut() {
-        state.in_flight = state.in_flight.saturating_sub(1);
-        if state.in_flight == 0 && state.taken >= state.pending.len() {
-            state.pending.clear();
-            state.taken = 0;
-        }
-    }
+/// A taken sample is recorded (or given up): what it holds is no longer marked for it.
+fn done(id: u64) {
+    flying().retain(|(held, _)| *held != id);
+}
+
+/// Samples taken by a job and not recorded yet, by id, each with the objects it holds (frames,
+/// thread, class, object; 0 for none): marked by [`PendingRoot`], so that a job switched out in
+/// its handler (while another thread stops or restarts sampling, or fills the buffer again)
+/// still holds live objects when it names them. One entry per job at work: a few.
+static FLYING: Mutex<Vec<(u64, Vec<rb_sys::VALUE>)>> = Mutex::new(Vec::new());
+static NEXT_FLYING: AtomicU64 = AtomicU64::new(0);
+
+/// Only used with the GVL held (a Mutex only to be `Sync`); never held across an allocation.
+fn flying() -> MutexGuard<'static, Vec<(u64, Vec<rb_sys::VALUE>)>> {
+    FLYING.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Marks `marks` as held by a job until [`done`]; returns the id to give back.
+fn hold(marks: Vec<rb_sys::VALUE>) -> u64 {
+    let id = NEXT_FLYING.fetch_add(1, Ordering::Relaxed);
+    flying().push((id, marks));
+    id
 }
 
 /// Names the stack (under `key`) and the class, and hands the sample to the handler (and the
 /// heap tracker).
 fn record(ruby: &Ruby, taken: &Taken, key: i64) {
-    // SAFETY: GVL held; the frames are still marked (their sample is still pending).
+    // SAFETY: GVL held; the frames are still marked (held in FLYING until `done`).
     let depth =
         unsafe { crate::stack_capture::store_read_frames(key, &taken.frames, &taken.lines) };
     if depth == 0 {
@@ -632,7 +655,7 @@ fn record(ruby: &Ruby, taken: &Taken, key: i64) {
     let class_name = class_name(ruby, taken.klass);
     let raw = HANDLER.load(Ordering::Acquire);
     // SAFETY: HANDLER holds Qnil or a live object kept by its GC root; GVL held. The thread
-    // is marked while pending.
+    // is marked until `done`.
     let (handler, thread) =
         unsafe { (Value::from_raw(raw as rb_sys::VALUE), Value::from_raw(taken.thread)) };
     if handler.is_nil() {
@@ -658,7 +681,7 @@ fn record(ruby: &Ruby, taken: &Taken, key: i64) {
 /// The name of the allocated object's class: `(hidden)` for an object without one.
 fn class_name(ruby: &Ruby, klass: rb_sys::VALUE) -> RString {
     if klass != 0 {
-        // SAFETY: GVL held; `klass` is a class, marked while its sample is pending.
+        // SAFETY: GVL held; `klass` is a class, marked until its sample is `done`.
         // `rb_class_real` skips singleton classes and include classes.
         let real = unsafe { rb_sys::rb_class_real(klass) };
         if real != 0 && real != rb_sys::Qnil as rb_sys::VALUE {
