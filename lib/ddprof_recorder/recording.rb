@@ -33,7 +33,9 @@ module DdprofRecorder
   # starts the profiler (then `failed PID` if that failed): when no profile comes, `record`
   # can tell a command that ran no Ruby with the profiler from one whose Ruby did not write.
   #
-  # Nothing here may break the program: a failure is one line on $stderr.
+  # Nothing here may break the program: a failure is one line on $stderr (a bad value in one
+  # of these variables: the variable, its text as written and what it must be; the process
+  # then runs unprofiled).
   module Recording
     OUT = "DDPROF_RECORDER_OUT"
     HZ = "DDPROF_RECORDER_HZ"
@@ -44,6 +46,10 @@ module DdprofRecorder
     GC = "DDPROF_RECORDER_GC"
     ALLOCATION_OVERHEAD = "DDPROF_RECORDER_ALLOCATION_OVERHEAD"
     STARTED = "DDPROF_RECORDER_STARTED"
+
+    # A bad value in one of the variables above: the message names it, with its text as
+    # written, and says what it must be.
+    class EnvironmentError < ArgumentError; end
 
     # `exit!` on an object (Kernel's private instance method), prepended to Kernel.
     module KernelExitBang
@@ -108,7 +114,7 @@ module DdprofRecorder
       report_start(env, "started")
       @profiler = Profiler.start(**options)
     rescue StandardError, LoadError, ScriptError => e
-      warn "ddprof-recorder: not profiling this process: #{e.class}: #{e.message}"
+      warn "ddprof-recorder: not profiling this process: #{e.is_a?(EnvironmentError) ? '' : "#{e.class}: "}#{e.message}"
       report_start(env, "failed") if env[OWNER] == Process.pid.to_s
       nil
     end
@@ -192,22 +198,58 @@ module DdprofRecorder
     end
 
     # Options of the process-wide profiler (with an interval, its exporter).
+    #
+    # @raise [EnvironmentError] on a bad value in `env`.
     def profiler_options(out, env)
-      hz = Integer(env.fetch(HZ, Profiler::DEFAULT_HZ.to_s), 10)
-      interval = env[INTERVAL] && !env[INTERVAL].empty? ? Float(env[INTERVAL]) : nil
-      options = { hz: hz, compression: out.end_with?(".gz") ? :gzip : :none }
+      hz = env_value(env, HZ, "an integer in #{Profiler::HZ_RANGE}") do |text|
+        v = Integer(text, 10)
+        v if Profiler::HZ_RANGE.cover?(v)
+      end
+      interval = env_value(env, INTERVAL, "a number of seconds >= #{Profiler::MIN_INTERVAL}") do |text|
+        v = Float(text)
+        v if v.finite? && v >= Profiler::MIN_INTERVAL
+      end
+      options = { hz: hz || Profiler::DEFAULT_HZ, compression: out.end_with?(".gz") ? :gzip : :none }
       options.merge!(memory_options(env))
       interval ? options.merge(interval: interval, exporter: WindowWriter.new(out)) : options
     end
 
     # The memory options the environment asks for (see the module doc).
+    #
+    # @raise [EnvironmentError] on a bad value in `env`.
     def memory_options(env)
-      allocations = env[ALLOCATIONS] && !env[ALLOCATIONS].empty?
       options = { heap: env[HEAP] == "1", gc: env[GC] == "1" }
-      options.merge!(allocations: true, allocation_interval: Integer(env[ALLOCATIONS], 10)) if allocations
-      overhead = env[ALLOCATION_OVERHEAD]
-      options[:allocation_overhead] = Float(overhead) if overhead && !overhead.empty?
+      allocation_interval = env_value(env, ALLOCATIONS, "an integer in #{Profiler::ALLOCATION_INTERVAL_RANGE}") do |text|
+        v = Integer(text, 10)
+        v if Profiler::ALLOCATION_INTERVAL_RANGE.cover?(v)
+      end
+      options.merge!(allocations: true, allocation_interval: allocation_interval) if allocation_interval
+      overhead = env_value(env, ALLOCATION_OVERHEAD, "a number in (0, 1]") do |text|
+        v = Float(text)
+        v if v.positive? && v <= 1
+      end
+      options[:allocation_overhead] = overhead if overhead
       options
+    end
+
+    # The value of the variable `name`, from the block (nil when the text is not valid), or
+    # nil when it is unset or empty.
+    #
+    # @param what [String] what the variable must be, for the message.
+    # @raise [EnvironmentError] naming the variable and its text as written, when the block
+    #   returns nil or raises ArgumentError (`Integer("fast")`).
+    def env_value(env, name, what)
+      text = env[name]
+      return nil if text.nil? || text.empty?
+
+      value = begin
+        yield text
+      rescue ArgumentError
+        nil
+      end
+      raise EnvironmentError, "#{name} must be #{what}, got #{text.inspect}" if value.nil?
+
+      value
     end
 
     # At exit: the last window (and the only one without an interval) goes to the file of

@@ -175,7 +175,8 @@ RSpec.describe "ddprof-recorder record" do
     { [] => /record: no COMMAND given \(usage: ddprof-recorder record \[-o FILE\]/,
       %w[--hz 0 -- ruby] => /record: --hz must be in 1\.\.1000, got 0$/,
       %w[--hz fast -- ruby] => /record: invalid argument: --hz fast/,
-      %w[--interval 0 -- ruby] => /record: --interval must be positive$/,
+      %w[--interval 0 -- ruby] => /record: --interval must be at least 0\.1 \(seconds\), got 0\.0$/,
+      %w[--interval 1e-12 -- ruby] => /record: --interval must be at least 0\.1 \(seconds\), got 1\.0e-12$/,
       %w[--allocation-interval 0 -- ruby] => /record: --allocation-interval must be in 1\.\.\d+, got 0$/,
       %w[--allocation-interval many -- ruby] => /record: invalid argument: --allocation-interval many/,
       %w[--allocation-overhead 0 -- ruby] => /record: --allocation-overhead must be in \(0, 1\], got 0\.0$/,
@@ -230,8 +231,23 @@ RSpec.describe "ddprof-recorder record" do
       _, err, status = record("env", "DDPROF_RECORDER_HZ=fast", RbConfig.ruby, "-e", "1")
       expect(status).to eq(1)
       expect(err.lines.size).to eq(2), err
-      expect(err.lines.first).to start_with("ddprof-recorder: not profiling this process: ArgumentError: ")
+      expect(err.lines.first).to eq("ddprof-recorder: not profiling this process: DDPROF_RECORDER_HZ must be an integer " \
+                                    "in 1..1000, got \"fast\"\n")
       expect(err.lines.last).to match(/\Addprof-recorder: record: no profile: the profiler could not start in `env DDPROF_RECORDER_HZ=fast \S+ -e 1` \(process \d+; its message is above\)$/)
+    end
+
+    # The variables that `record` sets from its options, set by hand: each bad value is named
+    # with its text (an Integer was `#<Integer:0x0000000000000001>`).
+    it "when a variable of the profiler's has a bad value: the variable and its value as written" do
+      { "DDPROF_RECORDER_HZ=0" => "DDPROF_RECORDER_HZ must be an integer in 1..1000, got \"0\"",
+        "DDPROF_RECORDER_ALLOCATIONS=0" => "DDPROF_RECORDER_ALLOCATIONS must be an integer in 1..1099511627776, got \"0\"",
+        "DDPROF_RECORDER_ALLOCATION_OVERHEAD=2" => "DDPROF_RECORDER_ALLOCATION_OVERHEAD must be a number in (0, 1], got \"2\"",
+        "DDPROF_RECORDER_INTERVAL=1e-12" => "DDPROF_RECORDER_INTERVAL must be a number of seconds >= 0.1, got \"1e-12\"" }
+        .each do |setting, message|
+        _, err, status = record("env", setting, RbConfig.ruby, "-e", "1")
+        expect(status).to eq(1)
+        expect(err.lines.first).to eq("ddprof-recorder: not profiling this process: #{message}\n"), err
+      end
     end
   end
 end

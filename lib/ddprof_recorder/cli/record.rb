@@ -46,8 +46,8 @@ module DdprofRecorder
           o.on("--hz N", Integer, "samples per second and thread (1..1000, default #{Profiler::DEFAULT_HZ})") do |v|
             options.hz = v
           end
-          o.on("--interval S", Float, "also cut the profile every S seconds: one file per window,",
-               "FILE with a number (profile.0001.pb.gz, ...)") { |v| options.interval = v }
+          o.on("--interval S", Float, "also cut the profile every S seconds (at least #{Profiler::MIN_INTERVAL}): one file",
+               "per window, FILE with a number (profile.0001.pb.gz, ...)") { |v| options.interval = v }
           o.on("--allocations", "also sample allocations (alloc-samples, alloc-count)") { options.allocations = true }
           o.on("--allocation-interval N", Integer,
                "sample one allocation in about N (default #{Profiler::DEFAULT_ALLOCATION_INTERVAL})") do |v|
@@ -74,7 +74,9 @@ module DdprofRecorder
         unless Profiler::HZ_RANGE.cover?(options.hz)
           raise usage_error("record: --hz must be in #{Profiler::HZ_RANGE}, got #{options.hz}")
         end
-        raise usage_error("record: --interval must be positive") if options.interval && !options.interval.positive?
+        if options.interval && !(options.interval.finite? && options.interval >= Profiler::MIN_INTERVAL)
+          raise usage_error("record: --interval must be at least #{Profiler::MIN_INTERVAL} (seconds), got #{options.interval}")
+        end
         unless Profiler::ALLOCATION_INTERVAL_RANGE.cover?(options.allocation_interval)
           raise usage_error("record: --allocation-interval must be in #{Profiler::ALLOCATION_INTERVAL_RANGE}, " \
                             "got #{options.allocation_interval}")

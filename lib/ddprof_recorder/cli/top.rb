@@ -10,6 +10,9 @@ module DdprofRecorder
       NAME = "top"
       DESCRIPTION = "the hottest functions of a pprof, self and total"
       DEFAULT_LIMIT = 20
+      # The most rows -n may ask for, far more than anyone reads; a number past what Array#first
+      # takes (2**63) was a RangeError, shown as a bug.
+      MAX_LIMIT = 1_000_000
 
       # @!attribute paths [Array<String>] the FILEs (merged when several).
       # @!attribute value [String] the value type to rank by.
@@ -28,12 +31,14 @@ module DdprofRecorder
           o.separator "total (anywhere in it), with their share of the whole. Several FILEs are merged."
           o.separator ""
           value_option(o, options)
-          o.on("-n", "--limit N", Integer, "how many functions (default #{DEFAULT_LIMIT})") { |v| options.limit = v }
+          o.on("-n", "--limit N", Integer, "how many functions (1..#{MAX_LIMIT}, default #{DEFAULT_LIMIT})") { |v| options.limit = v }
           o.on("--sort KEY", %i[self total], "order by self (default) or total") { |v| options.sort = v }
           max_decompressed_option(o, options)
         end
         parse_with_files(parser, argv, options) do
-          raise usage_error("top: -n must be positive") unless options.limit.positive?
+          unless (1..MAX_LIMIT).cover?(options.limit)
+            raise usage_error("top: -n must be in 1..#{MAX_LIMIT}, got #{options.limit}")
+          end
         end
       end
 
