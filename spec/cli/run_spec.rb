@@ -93,6 +93,63 @@ RSpec.describe "DdprofRecorder::CLI.run" do
     end
   end
 
+  # Before --max-input, a FILE was read whole before any limit: `folded /dev/zero
+  # --max-decompressed 1000` until NoMemoryError, and `top` on a 2 GB sparse file with 4.2 GB
+  # of memory before refusing it.
+  describe "--max-input BYTES" do
+    def expect_over(err, file, bytes)
+      expect_one_line(err, /\Addprof-recorder: #{Regexp.escape(file)}: the file is more than #{bytes} bytes \(--max-input: #{bytes}\); raise --max-input to read it$/)
+    end
+
+    it "reads each FILE within it, as stored: over it, one line naming the file and the flag" do
+      path = write_profile("hot.pb.gz", CliHelpers::HOT_SAMPLES)
+      size = File.size(path)
+      [%w[top], %w[flamegraph -o -], %w[speedscope -o -], %w[folded], %w[merge -o -]].each do |command, *args|
+        out, err, status = run_cli(command, "hot.pb.gz", *args, "--max-input", (size - 1).to_s)
+        expect([out, status]).to eq(["", 1]), command
+        expect_over(err, "hot.pb.gz", size - 1)
+        out, err, status = run_cli(command, "hot.pb.gz", *args, "--max-input", size.to_s)
+        expect([err, status]).to eq(["", 0]), command
+        expect(out).not_to be_empty
+      end
+      %w[0 -5 many].each do |bytes|
+        _, err, status = run_cli("top", "hot.pb.gz", "--max-input", bytes)
+        expect(status).to eq(2)
+        expect_one_line(err, /\Addprof-recorder: top: (--max-input must be positive and below 2\*\*64, got -?\d+|invalid argument: --max-input many)/)
+      end
+    end
+
+    it "reads a device or a pipe only that far" do
+      out, err, status = run_cli("folded", "/dev/zero", "--max-decompressed", "1000", "--max-input", "1000")
+      expect([out, status]).to eq(["", 1])
+      expect_over(err, "/dev/zero", 1000)
+
+      fifo = File.join(@dir, "pipe")
+      File.mkfifo(fifo)
+      writer = Thread.new do
+        File.open(fifo, "wb") { |f| loop { f.write("\0" * 65_536) } }
+      rescue Errno::EPIPE
+        nil # the reader had enough
+      end
+      out, err, status = run_cli("top", "pipe", "--max-input", "100000")
+      expect([out, status]).to eq(["", 1])
+      expect_over(err, "pipe", 100_000)
+    ensure
+      # A reader that never opened the pipe leaves the writer in open(2): open it to let it go.
+      File.open(fifo, File::RDONLY | File::NONBLOCK, &:close) if writer&.join(0.1).nil? && fifo
+      writer&.join
+    end
+
+    it "refuses a larger regular file from its size, without reading it (by default, 1 GiB)" do
+      File.open(File.join(@dir, "big.pb"), "wb") { |f| f.truncate(2 << 30) } # sparse: 2 GiB, no disk
+      # In 1 GiB of address space: reading it would fail (NoMemoryError).
+      out, err, status = Open3.capture3(RbConfig.ruby, CliHelpers::EXE, "top", "big.pb", chdir: @dir, rlimit_as: 1 << 30)
+      expect([out, status.exitstatus]).to eq(["", 1])
+      expect_over(err, "big.pb", 1 << 30)
+      expect(DdprofRecorder::CLI::Command::DEFAULT_MAX_INPUT).to eq(1 << 30)
+    end
+  end
+
   it "rejects an argument that is not valid in its encoding, in one line" do
     out, err, status = run_cli("top", "caf\xE9.pb.gz")
     expect([out, status]).to eq(["", 1])
