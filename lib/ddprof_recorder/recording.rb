@@ -51,6 +51,9 @@ module DdprofRecorder
     # written, and says what it must be.
     class EnvironmentError < ArgumentError; end
 
+    # An output path that {.write} does not replace (see {.not_regular}).
+    class OutputError < StandardError; end
+
     # `exit!` on an object (Kernel's private instance method), prepended to Kernel.
     module KernelExitBang
       private
@@ -167,14 +170,74 @@ module DdprofRecorder
     end
 
     # Writes through a temporary file and a rename, so a reader never sees half a profile;
-    # a failed write leaves no temporary file behind.
-    def write(path, pprof)
-      tmp = "#{path}.tmp#{Process.pid}"
-      File.binwrite(tmp, pprof)
-      File.rename(tmp, path)
-    rescue SystemCallError
-      File.delete(tmp) if File.file?(tmp)
-      raise
+    # a failed write leaves no temporary file behind. The temporary file is created in the
+    # target's directory, exclusively, under a random name (#create_temp): not through a
+    # symlink that someone who can write the directory planted for a name to come (it was
+    # `<path>.tmp<PID>`, written by File.binwrite, which follows symlinks). `path` must be a
+    # regular file or not exist (#not_regular): the rename would replace a device node, a
+    # FIFO or a symlink itself (a copy of /dev/null became a regular file).
+    #
+    # @raise [OutputError] if `path` exists and is not a regular file.
+    # @raise [SystemCallError] if the write fails.
+    def write(path, data)
+      refuse_unless_regular(path)
+      file, tmp = create_temp(path)
+      begin
+        file.write(data)
+        file.close
+        refuse_unless_regular(path) # again: the write may have taken a while
+        File.rename(tmp, path)
+        tmp = nil
+      ensure
+        file.close unless file.closed?
+        begin
+          File.delete(tmp) if tmp
+        rescue SystemCallError
+          nil
+        end
+      end
+    end
+
+    # Why `path` may not be written: what it is when it exists and is not a regular file
+    # ("a symbolic link", "a FIFO", "a character device"...), or nil. A symlink is refused
+    # rather than followed: the rename of #write would replace the link itself, and writing
+    # through it would write where someone else's link points.
+    #
+    # @return [String, nil]
+    def not_regular(path)
+      stat = File.lstat(path)
+      return nil if stat.file?
+
+      NOT_REGULAR.fetch(stat.ftype, "not a regular file")
+    rescue Errno::ENOENT
+      nil
+    end
+
+    # File::Stat#ftype of what #not_regular refuses, as it names them.
+    NOT_REGULAR = { "directory" => "a directory", "link" => "a symbolic link", "characterSpecial" => "a character device",
+                    "blockSpecial" => "a block device", "fifo" => "a FIFO", "socket" => "a socket" }.freeze
+
+    def refuse_unless_regular(path)
+      kind = not_regular(path)
+      raise OutputError, "#{path}: is #{kind}, not a regular file: not replacing it" if kind
+    end
+
+    # A new file next to `path`, `<path>.tmp<PID>-<12 random hex digits>`, opened for
+    # writing with O_CREAT | O_EXCL | O_NOFOLLOW (mode 0666 less the umask, as File.write
+    # makes it); a name that exists (planted, or a clash) is passed over for another.
+    #
+    # @return [Array(File, String)] the open file and its name.
+    def create_temp(path)
+      flags = File::WRONLY | File::CREAT | File::EXCL | File::BINARY | (defined?(File::NOFOLLOW) ? File::NOFOLLOW : 0)
+      attempts = 0
+      begin
+        tmp = "#{path}.tmp#{Process.pid}-#{Random.urandom(6).unpack1('H*')}"
+        [File.new(tmp, flags, 0o666), tmp]
+      rescue Errno::EEXIST, Errno::ELOOP
+        attempts += 1
+        retry if attempts < 10
+        raise
+      end
     end
 
     # This process's pid if it is a forked child, nil in the owner.

@@ -72,6 +72,49 @@ RSpec.describe "DdprofRecorder::CLI.run" do
     expect(Dir.children(@dir).sort).to eq(%w[adir hot.pb]) # no temporary file left by merge
   end
 
+  # The write is a rename, which replaced whatever was there: a FIFO, a device node (a copy
+  # of /dev/null became a regular file), a symlink (the link itself). And `record` ran the
+  # program first.
+  it "refuses an -o that exists and is not a regular file, before it runs anything, in one line" do
+    write_profile("hot.pb", CliHelpers::HOT_SAMPLES)
+    File.mkfifo(File.join(@dir, "fifo"))
+    File.write(File.join(@dir, "target"), "mine")
+    File.symlink("target", File.join(@dir, "link"))
+    outs = { "fifo" => "a FIFO", "link" => "a symbolic link" }
+    # As root, a copy of /dev/null too.
+    if Process.uid.zero? && system("mknod", File.join(@dir, "null"), "c", "1", "3", err: File::NULL)
+      outs["null"] = "a character device"
+    end
+    commands = { "record" => ["--", RbConfig.ruby, "-e", "File.write('ran', '')"], "merge" => ["hot.pb"],
+                 "flamegraph" => ["hot.pb"], "speedscope" => ["hot.pb"] }
+    commands.each do |command, args|
+      outs.each do |out, kind|
+        stdout, err, status = run_cli(command, "-o", out, *args)
+        expect([stdout, status]).to eq(["", 1]), "#{command} -o #{out}"
+        expect_one_line(err, /\Addprof-recorder: #{command}: #{out}: is #{kind}, not a regular file: not replacing it$/)
+      end
+    end
+    expect(outs.keys.map { |out| File.ftype(File.join(@dir, out)) }).to eq(%w[fifo link characterSpecial].first(outs.size))
+    expect(File.read(File.join(@dir, "target"))).to eq("mine")
+    expect(Dir.children(@dir).sort).to eq((%w[hot.pb target] + outs.keys).sort) # nothing ran ('ran'), no temporary file
+  end
+
+  # It was `<out>.tmp<PID>`, written by File.binwrite: through a symlink that someone who can
+  # write the directory planted there, for a pid to come.
+  it "writes -o through a temporary file of its own, never through a symlink planted for it" do
+    write_profile("hot.pb", CliHelpers::HOT_SAMPLES)
+    File.write(File.join(@dir, "victim"), "mine")
+    planted = "all.pb.tmp#{Process.pid}"
+    File.symlink("victim", File.join(@dir, planted))
+    out, err, status = run_cli("merge", "-o", "all.pb", "hot.pb")
+    expect([err, status]).to eq(["", 0])
+    expect(out).to start_with("ddprof-recorder: merged 1 profiles into all.pb (")
+    expect(File.read(File.join(@dir, "victim"))).to eq("mine")
+    expect(File.ftype(File.join(@dir, "all.pb"))).to eq("file")
+    expect(DdprofRecorder.summary(File.binread(File.join(@dir, "all.pb")))[:samples]).to eq(3)
+    expect(Dir.children(@dir).sort).to eq(["all.pb", planted, "hot.pb", "victim"].sort) # the planted link is left alone
+  end
+
   it "reads each FILE within --max-decompressed BYTES: over it, one line naming the file and the flag" do
     path = write_profile("hot.pb", CliHelpers::HOT_SAMPLES)
     size = File.size(path)

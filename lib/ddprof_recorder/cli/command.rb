@@ -3,6 +3,7 @@
 require "optparse"
 
 require_relative "format"
+require_relative "../recording"
 
 module DdprofRecorder
   class CLI
@@ -190,24 +191,29 @@ module DdprofRecorder
         if out == "-"
           @out.write(text)
         else
-          write_output(out) { File.write(out, text) }
+          write_output(out) { Recording.write(out, text) }
           @out.puts("ddprof-recorder: wrote #{out} (#{yield}, #{text.bytesize} bytes)")
         end
       end
 
-      # The one check of an output file's directory, before a command writes there (`record`
-      # before it runs the program): one line naming the file.
+      # The one check of an output file, before a command writes there (`record` before it
+      # runs the program): one line naming the file. The file is written through a rename
+      # (Recording.write), which replaces only a regular file: an existing directory, symlink,
+      # device or FIFO is refused (`-o /dev/null` would replace the device).
       #
-      # @raise [Failure] if the directory does not exist.
+      # @raise [Failure] if the directory does not exist, or the file exists and is not a
+      #   regular file.
       def check_output(path)
-        return if File.directory?(File.dirname(File.expand_path(path)))
+        raise Failure, "#{name}: #{path}: directory does not exist" unless File.directory?(File.dirname(File.expand_path(path)))
 
-        raise Failure, "#{name}: #{path}: directory does not exist"
+        kind = Recording.not_regular(path)
+        raise Failure, "#{name}: #{path}: cannot write it: Is a directory" if kind == "a directory"
+        raise Failure, "#{name}: #{path}: is #{kind}, not a regular file: not replacing it" if kind
       end
 
       # Runs the block that writes `path` (an `-o` file), after #check_output. The errors of
-      # the write (a directory, no permission) are one line naming the file as given, without
-      # Ruby's `@ rb_sysopen` and the name of a temporary file.
+      # the write (no permission, a path that became a symlink meanwhile) are one line naming
+      # the file as given, without Ruby's `@ rb_sysopen` and the name of a temporary file.
       #
       # @raise [Failure]
       def write_output(path)
@@ -215,6 +221,8 @@ module DdprofRecorder
         yield
       rescue SystemCallError => e
         raise Failure, "#{name}: #{path}: cannot write it: #{reason(e)}"
+      rescue Recording::OutputError => e
+        raise Failure, "#{name}: #{e.message}"
       end
 
       # What went wrong in a failed system call, as strerror says it ("Permission denied"):
