@@ -63,8 +63,7 @@ RSpec.describe "DdprofRecorder::CLI.run" do
       out, err, status = run_exe(command, "-o", "/nonexistent/dir/x.out", *args)
       expect([out, status]).to eq(["", 1]), command
       expect_one_line(err, %r{\Addprof-recorder: #{command}: /nonexistent/dir/x\.out: directory does not exist$})
-      next if command == "record" # it writes no file itself: the program does, at exit
-
+      # `record` too, before it runs the program (which writes the file at its exit).
       out, err, status = run_exe(command, "-o", "adir", *args)
       expect([out, status]).to eq(["", 1]), command
       expect_one_line(err, /\Addprof-recorder: #{command}: adir: cannot write it: Is a directory$/)
