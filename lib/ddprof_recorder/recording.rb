@@ -21,8 +21,8 @@ module DdprofRecorder
   # a forked child `profile.pid<PID>.pb.gz` (a grandchild too: one flat set of files); with an
   # interval, windows are numbered after that, `profile.0001.pb.gz` and
   # `profile.pid<PID>.0001.pb.gz`. The `pid` prefix keeps a child's file apart from a window
-  # number. `ddprof-recorder record` lists them ({.profile_files}); their samples carry the
-  # `"process id"` label.
+  # number. `ddprof-recorder record` lists those that this run wrote ({.profile_files}, with
+  # what {WRITTEN} says); their samples carry the `"process id"` label.
   #
   # A process writes at exit: `at_exit` (a normal exit, an uncaught exception, a SIGTERM or
   # Ctrl-C that Ruby turns into one), and also `exit!`, which skips `at_exit` but is hooked to
@@ -32,6 +32,10 @@ module DdprofRecorder
   # `DDPROF_RECORDER_STARTED`, if set, names a file where the owner writes `started PID` as it
   # starts the profiler (then `failed PID` if that failed): when no profile comes, `record`
   # can tell a command that ran no Ruby with the profiler from one whose Ruby did not write.
+  # `DDPROF_RECORDER_WRITTEN`, if set, names a file to which every process appends the path
+  # of each profile file it wrote, NUL-terminated: `record` lists those, and only those (a
+  # file of the directory whose name looks like one, `profile.2024.pb.gz`, may be the
+  # user's, or an earlier run's).
   #
   # Nothing here may break the program: a failure is one line on $stderr (a bad value in one
   # of these variables: the variable, its text as written and what it must be; the process
@@ -46,6 +50,7 @@ module DdprofRecorder
     GC = "DDPROF_RECORDER_GC"
     ALLOCATION_OVERHEAD = "DDPROF_RECORDER_ALLOCATION_OVERHEAD"
     STARTED = "DDPROF_RECORDER_STARTED"
+    WRITTEN = "DDPROF_RECORDER_WRITTEN"
 
     # A bad value in one of the variables above: the message names it, with its text as
     # written, and says what it must be.
@@ -86,11 +91,11 @@ module DdprofRecorder
           @windows = 0
         end
         @windows += 1
-        Recording.write(Recording.profile_path(@out, pid: Recording.child_pid, window: @windows), pprof)
+        Recording.write_profile(Recording.profile_path(@out, pid: Recording.child_pid, window: @windows), pprof)
       end
     end
 
-    @out = @owner = @profiler = nil
+    @out = @owner = @profiler = @written = nil
 
     module_function
 
@@ -109,6 +114,7 @@ module DdprofRecorder
       options = profiler_options(out, env)
       @out = out
       @owner = Process.pid
+      @written = env[WRITTEN] && !env[WRITTEN].empty? ? env[WRITTEN] : nil
       at_exit { finish }
       Kernel.prepend(KernelExitBang)
       [Kernel, Process].each { |mod| mod.singleton_class.prepend(ExitBang) }
@@ -150,14 +156,23 @@ module DdprofRecorder
     # The profile files of `out` that exist, by process: the owner's (key nil) and each forked
     # child's (key: its pid), each process's files in window order.
     #
+    # Any file of `out`'s directory whose name has the form of one is listed, a user's
+    # `profile.2024.pb.gz` as well; with `written`, only those of its paths (what a recording
+    # said it wrote, {WRITTEN}).
+    #
+    # @param written [Array<String>, nil] paths in `out`'s directory.
     # @return [Hash{Integer, nil => Array<String>}] the owner first, then the children by pid.
-    def profile_files(out)
+    def profile_files(out, written: nil)
       dir = File.dirname(out)
       return {} unless File.directory?(dir)
 
       stem, dot, ext = File.basename(out).partition(".")
       pattern = /\A#{Regexp.escape(stem)}(?:\.pid(\d+))?(?:\.(\d{4,}))?#{Regexp.escape(dot + ext)}\z/
+      # Compared as bytes: the report's paths are binary, the directory's names in the
+      # filesystem's encoding.
+      only = written&.filter_map { |path| [File.basename(path).b, true] if File.dirname(path).b == dir.b }&.to_h
       found = Dir.children(dir).filter_map do |name|
+        next if only && !only.key?(name.b)
         # A name that is not valid in the filesystem's encoding is not one of ours (ours are
         # `out`'s, which `record` checks, plus ASCII), and matching it would raise ArgumentError.
         next unless name.valid_encoding?
@@ -237,6 +252,20 @@ module DdprofRecorder
         attempts += 1
         retry if attempts < 10
         raise
+      end
+    end
+
+    # Writes one of this recording's profile files ({.write}), then says so in the file that
+    # {WRITTEN} named, if any. One write(2) of a few bytes with O_APPEND: the lines of
+    # processes writing at once do not mix.
+    def write_profile(path, pprof)
+      write(path, pprof)
+      return unless @written
+
+      begin
+        File.write(@written, "#{path}\0", mode: "ab")
+      rescue SystemCallError => e
+        warn "ddprof-recorder: could not tell record that this process wrote #{path}: #{e.message}"
       end
     end
 
@@ -322,7 +351,7 @@ module DdprofRecorder
       return unless @profiler
 
       result = @profiler.stop
-      write(profile_path(@out, pid: child_pid), result[2]) if result && !@profiler.interval
+      write_profile(profile_path(@out, pid: child_pid), result[2]) if result && !@profiler.interval
     rescue StandardError => e
       warn "ddprof-recorder: could not write the profile: #{e.class}: #{e.message}"
     end

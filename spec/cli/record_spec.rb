@@ -68,6 +68,67 @@ RSpec.describe "ddprof-recorder record" do
     ])
   end
 
+  # Before, it deleted every file whose name had the form of a profile file's before it ran
+  # the program: `-o backup.tar.gz` deleted backup.2024.tar.gz, backup.20240101.tar.gz and
+  # backup.pid1.tar.gz; `-o report.txt` deleted report.2023.txt.
+  it "removes no file: lists what this run wrote, and says what it replaced and what it left untouched" do
+    mine = %w[backup.2024.tar.gz backup.20240101.tar.gz backup.pid1.tar.gz report.2023.txt]
+    mine.each { |name| File.write(File.join(@dir, name), "mine") }
+    File.write(File.join(@dir, "backup.tar.gz"), "an earlier run's")
+    out, err, status = run_cli("record", "-o", "backup.tar.gz", "--", RbConfig.ruby, "-e", "exit 0")
+    expect([err, status]).to eq(["", 0])
+    expect(mine.map { |name| File.read(File.join(@dir, name)) }).to eq(%w[mine] * 4)
+    path = File.join(@dir, "backup.tar.gz")
+    expect(DdprofRecorder.summary(File.binread(path))[:thread_names]).to eq(["main"])
+    expect(out.lines(chomp: true)).to include(
+      "  written   backup.tar.gz (#{File.size(path)} bytes)",
+      "  replaced  backup.tar.gz, from before this run",
+      "  untouched 3 files not from this run (names of the same form): backup.2024.tar.gz, backup.20240101.tar.gz, " \
+      "backup.pid1.tar.gz",
+      "  view it   ddprof-recorder top backup.tar.gz",
+    )
+
+    out, err, status = run_cli("record", "-o", "report.txt", "--", RbConfig.ruby, "-e", "exit 0")
+    expect([err, status]).to eq(["", 0])
+    expect(mine.map { |name| File.read(File.join(@dir, name)) }).to eq(%w[mine] * 4)
+    lines = out.lines(chomp: true)
+    expect(lines).to include("  untouched report.2023.txt: not from this run (a name of the same form)")
+    expect(lines.grep(/replaced/)).to be_empty
+  end
+
+  describe "with files from before the run that have names of the same form" do
+    def summary_lines(files, left)
+      options = DdprofRecorder::CLI::Record::Options.new(command: ["puma"], out: "srv.pb", hz: 99)
+      summary = DdprofRecorder::CLI::RecordSummary.new(options, status_of("exit 0"), 1, files, replaced: [files[nil].first],
+                                                                                             left: left)
+      Dir.chdir(@dir) { summary.lines }
+    end
+
+    # The patterns would read them: srv.pid*.pb matches srv.pid9.pb.
+    it "names this run's files in the commands to view them, if there are a few" do
+      files = { nil => [write_profile("srv.pb", CliHelpers::HOT_SAMPLES)],
+                12 => [write_profile("srv.pid12.pb", CliHelpers::HOT_SAMPLES)] }
+      lines = summary_lines(files, [File.join(@dir, "srv.pid9.pb"), File.join(@dir, "srv.pid10.pb")])
+      expect(lines.drop_while { |l| !l.start_with?("  written") }).to eq([
+        "  written   2 files, #{File.size(files[nil].first) * 2} bytes in all",
+        "  replaced  srv.pb, from before this run",
+        "  untouched 2 files not from this run (names of the same form): srv.pid9.pb, srv.pid10.pb",
+        "  view it   ddprof-recorder top srv.pb srv.pid12.pb",
+        "            ddprof-recorder flamegraph --by-process srv.pb srv.pid12.pb -o srv.svg",
+        "            go tool pprof -top srv.pb srv.pid12.pb",
+      ])
+    end
+
+    it "or keeps the patterns, and says that they match those files too" do
+      files = { nil => [write_profile("srv.pb", CliHelpers::HOT_SAMPLES)] }
+      (12..20).each { |pid| files[pid] = [write_profile("srv.pid#{pid}.pb", CliHelpers::HOT_SAMPLES)] }
+      lines = summary_lines(files, [File.join(@dir, "srv.pid9.pb")])
+      expect(lines).to include("  untouched srv.pid9.pb: not from this run (a name of the same form); the patterns below " \
+                               "match it too",
+                               "  view it   ddprof-recorder top srv.pb srv.pid*.pb")
+    end
+  end
+
   # Through the executable, as users see it.
   it "names each thread name once with the number of processes that have it, for a forking program" do
     program = "def burn = (t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.02; nil while " \
