@@ -169,8 +169,8 @@ module DdprofRecorder
 
     # @param hz [Integer] sampling passes per second, 1..1000.
     # @param interval [Numeric, nil] with an exporter, hand it a window every `interval`
-    #   seconds (default 60; at least {MIN_INTERVAL}); the last window goes to it at {#stop}. The sampler thread cuts
-    #   the windows (a few ms: encoding runs without the GVL).
+    #   seconds (default 60; at least {MIN_INTERVAL}); the last window goes to it at {#stop}.
+    #   The sampler thread cuts the windows (a few ms: encoding runs without the GVL).
     # @param exporter [#call, #export, nil] receives `(start, finish, pprof)` for each window:
     #   `export` if it has one, else `call`. Or pass a block. It runs in a thread of its own
     #   (the last window: in the thread calling {#stop}) and may take its time; an exception
