@@ -110,7 +110,7 @@ RSpec.describe "ddprof-recorder record" do
                 12 => [write_profile("srv.pid12.pb", CliHelpers::HOT_SAMPLES)] }
       lines = summary_lines(files, [File.join(@dir, "srv.pid9.pb"), File.join(@dir, "srv.pid10.pb")])
       expect(lines.drop_while { |l| !l.start_with?("  written") }).to eq([
-        "  written   2 files, #{File.size(files[nil].first) * 2} bytes in all",
+        "  written   2 files, #{files.values.flatten.sum { |f| File.size(f) }} bytes in all",
         "  replaced  srv.pb, from before this run",
         "  untouched 2 files not from this run (names of the same form): srv.pid9.pb, srv.pid10.pb",
         "  view it   ddprof-recorder top srv.pb srv.pid12.pb",
