@@ -66,6 +66,11 @@ module DdprofRecorder
   class Profiler
     DEFAULT_HZ = 99
     HZ_RANGE = (1..1000).freeze
+    # The shortest `interval:`, in seconds. The sampler thread looks at the windows every
+    # {HOUSEKEEPING_SECONDS} while jobs run, so shorter windows would not come on time; and at
+    # 1e-12 s the next window was always due: the thread cut windows in a busy loop (1,598
+    # files in 2 s from `record --interval 1e-12`).
+    MIN_INTERVAL = 0.1
     # Value types of the profiles made, in value order (StackRecorder's defaults), without
     # the memory options; see {#value_types}.
     VALUE_TYPES = StackRecorder::DEFAULT_VALUE_TYPES
@@ -165,8 +170,8 @@ module DdprofRecorder
 
     # @param hz [Integer] sampling passes per second, 1..1000.
     # @param interval [Numeric, nil] with an exporter, hand it a window every `interval`
-    #   seconds (default 60); the last window goes to it at {#stop}. The sampler thread cuts
-    #   the windows (a few ms: encoding runs without the GVL).
+    #   seconds (default 60; at least {MIN_INTERVAL}); the last window goes to it at {#stop}.
+    #   The sampler thread cuts the windows (a few ms: encoding runs without the GVL).
     # @param exporter [#call, #export, nil] receives `(start, finish, pprof)` for each window:
     #   `export` if it has one, else `call`. Or pass a block. It runs in a thread of its own
     #   (the last window: in the thread calling {#stop}) and may take its time; an exception
@@ -201,8 +206,8 @@ module DdprofRecorder
         raise ArgumentError, "allocation_overhead must be a number in (0, 1], got #{shown(allocation_overhead)}"
       end
       raise ArgumentError, "give an exporter or a block, not both" if exporter && block
-      unless interval.nil? || (interval.is_a?(Numeric) && interval.positive?)
-        raise ArgumentError, "interval must be a positive number of seconds, got #{interval.inspect}"
+      unless interval.nil? || (interval.is_a?(Numeric) && interval.real? && interval.finite? && interval >= MIN_INTERVAL)
+        raise ArgumentError, "interval must be a finite number of seconds >= #{MIN_INTERVAL}, got #{shown(interval)}"
       end
 
       @exporter = exporter || block
@@ -412,10 +417,17 @@ module DdprofRecorder
 
     private
 
+    # The classes whose own `inspect` {#shown} uses: their values as Ruby writes them (`0`).
+    SHOWN_AS_WRITTEN = [Integer, Float, Rational, String, Symbol, TrueClass, FalseClass, NilClass]
+                       .to_h { |c| [c, c.instance_method(:inspect)] }.freeze
+
     # `inspect` of a bad option for its message, even for a BasicObject or one whose inspect
-    # raises.
+    # raises or was redefined: a number, String, Symbol, true, false or nil by its class's
+    # own inspect, anything else by Kernel#inspect (which alone shows an Integer as
+    # `#<Integer:0x0000000000000001>`).
     def shown(value)
-      Kernel.instance_method(:inspect).bind_call(value)
+      klass = SHOWN_AS_WRITTEN.keys.find { |c| c === value }
+      (klass ? SHOWN_AS_WRITTEN.fetch(klass) : Kernel.instance_method(:inspect)).bind_call(value)
     rescue StandardError
       "an object"
     end

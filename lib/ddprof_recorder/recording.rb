@@ -21,8 +21,8 @@ module DdprofRecorder
   # a forked child `profile.pid<PID>.pb.gz` (a grandchild too: one flat set of files); with an
   # interval, windows are numbered after that, `profile.0001.pb.gz` and
   # `profile.pid<PID>.0001.pb.gz`. The `pid` prefix keeps a child's file apart from a window
-  # number. `ddprof-recorder record` lists them ({.profile_files}); their samples carry the
-  # `"process id"` label.
+  # number. `ddprof-recorder record` lists those that this run wrote ({.profile_files}, with
+  # what {WRITTEN} says); their samples carry the `"process id"` label.
   #
   # A process writes at exit: `at_exit` (a normal exit, an uncaught exception, a SIGTERM or
   # Ctrl-C that Ruby turns into one), and also `exit!`, which skips `at_exit` but is hooked to
@@ -32,8 +32,14 @@ module DdprofRecorder
   # `DDPROF_RECORDER_STARTED`, if set, names a file where the owner writes `started PID` as it
   # starts the profiler (then `failed PID` if that failed): when no profile comes, `record`
   # can tell a command that ran no Ruby with the profiler from one whose Ruby did not write.
+  # `DDPROF_RECORDER_WRITTEN`, if set, names a file to which every process appends the path
+  # of each profile file it wrote, NUL-terminated: `record` lists those, and only those (a
+  # file of the directory whose name looks like one, `profile.2024.pb.gz`, may be the
+  # user's, or an earlier run's).
   #
-  # Nothing here may break the program: a failure is one line on $stderr.
+  # Nothing here may break the program: a failure is one line on $stderr (a bad value in one
+  # of these variables: the variable, its text as written and what it must be; the process
+  # then runs unprofiled).
   module Recording
     OUT = "DDPROF_RECORDER_OUT"
     HZ = "DDPROF_RECORDER_HZ"
@@ -44,6 +50,14 @@ module DdprofRecorder
     GC = "DDPROF_RECORDER_GC"
     ALLOCATION_OVERHEAD = "DDPROF_RECORDER_ALLOCATION_OVERHEAD"
     STARTED = "DDPROF_RECORDER_STARTED"
+    WRITTEN = "DDPROF_RECORDER_WRITTEN"
+
+    # A bad value in one of the variables above: the message names it, with its text as
+    # written, and says what it must be.
+    class EnvironmentError < ArgumentError; end
+
+    # An output path that {.write} does not replace (see {.not_regular}).
+    class OutputError < StandardError; end
 
     # `exit!` on an object (Kernel's private instance method), prepended to Kernel.
     module KernelExitBang
@@ -77,11 +91,11 @@ module DdprofRecorder
           @windows = 0
         end
         @windows += 1
-        Recording.write(Recording.profile_path(@out, pid: Recording.child_pid, window: @windows), pprof)
+        Recording.write_profile(Recording.profile_path(@out, pid: Recording.child_pid, window: @windows), pprof)
       end
     end
 
-    @out = @owner = @profiler = nil
+    @out = @owner = @profiler = @written = nil
 
     module_function
 
@@ -100,6 +114,7 @@ module DdprofRecorder
       options = profiler_options(out, env)
       @out = out
       @owner = Process.pid
+      @written = env[WRITTEN] && !env[WRITTEN].empty? ? env[WRITTEN] : nil
       at_exit { finish }
       Kernel.prepend(KernelExitBang)
       [Kernel, Process].each { |mod| mod.singleton_class.prepend(ExitBang) }
@@ -108,7 +123,7 @@ module DdprofRecorder
       report_start(env, "started")
       @profiler = Profiler.start(**options)
     rescue StandardError, LoadError, ScriptError => e
-      warn "ddprof-recorder: not profiling this process: #{e.class}: #{e.message}"
+      warn "ddprof-recorder: not profiling this process: #{e.is_a?(EnvironmentError) ? '' : "#{e.class}: "}#{e.message}"
       report_start(env, "failed") if env[OWNER] == Process.pid.to_s
       nil
     end
@@ -141,14 +156,23 @@ module DdprofRecorder
     # The profile files of `out` that exist, by process: the owner's (key nil) and each forked
     # child's (key: its pid), each process's files in window order.
     #
+    # Any file of `out`'s directory whose name has the form of one is listed, a user's
+    # `profile.2024.pb.gz` as well; with `written`, only those of its paths (what a recording
+    # said it wrote, {WRITTEN}).
+    #
+    # @param written [Array<String>, nil] paths in `out`'s directory.
     # @return [Hash{Integer, nil => Array<String>}] the owner first, then the children by pid.
-    def profile_files(out)
+    def profile_files(out, written: nil)
       dir = File.dirname(out)
       return {} unless File.directory?(dir)
 
       stem, dot, ext = File.basename(out).partition(".")
       pattern = /\A#{Regexp.escape(stem)}(?:\.pid(\d+))?(?:\.(\d{4,}))?#{Regexp.escape(dot + ext)}\z/
+      # Compared as bytes: the report's paths are binary, the directory's names in the
+      # filesystem's encoding.
+      only = written&.filter_map { |path| [File.basename(path).b, true] if File.dirname(path).b == dir.b }&.to_h
       found = Dir.children(dir).filter_map do |name|
+        next if only && !only.key?(name.b)
         # A name that is not valid in the filesystem's encoding is not one of ours (ours are
         # `out`'s, which `record` checks, plus ASCII), and matching it would raise ArgumentError.
         next unless name.valid_encoding?
@@ -161,14 +185,88 @@ module DdprofRecorder
     end
 
     # Writes through a temporary file and a rename, so a reader never sees half a profile;
-    # a failed write leaves no temporary file behind.
-    def write(path, pprof)
-      tmp = "#{path}.tmp#{Process.pid}"
-      File.binwrite(tmp, pprof)
-      File.rename(tmp, path)
-    rescue SystemCallError
-      File.delete(tmp) if File.file?(tmp)
-      raise
+    # a failed write leaves no temporary file behind. The temporary file is created in the
+    # target's directory, exclusively, under a random name (#create_temp): not through a
+    # symlink that someone who can write the directory planted for a name to come (it was
+    # `<path>.tmp<PID>`, written by File.binwrite, which follows symlinks). `path` must be a
+    # regular file or not exist (#not_regular): the rename would replace a device node, a
+    # FIFO or a symlink itself (a copy of /dev/null became a regular file).
+    #
+    # @raise [OutputError] if `path` exists and is not a regular file.
+    # @raise [SystemCallError] if the write fails.
+    def write(path, data)
+      refuse_unless_regular(path)
+      file, tmp = create_temp(path)
+      begin
+        file.write(data)
+        file.close
+        refuse_unless_regular(path) # again: the write may have taken a while
+        File.rename(tmp, path)
+        tmp = nil
+      ensure
+        file.close unless file.closed?
+        begin
+          File.delete(tmp) if tmp
+        rescue SystemCallError
+          nil
+        end
+      end
+    end
+
+    # Why `path` may not be written: what it is when it exists and is not a regular file
+    # ("a symbolic link", "a FIFO", "a character device"...), or nil. A symlink is refused
+    # rather than followed: the rename of #write would replace the link itself, and writing
+    # through it would write where someone else's link points.
+    #
+    # @return [String, nil]
+    def not_regular(path)
+      stat = File.lstat(path)
+      return nil if stat.file?
+
+      NOT_REGULAR.fetch(stat.ftype, "not a regular file")
+    rescue Errno::ENOENT
+      nil
+    end
+
+    # File::Stat#ftype of what #not_regular refuses, as it names them.
+    NOT_REGULAR = { "directory" => "a directory", "link" => "a symbolic link", "characterSpecial" => "a character device",
+                    "blockSpecial" => "a block device", "fifo" => "a FIFO", "socket" => "a socket" }.freeze
+
+    def refuse_unless_regular(path)
+      kind = not_regular(path)
+      raise OutputError, "#{path}: is #{kind}, not a regular file: not replacing it" if kind
+    end
+
+    # A new file next to `path`, `<path>.tmp<PID>-<12 random hex digits>`, opened for
+    # writing with O_CREAT | O_EXCL | O_NOFOLLOW (mode 0666 less the umask, as File.write
+    # makes it); a name that exists (planted, or a clash) is passed over for another.
+    #
+    # @return [Array(File, String)] the open file and its name.
+    def create_temp(path)
+      flags = File::WRONLY | File::CREAT | File::EXCL | File::BINARY | (defined?(File::NOFOLLOW) ? File::NOFOLLOW : 0)
+      attempts = 0
+      begin
+        tmp = "#{path}.tmp#{Process.pid}-#{Random.urandom(6).unpack1('H*')}"
+        [File.new(tmp, flags, 0o666), tmp]
+      rescue Errno::EEXIST, Errno::ELOOP
+        attempts += 1
+        retry if attempts < 10
+        raise
+      end
+    end
+
+    # Writes one of this recording's profile files ({.write}), then says so in the file that
+    # {WRITTEN} named, if any. One write(2) of a few bytes with O_APPEND: the lines of
+    # processes writing at once do not mix.
+    def write_profile(path, pprof)
+      write(path, pprof)
+      return unless @written
+
+      begin
+        File.write(@written, "#{path}\0", mode: "ab")
+      rescue SystemCallError => e
+        warn "ddprof-recorder: could not tell record that this process wrote #{path}: #{e.message}"
+      end
     end
 
     # This process's pid if it is a forked child, nil in the owner.
@@ -192,22 +290,58 @@ module DdprofRecorder
     end
 
     # Options of the process-wide profiler (with an interval, its exporter).
+    #
+    # @raise [EnvironmentError] on a bad value in `env`.
     def profiler_options(out, env)
-      hz = Integer(env.fetch(HZ, Profiler::DEFAULT_HZ.to_s), 10)
-      interval = env[INTERVAL] && !env[INTERVAL].empty? ? Float(env[INTERVAL]) : nil
-      options = { hz: hz, compression: out.end_with?(".gz") ? :gzip : :none }
+      hz = env_value(env, HZ, "an integer in #{Profiler::HZ_RANGE}") do |text|
+        v = Integer(text, 10)
+        v if Profiler::HZ_RANGE.cover?(v)
+      end
+      interval = env_value(env, INTERVAL, "a number of seconds >= #{Profiler::MIN_INTERVAL}") do |text|
+        v = Float(text)
+        v if v.finite? && v >= Profiler::MIN_INTERVAL
+      end
+      options = { hz: hz || Profiler::DEFAULT_HZ, compression: out.end_with?(".gz") ? :gzip : :none }
       options.merge!(memory_options(env))
       interval ? options.merge(interval: interval, exporter: WindowWriter.new(out)) : options
     end
 
     # The memory options the environment asks for (see the module doc).
+    #
+    # @raise [EnvironmentError] on a bad value in `env`.
     def memory_options(env)
-      allocations = env[ALLOCATIONS] && !env[ALLOCATIONS].empty?
       options = { heap: env[HEAP] == "1", gc: env[GC] == "1" }
-      options.merge!(allocations: true, allocation_interval: Integer(env[ALLOCATIONS], 10)) if allocations
-      overhead = env[ALLOCATION_OVERHEAD]
-      options[:allocation_overhead] = Float(overhead) if overhead && !overhead.empty?
+      allocation_interval = env_value(env, ALLOCATIONS, "an integer in #{Profiler::ALLOCATION_INTERVAL_RANGE}") do |text|
+        v = Integer(text, 10)
+        v if Profiler::ALLOCATION_INTERVAL_RANGE.cover?(v)
+      end
+      options.merge!(allocations: true, allocation_interval: allocation_interval) if allocation_interval
+      overhead = env_value(env, ALLOCATION_OVERHEAD, "a number in (0, 1]") do |text|
+        v = Float(text)
+        v if v.positive? && v <= 1
+      end
+      options[:allocation_overhead] = overhead if overhead
       options
+    end
+
+    # The value of the variable `name`, from the block (nil when the text is not valid), or
+    # nil when it is unset or empty.
+    #
+    # @param what [String] what the variable must be, for the message.
+    # @raise [EnvironmentError] naming the variable and its text as written, when the block
+    #   returns nil or raises ArgumentError (`Integer("fast")`).
+    def env_value(env, name, what)
+      text = env[name]
+      return nil if text.nil? || text.empty?
+
+      value = begin
+        yield text
+      rescue ArgumentError
+        nil
+      end
+      raise EnvironmentError, "#{name} must be #{what}, got #{text.inspect}" if value.nil?
+
+      value
     end
 
     # At exit: the last window (and the only one without an interval) goes to the file of
@@ -217,7 +351,7 @@ module DdprofRecorder
       return unless @profiler
 
       result = @profiler.stop
-      write(profile_path(@out, pid: child_pid), result[2]) if result && !@profiler.interval
+      write_profile(profile_path(@out, pid: child_pid), result[2]) if result && !@profiler.interval
     rescue StandardError => e
       warn "ddprof-recorder: could not write the profile: #{e.class}: #{e.message}"
     end

@@ -68,6 +68,67 @@ RSpec.describe "ddprof-recorder record" do
     ])
   end
 
+  # Before, it deleted every file whose name had the form of a profile file's before it ran
+  # the program: `-o backup.tar.gz` deleted backup.2024.tar.gz, backup.20240101.tar.gz and
+  # backup.pid1.tar.gz; `-o report.txt` deleted report.2023.txt.
+  it "removes no file: lists what this run wrote, and says what it replaced and what it left untouched" do
+    mine = %w[backup.2024.tar.gz backup.20240101.tar.gz backup.pid1.tar.gz report.2023.txt]
+    mine.each { |name| File.write(File.join(@dir, name), "mine") }
+    File.write(File.join(@dir, "backup.tar.gz"), "an earlier run's")
+    out, err, status = run_cli("record", "-o", "backup.tar.gz", "--", RbConfig.ruby, "-e", "exit 0")
+    expect([err, status]).to eq(["", 0])
+    expect(mine.map { |name| File.read(File.join(@dir, name)) }).to eq(%w[mine] * 4)
+    path = File.join(@dir, "backup.tar.gz")
+    expect(DdprofRecorder.summary(File.binread(path))[:thread_names]).to eq(["main"])
+    expect(out.lines(chomp: true)).to include(
+      "  written   backup.tar.gz (#{File.size(path)} bytes)",
+      "  replaced  backup.tar.gz, from before this run",
+      "  untouched 3 files not from this run (names of the same form): backup.2024.tar.gz, backup.20240101.tar.gz, " \
+      "backup.pid1.tar.gz",
+      "  view it   ddprof-recorder top backup.tar.gz",
+    )
+
+    out, err, status = run_cli("record", "-o", "report.txt", "--", RbConfig.ruby, "-e", "exit 0")
+    expect([err, status]).to eq(["", 0])
+    expect(mine.map { |name| File.read(File.join(@dir, name)) }).to eq(%w[mine] * 4)
+    lines = out.lines(chomp: true)
+    expect(lines).to include("  untouched report.2023.txt: not from this run (a name of the same form)")
+    expect(lines.grep(/replaced/)).to be_empty
+  end
+
+  describe "with files from before the run that have names of the same form" do
+    def summary_lines(files, left)
+      options = DdprofRecorder::CLI::Record::Options.new(command: ["puma"], out: "srv.pb", hz: 99)
+      summary = DdprofRecorder::CLI::RecordSummary.new(options, status_of("exit 0"), 1, files, replaced: [files[nil].first],
+                                                                                             left: left)
+      Dir.chdir(@dir) { summary.lines }
+    end
+
+    # The patterns would read them: srv.pid*.pb matches srv.pid9.pb.
+    it "names this run's files in the commands to view them, if there are a few" do
+      files = { nil => [write_profile("srv.pb", CliHelpers::HOT_SAMPLES)],
+                12 => [write_profile("srv.pid12.pb", CliHelpers::HOT_SAMPLES)] }
+      lines = summary_lines(files, [File.join(@dir, "srv.pid9.pb"), File.join(@dir, "srv.pid10.pb")])
+      expect(lines.drop_while { |l| !l.start_with?("  written") }).to eq([
+        "  written   2 files, #{files.values.flatten.sum { |f| File.size(f) }} bytes in all",
+        "  replaced  srv.pb, from before this run",
+        "  untouched 2 files not from this run (names of the same form): srv.pid9.pb, srv.pid10.pb",
+        "  view it   ddprof-recorder top srv.pb srv.pid12.pb",
+        "            ddprof-recorder flamegraph --by-process srv.pb srv.pid12.pb -o srv.svg",
+        "            go tool pprof -top srv.pb srv.pid12.pb",
+      ])
+    end
+
+    it "or keeps the patterns, and says that they match those files too" do
+      files = { nil => [write_profile("srv.pb", CliHelpers::HOT_SAMPLES)] }
+      (12..20).each { |pid| files[pid] = [write_profile("srv.pid#{pid}.pb", CliHelpers::HOT_SAMPLES)] }
+      lines = summary_lines(files, [File.join(@dir, "srv.pid9.pb")])
+      expect(lines).to include("  untouched srv.pid9.pb: not from this run (a name of the same form); the patterns below " \
+                               "match it too",
+                               "  view it   ddprof-recorder top srv.pb srv.pid*.pb")
+    end
+  end
+
   # Through the executable, as users see it.
   it "names each thread name once with the number of processes that have it, for a forking program" do
     program = "def burn = (t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.02; nil while " \
@@ -175,7 +236,8 @@ RSpec.describe "ddprof-recorder record" do
     { [] => /record: no COMMAND given \(usage: ddprof-recorder record \[-o FILE\]/,
       %w[--hz 0 -- ruby] => /record: --hz must be in 1\.\.1000, got 0$/,
       %w[--hz fast -- ruby] => /record: invalid argument: --hz fast/,
-      %w[--interval 0 -- ruby] => /record: --interval must be positive$/,
+      %w[--interval 0 -- ruby] => /record: --interval must be at least 0\.1 \(seconds\), got 0\.0$/,
+      %w[--interval 1e-12 -- ruby] => /record: --interval must be at least 0\.1 \(seconds\), got 1\.0e-12$/,
       %w[--allocation-interval 0 -- ruby] => /record: --allocation-interval must be in 1\.\.\d+, got 0$/,
       %w[--allocation-interval many -- ruby] => /record: invalid argument: --allocation-interval many/,
       %w[--allocation-overhead 0 -- ruby] => /record: --allocation-overhead must be in \(0, 1\], got 0\.0$/,
@@ -230,8 +292,23 @@ RSpec.describe "ddprof-recorder record" do
       _, err, status = record("env", "DDPROF_RECORDER_HZ=fast", RbConfig.ruby, "-e", "1")
       expect(status).to eq(1)
       expect(err.lines.size).to eq(2), err
-      expect(err.lines.first).to start_with("ddprof-recorder: not profiling this process: ArgumentError: ")
+      expect(err.lines.first).to eq("ddprof-recorder: not profiling this process: DDPROF_RECORDER_HZ must be an integer " \
+                                    "in 1..1000, got \"fast\"\n")
       expect(err.lines.last).to match(/\Addprof-recorder: record: no profile: the profiler could not start in `env DDPROF_RECORDER_HZ=fast \S+ -e 1` \(process \d+; its message is above\)$/)
+    end
+
+    # The variables that `record` sets from its options, set by hand: each bad value is named
+    # with its text (an Integer was `#<Integer:0x0000000000000001>`).
+    it "when a variable of the profiler's has a bad value: the variable and its value as written" do
+      { "DDPROF_RECORDER_HZ=0" => "DDPROF_RECORDER_HZ must be an integer in 1..1000, got \"0\"",
+        "DDPROF_RECORDER_ALLOCATIONS=0" => "DDPROF_RECORDER_ALLOCATIONS must be an integer in 1..1099511627776, got \"0\"",
+        "DDPROF_RECORDER_ALLOCATION_OVERHEAD=2" => "DDPROF_RECORDER_ALLOCATION_OVERHEAD must be a number in (0, 1], got \"2\"",
+        "DDPROF_RECORDER_INTERVAL=1e-12" => "DDPROF_RECORDER_INTERVAL must be a number of seconds >= 0.1, got \"1e-12\"" }
+        .each do |setting, message|
+        _, err, status = record("env", setting, RbConfig.ruby, "-e", "1")
+        expect(status).to eq(1)
+        expect(err.lines.first).to eq("ddprof-recorder: not profiling this process: #{message}\n"), err
+      end
     end
   end
 end

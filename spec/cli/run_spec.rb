@@ -63,13 +63,55 @@ RSpec.describe "DdprofRecorder::CLI.run" do
       out, err, status = run_exe(command, "-o", "/nonexistent/dir/x.out", *args)
       expect([out, status]).to eq(["", 1]), command
       expect_one_line(err, %r{\Addprof-recorder: #{command}: /nonexistent/dir/x\.out: directory does not exist$})
-      next if command == "record" # it writes no file itself: the program does, at exit
-
+      # `record` too, before it runs the program (which writes the file at its exit).
       out, err, status = run_exe(command, "-o", "adir", *args)
       expect([out, status]).to eq(["", 1]), command
       expect_one_line(err, /\Addprof-recorder: #{command}: adir: cannot write it: Is a directory$/)
     end
     expect(Dir.children(@dir).sort).to eq(%w[adir hot.pb]) # no temporary file left by merge
+  end
+
+  # The write is a rename, which replaced whatever was there: a FIFO, a device node (a copy
+  # of /dev/null became a regular file), a symlink (the link itself). And `record` ran the
+  # program first.
+  it "refuses an -o that exists and is not a regular file, before it runs anything, in one line" do
+    write_profile("hot.pb", CliHelpers::HOT_SAMPLES)
+    File.mkfifo(File.join(@dir, "fifo"))
+    File.write(File.join(@dir, "target"), "mine")
+    File.symlink("target", File.join(@dir, "link"))
+    outs = { "fifo" => "a FIFO", "link" => "a symbolic link" }
+    # As root, a copy of /dev/null too.
+    if Process.uid.zero? && system("mknod", File.join(@dir, "null"), "c", "1", "3", err: File::NULL)
+      outs["null"] = "a character device"
+    end
+    commands = { "record" => ["--", RbConfig.ruby, "-e", "File.write('ran', '')"], "merge" => ["hot.pb"],
+                 "flamegraph" => ["hot.pb"], "speedscope" => ["hot.pb"] }
+    commands.each do |command, args|
+      outs.each do |out, kind|
+        stdout, err, status = run_cli(command, "-o", out, *args)
+        expect([stdout, status]).to eq(["", 1]), "#{command} -o #{out}"
+        expect_one_line(err, /\Addprof-recorder: #{command}: #{out}: is #{kind}, not a regular file: not replacing it$/)
+      end
+    end
+    expect(outs.keys.map { |out| File.ftype(File.join(@dir, out)) }).to eq(%w[fifo link characterSpecial].first(outs.size))
+    expect(File.read(File.join(@dir, "target"))).to eq("mine")
+    expect(Dir.children(@dir).sort).to eq((%w[hot.pb target] + outs.keys).sort) # nothing ran ('ran'), no temporary file
+  end
+
+  # It was `<out>.tmp<PID>`, written by File.binwrite: through a symlink that someone who can
+  # write the directory planted there, for a pid to come.
+  it "writes -o through a temporary file of its own, never through a symlink planted for it" do
+    write_profile("hot.pb", CliHelpers::HOT_SAMPLES)
+    File.write(File.join(@dir, "victim"), "mine")
+    planted = "all.pb.tmp#{Process.pid}"
+    File.symlink("victim", File.join(@dir, planted))
+    out, err, status = run_cli("merge", "-o", "all.pb", "hot.pb")
+    expect([err, status]).to eq(["", 0])
+    expect(out).to start_with("ddprof-recorder: merged 1 profiles into all.pb (")
+    expect(File.read(File.join(@dir, "victim"))).to eq("mine")
+    expect(File.ftype(File.join(@dir, "all.pb"))).to eq("file")
+    expect(DdprofRecorder.summary(File.binread(File.join(@dir, "all.pb")))[:samples]).to eq(3)
+    expect(Dir.children(@dir).sort).to eq(["all.pb", planted, "hot.pb", "victim"].sort) # the planted link is left alone
   end
 
   it "reads each FILE within --max-decompressed BYTES: over it, one line naming the file and the flag" do
@@ -90,6 +132,63 @@ RSpec.describe "DdprofRecorder::CLI.run" do
       _, err, status = run_cli("folded", "hot.pb", "--max-decompressed", bytes)
       expect(status).to eq(2)
       expect_one_line(err, /\Addprof-recorder: folded: (--max-decompressed must be positive|invalid argument: --max-decompressed)/)
+    end
+  end
+
+  # Before --max-input, a FILE was read whole before any limit: `folded /dev/zero
+  # --max-decompressed 1000` until NoMemoryError, and `top` on a 2 GB sparse file with 4.2 GB
+  # of memory before refusing it.
+  describe "--max-input BYTES" do
+    def expect_over(err, file, bytes)
+      expect_one_line(err, /\Addprof-recorder: #{Regexp.escape(file)}: the file is more than #{bytes} bytes \(--max-input: #{bytes}\); raise --max-input to read it$/)
+    end
+
+    it "reads each FILE within it, as stored: over it, one line naming the file and the flag" do
+      path = write_profile("hot.pb.gz", CliHelpers::HOT_SAMPLES)
+      size = File.size(path)
+      [%w[top], %w[flamegraph -o -], %w[speedscope -o -], %w[folded], %w[merge -o -]].each do |command, *args|
+        out, err, status = run_cli(command, "hot.pb.gz", *args, "--max-input", (size - 1).to_s)
+        expect([out, status]).to eq(["", 1]), command
+        expect_over(err, "hot.pb.gz", size - 1)
+        out, err, status = run_cli(command, "hot.pb.gz", *args, "--max-input", size.to_s)
+        expect([err, status]).to eq(["", 0]), command
+        expect(out).not_to be_empty
+      end
+      %w[0 -5 many].each do |bytes|
+        _, err, status = run_cli("top", "hot.pb.gz", "--max-input", bytes)
+        expect(status).to eq(2)
+        expect_one_line(err, /\Addprof-recorder: top: (--max-input must be positive and below 2\*\*64, got -?\d+|invalid argument: --max-input many)/)
+      end
+    end
+
+    it "reads a device or a pipe only that far" do
+      out, err, status = run_cli("folded", "/dev/zero", "--max-decompressed", "1000", "--max-input", "1000")
+      expect([out, status]).to eq(["", 1])
+      expect_over(err, "/dev/zero", 1000)
+
+      fifo = File.join(@dir, "pipe")
+      File.mkfifo(fifo)
+      writer = Thread.new do
+        File.open(fifo, "wb") { |f| loop { f.write("\0" * 65_536) } }
+      rescue Errno::EPIPE
+        nil # the reader had enough
+      end
+      out, err, status = run_cli("top", "pipe", "--max-input", "100000")
+      expect([out, status]).to eq(["", 1])
+      expect_over(err, "pipe", 100_000)
+    ensure
+      # A reader that never opened the pipe leaves the writer in open(2): open it to let it go.
+      File.open(fifo, File::RDONLY | File::NONBLOCK, &:close) if writer&.join(0.1).nil? && fifo
+      writer&.join
+    end
+
+    it "refuses a larger regular file from its size, without reading it (by default, 1 GiB)" do
+      File.open(File.join(@dir, "big.pb"), "wb") { |f| f.truncate(2 << 30) } # sparse: 2 GiB, no disk
+      # In 1 GiB of address space: reading it would fail (NoMemoryError).
+      out, err, status = Open3.capture3(RbConfig.ruby, CliHelpers::EXE, "top", "big.pb", chdir: @dir, rlimit_as: 1 << 30)
+      expect([out, status.exitstatus]).to eq(["", 1])
+      expect_over(err, "big.pb", 1 << 30)
+      expect(DdprofRecorder::CLI::Command::DEFAULT_MAX_INPUT).to eq(1 << 30)
     end
   end
 

@@ -61,7 +61,8 @@ RSpec.describe "ddprof-recorder top" do
   end
 
   it "rejects a bad -n or --sort with status 2, and an unknown value type with 1, in one line" do
-    { %w[-n 0] => /top: -n must be positive/, %w[-n many] => /invalid argument: -n many/,
+    { %w[-n 0] => /top: -n must be in 1\.\.1000000, got 0$/, %w[-n many] => /invalid argument: -n many/,
+      %w[-n 99999999999999999999] => /top: -n must be in 1\.\.1000000, got 99999999999999999999$/,
       %w[--sort name] => /invalid argument: --sort name/ }.each do |args, message|
       out, err, status = run_cli("top", "hot.pb.gz", *args)
       expect([out, status]).to eq(["", 2])

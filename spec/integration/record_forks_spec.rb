@@ -88,7 +88,8 @@ RSpec.describe "exe/ddprof-recorder and forked processes" do
   before(:context) do
     @dir = Dir.mktmpdir("ddprof_recorder_forks")
     program = write_program("two_children.rb", two_children)
-    # A stale child profile of an earlier run with the same name: record removes it.
+    # A stale child profile of an earlier run with the same name: record leaves it as it is
+    # (it removed it, with the user's files of such names), and says so.
     File.write(File.join(@dir, "two.pid1.pb.gz"), "stale")
     @out, @err, @status = cli("record", "-o", "two.pb.gz", "--", RbConfig.ruby, program)
     @children = @out.lines.first.split.map(&:to_i)
@@ -102,7 +103,8 @@ RSpec.describe "exe/ddprof-recorder and forked processes" do
       expect(@status).to eq(0), @err
       expect(@err).to eq("")
       expect(@children.size).to eq(2)
-      expect(Dir.children(@dir).grep(/\Atwo(\..*)?\.pb\.gz\z/).sort).to eq(@files.sort) # the stale one is gone
+      expect(Dir.children(@dir).grep(/\Atwo(\..*)?\.pb\.gz\z/).sort).to eq((@files + ["two.pid1.pb.gz"]).sort)
+      expect(File.read(File.join(@dir, "two.pid1.pb.gz"))).to eq("stale")
       one, two = @children
       expect(pids_of("two.pid#{one}.pb.gz")).to eq([one])
       expect(pids_of("two.pid#{two}.pb.gz")).to eq([two])
@@ -129,9 +131,13 @@ RSpec.describe "exe/ddprof-recorder and forked processes" do
         expect(line).to match(/\A\s+#{pid || pids_of(file).first}\s+samples #{totals['cpu-samples']}\s+cpu-time\s+#{format('%.2f', totals['cpu-time'] / 1e9)} s  #{Regexp.escape(file)} \(#{File.size(File.join(@dir, file))} bytes\)$/)
       end
       expect(summary).to match(/written\s+3 files, \d+ bytes in all/)
-      expect(summary).to include("ddprof-recorder top two.pb.gz two.pid*.pb.gz",
-                                 "ddprof-recorder flamegraph --by-process two.pb.gz two.pid*.pb.gz -o two.svg",
-                                 "go tool pprof -top two.pb.gz two.pid*.pb.gz")
+      # The stale file: named, and the files of this run named too, since two.pid*.pb.gz
+      # would read it.
+      expect(summary).to include("  untouched two.pid1.pb.gz: not from this run (a name of the same form)\n")
+      files = (["two.pb.gz"] + @children.sort.map { |pid| "two.pid#{pid}.pb.gz" }).join(" ")
+      expect(summary).to include("ddprof-recorder top #{files}\n",
+                                 "ddprof-recorder flamegraph --by-process #{files} -o two.svg\n",
+                                 "go tool pprof -top #{files}\n")
       all = @files.sum { |f| value_totals(samples_of(f))["cpu-time"] }
       expect(summary).to match(/cpu-time\s+#{format('%.2f', all / 1e9)} s/)
     end

@@ -136,6 +136,20 @@ RSpec.describe DdprofRecorder::Profiler do
       expect { described_class.new(compression: :zstd) }.to raise_error(ArgumentError, /compression/)
     end
 
+    # At 1e-12 s the sampler thread cut windows in a busy loop; and a bad number was shown by
+    # Kernel#inspect (`got #<Integer:0x0000000000000001>`).
+    it "rejects an interval under MIN_INTERVAL, and names a bad number as Ruby writes it" do
+      expect(described_class::MIN_INTERVAL).to eq(0.1)
+      expect { described_class.new(interval: 1e-12, exporter: proc {}) }
+        .to raise_error(ArgumentError, "interval must be a finite number of seconds >= 0.1, got 1.0e-12")
+      expect { described_class.new(interval: Float::INFINITY, exporter: proc {}) }.to raise_error(ArgumentError, /got Infinity\z/)
+      expect(described_class.new(interval: 0.1, exporter: proc {}).interval).to eq(0.1)
+      expect { described_class.new(allocation_interval: 0) }.to raise_error(ArgumentError, /, got 0\z/)
+      expect { described_class.new(allocation_overhead: 2.0) }.to raise_error(ArgumentError, /, got 2\.0\z/)
+      expect { described_class.new(gc: "yes") }.to raise_error(ArgumentError, "gc must be true or false, got \"yes\"")
+      expect { described_class.new(gc: Object.new) }.to raise_error(ArgumentError, /\Agc must be true or false, got #<Object:0x\h+>\z/)
+    end
+
     it "defaults to 99 Hz, gzip, and a 60 s interval when there is an exporter" do
       expect(described_class.new.hz).to eq(99)
       expect(described_class.new.interval).to be_nil

@@ -3,6 +3,7 @@
 require "optparse"
 
 require_relative "format"
+require_relative "../recording"
 
 module DdprofRecorder
   class CLI
@@ -25,6 +26,14 @@ module DdprofRecorder
       include Format
 
       DEFAULT_VALUE = "cpu-time"
+      # The default --max-input: the most bytes read of each FILE, gzip or raw, before the
+      # views' limits apply. A pprof's gzip is smaller than the pprof, so this is as large as
+      # the default --max-decompressed; it bounds what a FILE costs to read (it is read into
+      # memory, then copied once for the native reader) whatever it is: a 2 GB file is refused
+      # from its size, /dev/zero or a pipe after this many bytes.
+      DEFAULT_MAX_INPUT = 1 << 30
+      # How much of a FILE that is not a regular file (a pipe, a device) one read takes.
+      READ_CHUNK = 1 << 20
 
       # @param out [IO] where the command's output goes (a StringIO in the specs). A command
       # writes no error line: it raises, and CLI#run reports.
@@ -72,19 +81,30 @@ module DdprofRecorder
         end
       end
 
-      # --max-decompressed BYTES (`options.max_decompressed`, which this sets to the default):
-      # how much each pprof may be once decompressed, the views' read limit (see
-      # DdprofRecorder::DEFAULT_MAX_DECOMPRESSED_BYTES).
-      def max_decompressed_option(parser, options)
+      # --max-decompressed BYTES and --max-input BYTES (`options.max_decompressed` and
+      # `options.max_input`, which this sets to their defaults): how much each pprof may be
+      # once decompressed, the views' read limit (see
+      # DdprofRecorder::DEFAULT_MAX_DECOMPRESSED_BYTES), and how much of each FILE is read, as
+      # it is on disk ({DEFAULT_MAX_INPUT}).
+      def read_limit_options(parser, options)
         options.max_decompressed = DdprofRecorder::DEFAULT_MAX_DECOMPRESSED_BYTES
+        options.max_input = DEFAULT_MAX_INPUT
         parser.on("--max-decompressed BYTES", Integer, "read pprofs of at most BYTES once decompressed " \
                                                        "(default #{options.max_decompressed}, 1 GiB)") do |v|
-          unless v.positive? && v < 2**64
-            raise usage_error("#{name}: --max-decompressed must be positive and below 2**64, got #{v}")
-          end
-
-          options.max_decompressed = v
+          options.max_decompressed = byte_limit("--max-decompressed", v)
         end
+        parser.on("--max-input BYTES", Integer, "read at most BYTES of each FILE, as stored (default " \
+                                                "#{options.max_input}, 1 GiB; pipes and devices too)") do |v|
+          options.max_input = byte_limit("--max-input", v)
+        end
+      end
+
+      def byte_limit(flag, value)
+        unless value.positive? && value < 2**64
+          raise usage_error("#{name}: #{flag} must be positive and below 2**64, got #{value}")
+        end
+
+        value
       end
 
       # --by-thread and --by-process (`options.group_by`), with the help text of each.
@@ -123,22 +143,46 @@ module DdprofRecorder
         options
       end
 
-      # Reads the files, each once, and yields their contents to a view or merge (see
-      # #on_profiles for its errors).
+      # Reads the files, each once and each within `max_input` bytes (#read_input), and yields
+      # their contents to a view or merge (see #on_profiles for its errors).
       #
       # @return the block's value.
-      def with_profiles(paths)
+      def with_profiles(paths, max_input)
         data = paths.map do |path|
           raise Failure, "#{path}: no such file" unless File.exist?(path)
           raise Failure, "#{path}: is a directory, not a pprof file" if File.directory?(path)
 
           begin
-            File.binread(path)
+            read_input(path, max_input)
           rescue SystemCallError => e
             raise Failure, "#{path}: cannot read it: #{reason(e)}"
           end
         end
         on_profiles(paths) { yield data }
+      end
+
+      # The bytes of `path`, if there are at most `limit`. A regular file larger than that is
+      # refused from its size, before anything is read; anything else (a pipe, /dev/zero) is
+      # read up to `limit` + 1 bytes, which tell that there are more.
+      #
+      # @raise [Failure] over the limit.
+      def read_input(path, limit)
+        File.open(path, "rb") do |file|
+          stat = file.stat
+          raise input_too_large(path, limit) if stat.file? && stat.size > limit
+
+          # A regular file's size is the capacity needed (unless it grows meanwhile).
+          data = String.new(capacity: stat.file? ? stat.size + 1 : READ_CHUNK, encoding: Encoding::BINARY)
+          chunk = String.new(encoding: Encoding::BINARY)
+          data << chunk while data.bytesize <= limit && file.read([READ_CHUNK, limit + 1 - data.bytesize].min, chunk)
+          raise input_too_large(path, limit) if data.bytesize > limit
+
+          data
+        end
+      end
+
+      def input_too_large(path, limit)
+        Failure.new("#{path}: the file is more than #{limit} bytes (--max-input: #{limit}); raise --max-input to read it")
       end
 
       # What a view wrote: its text to `out`, or to @out when `out` is "-". For a file, a line
@@ -147,24 +191,29 @@ module DdprofRecorder
         if out == "-"
           @out.write(text)
         else
-          write_output(out) { File.write(out, text) }
+          write_output(out) { Recording.write(out, text) }
           @out.puts("ddprof-recorder: wrote #{out} (#{yield}, #{text.bytesize} bytes)")
         end
       end
 
-      # The one check of an output file's directory, before a command writes there (`record`
-      # before it runs the program): one line naming the file.
+      # The one check of an output file, before a command writes there (`record` before it
+      # runs the program): one line naming the file. The file is written through a rename
+      # (Recording.write), which replaces only a regular file: an existing directory, symlink,
+      # device or FIFO is refused (`-o /dev/null` would replace the device).
       #
-      # @raise [Failure] if the directory does not exist.
+      # @raise [Failure] if the directory does not exist, or the file exists and is not a
+      #   regular file.
       def check_output(path)
-        return if File.directory?(File.dirname(File.expand_path(path)))
+        raise Failure, "#{name}: #{path}: directory does not exist" unless File.directory?(File.dirname(File.expand_path(path)))
 
-        raise Failure, "#{name}: #{path}: directory does not exist"
+        kind = Recording.not_regular(path)
+        raise Failure, "#{name}: #{path}: cannot write it: Is a directory" if kind == "a directory"
+        raise Failure, "#{name}: #{path}: is #{kind}, not a regular file: not replacing it" if kind
       end
 
       # Runs the block that writes `path` (an `-o` file), after #check_output. The errors of
-      # the write (a directory, no permission) are one line naming the file as given, without
-      # Ruby's `@ rb_sysopen` and the name of a temporary file.
+      # the write (no permission, a path that became a symlink meanwhile) are one line naming
+      # the file as given, without Ruby's `@ rb_sysopen` and the name of a temporary file.
       #
       # @raise [Failure]
       def write_output(path)
@@ -172,6 +221,8 @@ module DdprofRecorder
         yield
       rescue SystemCallError => e
         raise Failure, "#{name}: #{path}: cannot write it: #{reason(e)}"
+      rescue Recording::OutputError => e
+        raise Failure, "#{name}: #{e.message}"
       end
 
       # What went wrong in a failed system call, as strerror says it ("Permission denied"):
@@ -181,11 +232,12 @@ module DdprofRecorder
       end
 
       # Runs the view `method` of DdprofRecorder (:top, :folded...) on the FILEs: the one pprof,
-      # or the Array of several (which it merges), within the --max-decompressed read limit.
+      # or the Array of several (which it merges), within the --max-input and
+      # --max-decompressed read limits.
       #
       # @return the view's result.
       def view(method, options, **keywords)
-        with_profiles(options.paths) do |data|
+        with_profiles(options.paths, options.max_input) do |data|
           DdprofRecorder.public_send(method, data.size == 1 ? data.first : data, **keywords,
                                      max_decompressed_bytes: options.max_decompressed)
         end

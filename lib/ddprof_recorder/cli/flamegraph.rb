@@ -12,7 +12,9 @@ module DdprofRecorder
       # @!attribute out [String, nil] the SVG's path, "-" for @out; nil: after the first FILE.
       # @!attribute group_by [String, nil] the label whose value is the root frame.
       # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
-      Options = Struct.new(:paths, :value, :out, :title, :group_by, :filenames, :max_decompressed, keyword_init: true)
+      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
+      Options = Struct.new(:paths, :value, :out, :title, :group_by, :filenames, :max_decompressed, :max_input,
+                           keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
@@ -29,7 +31,7 @@ module DdprofRecorder
           value_option(o, options)
           o.on("--title TEXT", "the title (default: \"<value> flamegraph\")") { |v| options.title = v }
           stack_options(o, options)
-          max_decompressed_option(o, options)
+          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options)
       end

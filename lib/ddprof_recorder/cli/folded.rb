@@ -10,7 +10,8 @@ module DdprofRecorder
       DESCRIPTION = "print a pprof as folded stacks (root;...;leaf value)"
 
       # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
-      Options = Struct.new(:paths, :value, :group_by, :filenames, :max_decompressed, keyword_init: true)
+      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
+      Options = Struct.new(:paths, :value, :group_by, :filenames, :max_decompressed, :max_input, keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
@@ -23,7 +24,7 @@ module DdprofRecorder
           o.separator ""
           value_option(o, options)
           stack_options(o, options)
-          max_decompressed_option(o, options)
+          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options)
       end

@@ -12,13 +12,14 @@ module DdprofRecorder
 
       # @!attribute out [String] the pprof's path (gzip for a .gz name), or "-" for @out (raw).
       # @!attribute max_decompressed [Integer] the views' read limit, in bytes, for each FILE.
-      Options = Struct.new(:paths, :out, :max_decompressed, keyword_init: true)
+      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
+      Options = Struct.new(:paths, :out, :max_decompressed, :max_input, keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new
         parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder merge -o OUT FILE... [--max-decompressed BYTES]"
+          o.banner = "Usage: ddprof-recorder merge -o OUT FILE... [--max-decompressed BYTES] [--max-input BYTES]"
           o.separator ""
           o.separator "Merges pprof files (raw or gzip, with the same value types) into one, e.g. the"
           o.separator "profiles of a server's processes that `record` wrote. Samples with the same stack and"
@@ -27,7 +28,7 @@ module DdprofRecorder
           o.on("-o", "--output OUT", "where to write the pprof (gzip if OUT ends in .gz; - for stdout, raw)") do |v|
             options.out = v
           end
-          max_decompressed_option(o, options)
+          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options) do
           raise usage_error("merge: give the output file with -o OUT") unless options.out
@@ -38,7 +39,7 @@ module DdprofRecorder
       def run(options)
         out = options.out
         compression = out != "-" && out.end_with?(".gz") ? :gzip : :none
-        merged = with_profiles(options.paths) do |data|
+        merged = with_profiles(options.paths, options.max_input) do |data|
           DdprofRecorder.merge(data, compression: compression, max_decompressed_bytes: options.max_decompressed)
         end
         if out == "-"

@@ -46,8 +46,8 @@ module DdprofRecorder
           o.on("--hz N", Integer, "samples per second and thread (1..1000, default #{Profiler::DEFAULT_HZ})") do |v|
             options.hz = v
           end
-          o.on("--interval S", Float, "also cut the profile every S seconds: one file per window,",
-               "FILE with a number (profile.0001.pb.gz, ...)") { |v| options.interval = v }
+          o.on("--interval S", Float, "also cut the profile every S seconds (at least #{Profiler::MIN_INTERVAL}): one file",
+               "per window, FILE with a number (profile.0001.pb.gz, ...)") { |v| options.interval = v }
           o.on("--allocations", "also sample allocations (alloc-samples, alloc-count)") { options.allocations = true }
           o.on("--allocation-interval N", Integer,
                "sample one allocation in about N (default #{Profiler::DEFAULT_ALLOCATION_INTERVAL})") do |v|
@@ -74,7 +74,9 @@ module DdprofRecorder
         unless Profiler::HZ_RANGE.cover?(options.hz)
           raise usage_error("record: --hz must be in #{Profiler::HZ_RANGE}, got #{options.hz}")
         end
-        raise usage_error("record: --interval must be positive") if options.interval && !options.interval.positive?
+        if options.interval && !(options.interval.finite? && options.interval >= Profiler::MIN_INTERVAL)
+          raise usage_error("record: --interval must be at least #{Profiler::MIN_INTERVAL} (seconds), got #{options.interval}")
+        end
         unless Profiler::ALLOCATION_INTERVAL_RANGE.cover?(options.allocation_interval)
           raise usage_error("record: --allocation-interval must be in #{Profiler::ALLOCATION_INTERVAL_RANGE}, " \
                             "got #{options.allocation_interval}")
@@ -87,25 +89,35 @@ module DdprofRecorder
         options
       end
 
+      # Removes nothing: the files listed, and read, are the ones that the program's processes
+      # said they wrote (Recording::WRITTEN). A file of the directory that merely has the form
+      # of a profile file's name stays as it was: an earlier run's, or the user's
+      # (`-o backup.tar.gz` and `backup.2024.tar.gz`); the summary names those, and the files
+      # of this run that replaced one from before.
+      #
       # @return [Integer] the program's exit status (128 + signal if a signal ended it).
       def run(options)
         check_output(options.out)
         out = File.expand_path(options.out)
-
-        Recording.profile_files(out).each_value { |stale| stale.each { |f| File.delete(f) if File.file?(f) } }
+        before = Recording.profile_files(out).values.flatten
 
         report = Tempfile.create("ddprof-recorder-started")
         report.close
+        written = Tempfile.create("ddprof-recorder-written")
+        written.close
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        status = run_profiled(options.command, env(out, options).merge(Recording::STARTED => report.path))
+        status = run_profiled(options.command, env(out, options).merge(Recording::STARTED => report.path,
+                                                                        Recording::WRITTEN => written.path))
         elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
-        files = Recording.profile_files(out)
+        files = Recording.profile_files(out, written: File.binread(written.path).split("\0"))
         raise Failure, no_profile(options.command, status, File.read(report.path)) if files.empty?
 
-        print_summary(RecordSummary.new(options, status, elapsed, files))
+        ours = files.values.flatten
+        earlier = { replaced: ours & before, left: Recording.profile_files(out).values.flatten - ours }
+        print_summary(RecordSummary.new(options, status, elapsed, files, **earlier))
         exit_status(status)
       ensure
-        File.delete(report.path) if report && File.exist?(report.path)
+        [report, written].each { |f| File.delete(f.path) if f && File.exist?(f.path) }
       end
 
       private

@@ -11,6 +11,8 @@ module DdprofRecorder
 
       # The summary lists this many processes, one per line; the rest are counted.
       MAX_PROCESS_LINES = 8
+      # The lines about the files from before the run name this many.
+      MAX_NAMED_FILES = 3
 
       # A pprof comment that starts with this says how the profile was sampled (the profiler
       # sets it, through StackRecorder#comments=); the summary's `sampling` line shows the rest.
@@ -24,11 +26,17 @@ module DdprofRecorder
       # @param elapsed [Float] seconds from the spawn to the program's end.
       # @param files [Hash{Integer, nil => Array<String>}] the profile files by process
       #   (Recording.profile_files), each read once here.
-      def initialize(options, status, elapsed, files)
+      # @param replaced [Array<String>] those of `files` that replaced a file from before the
+      #   run.
+      # @param left [Array<String>] the files from before the run with names of the same form
+      #   (not read: an earlier run's, or the user's), left as they were.
+      def initialize(options, status, elapsed, files, replaced: [], left: [])
         @options = options
         @status = status
         @elapsed = elapsed
         @files = files
+        @replaced = replaced
+        @left = left
         @processes = files.map { |child_pid, paths| process(child_pid, paths) }
       end
 
@@ -60,6 +68,7 @@ module DdprofRecorder
         lines.concat(hottest_lines(totals["cpu-time"])) if samples.positive?
         lines.concat(allocator_lines(totals["alloc-count"]))
         lines.concat(@processes.size == 1 ? written_lines(@processes.first) : process_lines)
+        lines.concat(earlier_lines)
         lines.concat(view_lines(@files.keys, @processes.first[:paths].first))
       end
 
@@ -170,8 +179,42 @@ module DdprofRecorder
         lines
       end
 
+      # What was there before the run: the files it replaced, and those it left untouched
+      # (`record` removes nothing), by name (a few) and number.
+      def earlier_lines
+        lines = []
+        unless @replaced.empty?
+          lines << row("replaced", files_text(@replaced, ", from before this run", " from before this run: "))
+        end
+        unless @left.empty?
+          text = files_text(@left, ": not from this run (a name of the same form)",
+                            " not from this run (names of the same form): ")
+          text += "; the patterns below match #{@left.size == 1 ? 'it' : 'them'} too" if patterns?
+          lines << row("untouched", text)
+        end
+        lines
+      end
+
+      # One file: its name, then `one`; several: how many, `several`, then some names
+      # ("3 files ...: a.pb, b.pb, c.pb", "9 files ...: a.pb, b.pb, c.pb, ...").
+      def files_text(paths, one, several)
+        names = paths.first(MAX_NAMED_FILES).map { |path| display_path(path) }
+        return "#{names.first}#{one}" if paths.size == 1
+
+        "#{paths.size} files#{several}#{names.join(', ')}#{paths.size > MAX_NAMED_FILES ? ', ...' : ''}"
+      end
+
+      # Whether #view_lines names the files by shell patterns: with forked children, unless
+      # files from before the run would match them (then it names this run's, if there are
+      # at most MAX_PROCESS_LINES).
+      def patterns?
+        return false if @files.keys == [nil]
+
+        @left.empty? || @files.values.sum(&:size) > MAX_PROCESS_LINES
+      end
+
       # How to look at the files: the one file, or, with forked children, shell patterns that
-      # name the files of every process (the views merge them).
+      # name the files of every process (the views merge them), or the files themselves.
       def view_lines(pids, first)
         out = display_path(first)
         if pids == [nil]
@@ -180,7 +223,11 @@ module DdprofRecorder
           by = ""
         else
           base = display_path(File.expand_path(@options.out))
-          shown = [profile_glob(base, @options.interval ? "[0-9]*" : nil), profile_glob(base, "pid*")].join(" ")
+          shown = if patterns?
+                    [profile_glob(base, @options.interval ? "[0-9]*" : nil), profile_glob(base, "pid*")].join(" ")
+                  else
+                    @files.values.flatten.map { |path| display_path(path).shellescape }.join(" ")
+                  end
           svg = view_name(base, ".svg").shellescape
           by = " --by-process"
         end

@@ -12,7 +12,8 @@ module DdprofRecorder
       # @!attribute values [Array<String>] the value types to write; empty: all of them.
       # @!attribute out [String, nil] the JSON's path, "-" for @out; nil: after the first FILE.
       # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
-      Options = Struct.new(:paths, :values, :out, :group_by, :max_decompressed, keyword_init: true)
+      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
+      Options = Struct.new(:paths, :values, :out, :group_by, :max_decompressed, :max_input, keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
@@ -32,7 +33,7 @@ module DdprofRecorder
           o.on("--value TYPE", "only this sample type (again for more; default: all of them)") { |v| options.values << v }
           group_options(o, options, "one profile per value type and \"thread name\" label",
                         "one profile per value type and \"process id\" label")
-          max_decompressed_option(o, options)
+          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options)
       end

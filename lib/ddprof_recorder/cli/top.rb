@@ -10,30 +10,37 @@ module DdprofRecorder
       NAME = "top"
       DESCRIPTION = "the hottest functions of a pprof, self and total"
       DEFAULT_LIMIT = 20
+      # The most rows -n may ask for, far more than anyone reads; a number past what Array#first
+      # takes (2**63) was a RangeError, shown as a bug.
+      MAX_LIMIT = 1_000_000
 
       # @!attribute paths [Array<String>] the FILEs (merged when several).
       # @!attribute value [String] the value type to rank by.
       # @!attribute limit [Integer] how many rows to print.
       # @!attribute sort [Symbol] :self or :total.
       # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
-      Options = Struct.new(:paths, :value, :limit, :sort, :max_decompressed, keyword_init: true)
+      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
+      Options = Struct.new(:paths, :value, :limit, :sort, :max_decompressed, :max_input, keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new(value: DEFAULT_VALUE, limit: DEFAULT_LIMIT, sort: :self)
         parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder top FILE... [--value TYPE] [-n N] [--sort self|total] [--max-decompressed BYTES]"
+          o.banner = "Usage: ddprof-recorder top FILE... [--value TYPE] [-n N] [--sort self|total] " \
+                     "[--max-decompressed BYTES] [--max-input BYTES]"
           o.separator ""
           o.separator "The hottest functions of a pprof (raw or gzip): self (as the leaf of a stack) and"
           o.separator "total (anywhere in it), with their share of the whole. Several FILEs are merged."
           o.separator ""
           value_option(o, options)
-          o.on("-n", "--limit N", Integer, "how many functions (default #{DEFAULT_LIMIT})") { |v| options.limit = v }
+          o.on("-n", "--limit N", Integer, "how many functions (1..#{MAX_LIMIT}, default #{DEFAULT_LIMIT})") { |v| options.limit = v }
           o.on("--sort KEY", %i[self total], "order by self (default) or total") { |v| options.sort = v }
-          max_decompressed_option(o, options)
+          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options) do
-          raise usage_error("top: -n must be positive") unless options.limit.positive?
+          unless (1..MAX_LIMIT).cover?(options.limit)
+            raise usage_error("top: -n must be in 1..#{MAX_LIMIT}, got #{options.limit}")
+          end
         end
       end
 
