@@ -7,7 +7,7 @@
 # once, in an order rotated from round to round, so that load changes hit every kind alike.
 #
 #   ruby bench/allocations.rb [--rounds 10] [--iterations 40] [--workload strings|json|phases]
-#                             [--kinds cpu,default,...]
+#                             [--kinds cpu,default,...] [--default-interval N]
 #   bench/run allocations ...     (the same)
 #
 # `--workload json` times `JSON.parse` and `JSON.generate` of a 200-record document instead
@@ -116,7 +116,9 @@ module AllocationBench
     work = Work.method({ "json" => :json, "phases" => :phases }.fetch(workload, :run))
     work.call(2) # warm-up
     GC.start
-    options = { "cpu" => {}, "default" => { allocations: true }, "gc" => { gc: true }, "heap" => { heap: true },
+    default = { allocations: true }
+    default[:allocation_interval] = Integer(ENV["BENCH_DEFAULT_INTERVAL"]) if ENV["BENCH_DEFAULT_INTERVAL"]
+    options = { "cpu" => {}, "default" => default, "gc" => { gc: true }, "heap" => { heap: true },
                 "always" => { allocations: true, allocation_overhead: 1.0 },
                 "hooked" => { allocations: true, allocation_overhead: 1.0,
                               allocation_interval: DdprofRecorder::Profiler::MAX_ALLOCATION_INTERVAL },
@@ -162,6 +164,8 @@ module AllocationBench
       o.on("--rounds N", Integer) { |v| rounds = v }
       o.on("--iterations N", Integer) { |v| iterations = v }
       o.on("--kinds LIST", Array, "a subset of #{KINDS.join(",")}") { |v| kinds = v & KINDS }
+      # Another interval for `default` (the duty cycle as it is): to try a default.
+      o.on("--default-interval N", Integer) { |v| ENV["BENCH_DEFAULT_INTERVAL"] = v.to_s }
       o.on("--child KIND") { |v| return child(v, iterations, workload) }
     end.parse!(argv)
 
