@@ -251,6 +251,7 @@ module DdprofRecorder
         @recorder = new_recorder
         @pid = Process.pid
         @started_ns = now_ns
+        @sampler_thread_cpu_base = @sampler_thread_cpu_ns = nil
         @next_window_ns = @interval && (@started_ns + (@interval * 1e9).to_i)
         @sampler = ThreadSampler.new(@recorder, internal: method(:internal_thread?),
                                                 extra_labels: [[PROCESS_ID_LABEL, @pid]],
@@ -378,8 +379,9 @@ module DdprofRecorder
     #   which carry its CPU), `:late_jobs` (jobs that ran after their thread had been blocked,
     #   whose CPU was carried), `:errors` (passes that raised), `:seconds`, `:effective_hz`
     #   (passes per second really reached), `:on_cpu_hz` (on-CPU samples per second),
-    #   `:sampler_cpu_ns` (CPU of the profiler's Ruby thread and of the jobs' own work, which
-    #   the program's threads pay), `:trigger_cpu_ns` (CPU of the native trigger thread),
+    #   `:sampler_cpu_ns` (CPU of the profiler's Ruby thread since the run started, and of
+    #   the jobs' own work, which the program's threads pay), `:trigger_cpu_ns` (CPU of the
+    #   native trigger thread),
     #   `:recorder` ({StackRecorder#stats}), `:interrupt_deferral` (whether the jobs defer
     #   the program's `Thread#raise`/`Timeout` to after them on this Ruby: its thread layout
     #   passed the start's check, ext/ddprof_recorder/src/vm.rs; false means they may be
@@ -523,9 +525,14 @@ module DdprofRecorder
       thread.equal?(@sampler_thread) || (@exporting && thread.equal?(@exporting.thread))
     end
 
+    # The running sampler thread's CPU since it started: its native thread's clock, less the
+    # baseline the thread read first thing (Ruby may give a new thread the native thread of one
+    # that ended, clock and all). Nil until it read its baseline.
     def sampler_thread_cpu_ns
-      id = @sampler_thread&.alive? && @sampler_thread.native_thread_id
-      id ? Profiler._native_thread_cpu_time_ns(id) : nil
+      base = @sampler_thread_cpu_base
+      id = base && @sampler_thread&.alive? && @sampler_thread.native_thread_id
+      now = id && Profiler._native_thread_cpu_time_ns(id)
+      now && [now - base, 0].max
     rescue NoMethodError # no Thread#native_thread_id before Ruby 3.1
       nil
     end
@@ -535,6 +542,8 @@ module DdprofRecorder
     # wakes only every {HOUSEKEEPING_SECONDS}: a Ruby thread woken `hz` times a second would
     # cost the process about 50 µs each time on this VM (1% of a core at 99 Hz, measured).
     def run_sampler_thread(wake, run)
+      cpu_base = Profiler._native_current_thread_cpu_time_ns
+      @sampler_thread_cpu_base = cpu_base if @run.equal?(run)
       period_ns = 1_000_000_000 / @hz
       while @running && @run.equal?(run)
         timeout = HOUSEKEEPING_SECONDS
@@ -551,8 +560,10 @@ module DdprofRecorder
         give_up if @sampler.gave_up?
       end
     ensure
-      # Its own CPU in all, for #stats once it has ended.
-      @sampler_thread_cpu_ns = Profiler._native_current_thread_cpu_time_ns
+      # Its own CPU in all, for #stats once it has ended (none if it ended before its baseline).
+      if @run.equal?(run)
+        @sampler_thread_cpu_ns = cpu_base ? Profiler._native_current_thread_cpu_time_ns - cpu_base : 0
+      end
     end
 
     def drain(wake)
