@@ -4,6 +4,7 @@ require_relative "profiler/thread_sampler"
 require_relative "profiler/exporter"
 require_relative "profiler/allocation_recorder"
 require_relative "profiler/ractor_guard"
+require_relative "profiler/trap_context"
 
 module DdprofRecorder
   # A sampling profiler built on {StackRecorder}. It records, for every live Ruby thread,
@@ -123,11 +124,17 @@ module DdprofRecorder
     @current_lock = Mutex.new
 
     class << self
-      # Starts the process-wide profiler (see {#initialize} for the options).
+      # Starts the process-wide profiler (see {#initialize} for the options). A `trap`
+      # handler may call it (see {TrapContext}).
       #
-      # @return [Profiler] the running profiler.
+      # @return [Profiler, nil] the running profiler (nil only from a trap handler whose
+      #   signal came while this thread was inside start or stop: {TrapContext}).
       # @raise [DdprofRecorder::Error] if one is already running.
       def start(**options, &exporter)
+        if TrapContext.trap_context?
+          return TrapContext.outside_trap("Profiler.start", trap_locks) { start(**options, &exporter) }
+        end
+
         @current_lock.synchronize do
           raise Error, "the profiler is already running (call DdprofRecorder::Profiler.stop first)" if @current&.running?
 
@@ -136,11 +143,16 @@ module DdprofRecorder
         end
       end
 
-      # Stops the process-wide profiler.
+      # Stops the process-wide profiler. A `trap` handler may call it, as a server's
+      # `trap("TERM")` does (see {TrapContext}).
       #
       # @return [Array(Time, Time, String), nil] the last window `[start, finish, pprof]`
-      #   (also handed to the exporter if there is one), or nil if it was not running.
+      #   (also handed to the exporter if there is one), or nil if it was not running (or
+      #   from a trap handler whose signal came while this thread was inside start or stop:
+      #   it stops once they return, {TrapContext}).
       def stop
+        return TrapContext.outside_trap("Profiler.stop", trap_locks) { stop } if TrapContext.trap_context?
+
         profiler = @current_lock.synchronize { @current.tap { @current = nil } }
         profiler&.stop
       end
@@ -160,6 +172,13 @@ module DdprofRecorder
         raise ArgumentError, "Profiler.profile needs a block" unless block
 
         new(**options).profile(&block)
+      end
+
+      private
+
+      # The locks that Profiler.start and stop take, and that a trap handler's thread may hold.
+      def trap_locks
+        [@current_lock, @current&.__send__(:lifecycle_lock)]
       end
     end
 
@@ -236,11 +255,15 @@ module DdprofRecorder
       @stats = nil
     end
 
-    # Starts sampling (in a new window: anything recorded before is dropped).
+    # Starts sampling (in a new window: anything recorded before is dropped). A `trap` handler
+    # may call it (see {TrapContext}).
     #
-    # @return [self]
+    # @return [self, nil] self (nil only from a trap handler whose signal came while this
+    #   thread was inside this profiler's start or stop: {TrapContext}).
     # @raise [DdprofRecorder::Error] if already running.
     def start
+      return TrapContext.outside_trap("Profiler#start", [@lifecycle]) { start } if TrapContext.trap_context?
+
       @lifecycle.synchronize do
         raise Error, "this profiler is already running" if @started && Process.pid == @pid
         if @allocations && RactorGuard.ractors?
@@ -299,12 +322,16 @@ module DdprofRecorder
       types
     end
 
-    # Stops sampling and returns the last window.
+    # Stops sampling and returns the last window. A `trap` handler may call it (see
+    # {TrapContext}).
     #
     # @return [Array(Time, Time, String), nil] `[start, finish, pprof]` (also handed to the
     #   exporter, if any), or nil if not started (or in a forked child, where the profiler's
-    #   threads do not exist: start a new profiler there).
+    #   threads do not exist: start a new profiler there; or from a trap handler whose signal
+    #   came while this thread was inside this profiler's start or stop: {TrapContext}).
     def stop
+      return TrapContext.outside_trap("Profiler#stop", [@lifecycle]) { stop } if TrapContext.trap_context?
+
       # The stopping work's own allocations are not the program's.
       Profiler._native_allocations_stop if @allocations && @started && Process.pid == @pid
       # Where this thread runs now, and its CPU: if the profiler samples it, what it carries
@@ -312,8 +339,8 @@ module DdprofRecorder
       caller_cpu_ns = Profiler._native_current_thread_cpu_time_ns
       caller_stack = caller_locations(1)
       # Only the state change is under the lock: joining the threads (up to 35 s) and calling
-      # the exporter are not, so that an exporter (or a signal handler) that calls stop or
-      # start does not deadlock on it, nor wait for it.
+      # the exporter are not, so that an exporter that calls stop or start does not deadlock
+      # on it, nor wait for it. (A trap handler's call runs in a thread of its own, above.)
       run = @lifecycle.synchronize do
         return nil unless @started
 
@@ -422,6 +449,9 @@ module DdprofRecorder
     # The classes whose own `inspect` {#shown} uses: their values as Ruby writes them (`0`).
     SHOWN_AS_WRITTEN = [Integer, Float, Rational, String, Symbol, TrueClass, FalseClass, NilClass]
                        .to_h { |c| [c, c.instance_method(:inspect)] }.freeze
+    def lifecycle_lock
+      @lifecycle
+    end
 
     # `inspect` of a bad option for its message, even for a BasicObject or one whose inspect
     # raises or was redefined: a number, String, Symbol, true, false or nil by its class's
