@@ -108,8 +108,16 @@ module DdprofRecorder
     MAX_CONSECUTIVE_ERRORS = ThreadSampler::MAX_CONSECUTIVE_ERRORS
     # How long {#stop} waits for the sampler thread to notice (it wakes up at once).
     STOP_TIMEOUT = 5
-    # How long {#stop} lets the exporter finish handing over the windows before the last one.
+    # How long {#stop} lets the exporter finish handing over the windows before the last one
+    # (the default of `export_timeout:`); the windows it has not finished with then are
+    # dropped, counted in {#stats} and logged.
     EXPORT_TIMEOUT = 30
+    # Windows that may wait for a slow exporter (the default of `max_queued_windows:`): each
+    # holds a whole pprof, so an exporter slower than the interval would otherwise grow the
+    # process without end. Four minutes of backlog at the default 60 s interval: an upload
+    # that stalls that long loses nothing. Past it, the oldest waiting window is dropped
+    # (see {Exporter} for why the oldest).
+    DEFAULT_MAX_QUEUED_WINDOWS = 4
     # The Ruby sampler thread makes a pass itself when no job came for this many periods
     # (no thread runs Ruby, so no job runs).
     JOBLESS_PERIODS = 2
@@ -195,6 +203,12 @@ module DdprofRecorder
     #   `export` if it has one, else `call`. Or pass a block. It runs in a thread of its own
     #   (the last window: in the thread calling {#stop}) and may take its time; an exception
     #   it raises is logged and forgotten.
+    # @param max_queued_windows [Integer] windows that may wait for the exporter, at least 1
+    #   (default {DEFAULT_MAX_QUEUED_WINDOWS}); when one more is cut, the oldest waiting one
+    #   is dropped, counted (`stats[:exporter][:dropped]`) and logged.
+    # @param export_timeout [Numeric] seconds {#stop} waits for the exporter to finish with
+    #   the waiting windows before it kills the exporter's thread (default {EXPORT_TIMEOUT});
+    #   the windows it did not finish with are dropped, counted and logged.
     # @param max_frames [Integer] deepest stack kept (see {StackRecorder.new}).
     # @param compression [Symbol] `:gzip` (default, the usual `.pb.gz`) or `:none`.
     # @param allocations [Boolean] sample allocations (see the class doc).
@@ -211,7 +225,8 @@ module DdprofRecorder
     def initialize(hz: DEFAULT_HZ, interval: nil, exporter: nil, max_frames: StackRecorder::DEFAULT_MAX_FRAMES,
                    compression: :gzip, allocations: false, allocation_interval: DEFAULT_ALLOCATION_INTERVAL,
                    allocation_overhead: DEFAULT_ALLOCATION_OVERHEAD, heap: false, gc: false,
-                   signals: Profiler.signals_default, &block)
+                   signals: Profiler.signals_default, max_queued_windows: DEFAULT_MAX_QUEUED_WINDOWS,
+                   export_timeout: EXPORT_TIMEOUT, &block)
       raise ArgumentError, "hz must be an Integer in #{HZ_RANGE}, got #{hz.inspect}" unless hz.is_a?(Integer) && HZ_RANGE.cover?(hz)
 
       { allocations: allocations, heap: heap, gc: gc, signals: signals }.each do |name, value|
@@ -225,6 +240,12 @@ module DdprofRecorder
         raise ArgumentError, "allocation_overhead must be a number in (0, 1], got #{shown(allocation_overhead)}"
       end
       raise ArgumentError, "give an exporter or a block, not both" if exporter && block
+      unless Integer === max_queued_windows && max_queued_windows.positive?
+        raise ArgumentError, "max_queued_windows must be a positive Integer, got #{shown(max_queued_windows)}"
+      end
+      unless Numeric === export_timeout && export_timeout.real? && export_timeout.finite? && !export_timeout.negative?
+        raise ArgumentError, "export_timeout must be a finite number of seconds >= 0, got #{shown(export_timeout)}"
+      end
       unless interval.nil? || (interval.is_a?(Numeric) && interval.real? && interval.finite? && interval >= MIN_INTERVAL)
         raise ArgumentError, "interval must be a finite number of seconds >= #{MIN_INTERVAL}, got #{shown(interval)}"
       end
@@ -245,6 +266,8 @@ module DdprofRecorder
       @heap = heap
       @gc = gc
       @signals = signals
+      @max_queued_windows = max_queued_windows
+      @export_timeout = export_timeout
       # Fails now, not in start, on a bad max_frames / compression.
       @recorder = new_recorder
       @lifecycle = Mutex.new
@@ -280,7 +303,7 @@ module DdprofRecorder
                                                 extra_labels: [[PROCESS_ID_LABEL, @pid]],
                                                 forked_thread: @forked_thread,
                                                 extra_values: value_types.size - VALUE_TYPES.size, gc: @gc)
-        @exporting = @exporter && Exporter.new(@exporter).start
+        @exporting = @exporter && Exporter.new(@exporter, max_queued: @max_queued_windows).start
         @started = @running = true
         wake, @wake_writer = IO.pipe
         run = @run = Object.new # this run's token: a thread of an earlier run stops on seeing another
@@ -416,7 +439,11 @@ module DdprofRecorder
     #   (`:sampled`, `:recorded`, `:dropped` when too many waited for their job, and
     #   `:heap_tracked`, `:heap_freed`, `:heap_skipped` past {MAX_HEAP_TRACKED},
     #   `:heap_live_tracked`; `:stopped`, why sampling stopped early: RactorGuard); with gc,
-    #   `:gc_lost_ns` (GC CPU of threads past the native table's 64).
+    #   `:gc_lost_ns` (GC CPU of threads past the native table's 64); with an exporter,
+    #   `:exporter` (`:exported`: windows it returned from, the last one too; `:failed`: it
+    #   raised; `:queued`: waiting now; `:dropped`: the oldest waiting when
+    #   `max_queued_windows` were, and those it had not finished when {#stop} killed its
+    #   thread after `export_timeout`).
     def stats
       return {} unless @sampler
 
@@ -441,17 +468,18 @@ module DdprofRecorder
         sampler_cpu_ns: (thread_cpu || 0) + counts[:job_cpu_ns],
         trigger_cpu_ns: @started ? Profiler._native_sampling_stats[:trigger_cpu_ns] : @trigger_cpu_ns,
         recorder: @recorder.stats,
-      }.merge(memory_stats)
+      }.merge(memory_stats).merge(exporter_stats)
     end
 
     private
 
-    # The classes whose own `inspect` {#shown} uses: their values as Ruby writes them (`0`).
-    SHOWN_AS_WRITTEN = [Integer, Float, Rational, String, Symbol, TrueClass, FalseClass, NilClass]
-                       .to_h { |c| [c, c.instance_method(:inspect)] }.freeze
     def lifecycle_lock
       @lifecycle
     end
+
+    # The classes whose own `inspect` {#shown} uses: their values as Ruby writes them (`0`).
+    SHOWN_AS_WRITTEN = [Integer, Float, Rational, String, Symbol, TrueClass, FalseClass, NilClass]
+                       .to_h { |c| [c, c.instance_method(:inspect)] }.freeze
 
     # `inspect` of a bad option for its message, even for a BasicObject or one whose inspect
     # raises or was redefined: a number, String, Symbol, true, false or nil by its class's
@@ -513,6 +541,10 @@ module DdprofRecorder
       @allocation_stats = Profiler._native_allocations_stats
       record_heap
       Profiler._native_heap_stop
+    end
+
+    def exporter_stats
+      @exporting ? { exporter: @exporting.stats } : {}
     end
 
     def memory_stats
@@ -674,7 +706,7 @@ module DdprofRecorder
       @signal_stats = signal_stats(native)
       sampler = run[:sampler]
       sampler.write_log
-      run[:exporting]&.close(EXPORT_TIMEOUT)
+      run[:exporting]&.close(@export_timeout)
       begin
         sampler.flush(caller_cpu_ns: caller_cpu_ns, caller_stack: caller_stack)
       rescue StandardError => e # never expected; the window is still worth having

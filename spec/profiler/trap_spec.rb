@@ -37,8 +37,9 @@ RSpec.describe DdprofRecorder::Profiler, "from a trap handler" do
     trap("USR2") { call.call("start again") { start.call.class.name } }
     trap("TERM") do
       call.call("stop") do
+        stats = (mode == "own" ? own : DdprofRecorder::Profiler.current).stats # lock-free: fine here
         start, finish, pprof = mode == "own" ? own.stop : DdprofRecorder::Profiler.stop
-        [start.class.name, finish.class.name, DdprofRecorder.summary(pprof)[:duration]]
+        [start.class.name, finish.class.name, DdprofRecorder.summary(pprof)[:duration], stats[:exporter]]
       end
     end
     puts "ready"
@@ -133,7 +134,8 @@ RSpec.describe DdprofRecorder::Profiler, "from a trap handler" do
       expect(again[1]).to match(/\ADdprofRecorder::Error: .*already running/)
       # The window from the start to the stop: 0.4 s or more apart.
       expect(stop[0]).to eq("stop")
-      expect(stop[1]).to match([eq("Time"), eq("Time"), be >= 0.35])
+      expect(stop[1]).to match([eq("Time"), eq("Time"), be >= 0.35,
+                                { "exported" => 0, "failed" => 0, "queued" => 0, "dropped" => 0 }])
       _, running, exported = after
       expect(running).to be(false)
       # The last window, handed to the exporter (which locked its Mutex) by the stop.
