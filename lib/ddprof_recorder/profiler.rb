@@ -4,6 +4,7 @@ require_relative "profiler/thread_sampler"
 require_relative "profiler/exporter"
 require_relative "profiler/allocation_recorder"
 require_relative "profiler/ractor_guard"
+require_relative "profiler/trap_context"
 
 module DdprofRecorder
   # A sampling profiler built on {StackRecorder}. It records, for every live Ruby thread,
@@ -107,8 +108,16 @@ module DdprofRecorder
     MAX_CONSECUTIVE_ERRORS = ThreadSampler::MAX_CONSECUTIVE_ERRORS
     # How long {#stop} waits for the sampler thread to notice (it wakes up at once).
     STOP_TIMEOUT = 5
-    # How long {#stop} lets the exporter finish handing over the windows before the last one.
+    # How long {#stop} lets the exporter finish handing over the windows before the last one
+    # (the default of `export_timeout:`); the windows it has not finished with then are
+    # dropped, counted in {#stats} and logged.
     EXPORT_TIMEOUT = 30
+    # Windows that may wait for a slow exporter (the default of `max_queued_windows:`): each
+    # holds a whole pprof, so an exporter slower than the interval would otherwise grow the
+    # process without end. Four minutes of backlog at the default 60 s interval: an upload
+    # that stalls that long loses nothing. Past it, the oldest waiting window is dropped
+    # (see {Exporter} for why the oldest).
+    DEFAULT_MAX_QUEUED_WINDOWS = 4
     # The Ruby sampler thread makes a pass itself when no job came for this many periods
     # (no thread runs Ruby, so no job runs).
     JOBLESS_PERIODS = 2
@@ -123,11 +132,17 @@ module DdprofRecorder
     @current_lock = Mutex.new
 
     class << self
-      # Starts the process-wide profiler (see {#initialize} for the options).
+      # Starts the process-wide profiler (see {#initialize} for the options). A `trap`
+      # handler may call it (see {TrapContext}).
       #
-      # @return [Profiler] the running profiler.
+      # @return [Profiler, nil] the running profiler (nil only from a trap handler whose
+      #   signal came while this thread was inside start or stop: {TrapContext}).
       # @raise [DdprofRecorder::Error] if one is already running.
       def start(**options, &exporter)
+        if TrapContext.trap_context?
+          return TrapContext.outside_trap("Profiler.start", trap_locks) { start(**options, &exporter) }
+        end
+
         @current_lock.synchronize do
           raise Error, "the profiler is already running (call DdprofRecorder::Profiler.stop first)" if @current&.running?
 
@@ -136,11 +151,16 @@ module DdprofRecorder
         end
       end
 
-      # Stops the process-wide profiler.
+      # Stops the process-wide profiler. A `trap` handler may call it, as a server's
+      # `trap("TERM")` does (see {TrapContext}).
       #
       # @return [Array(Time, Time, String), nil] the last window `[start, finish, pprof]`
-      #   (also handed to the exporter if there is one), or nil if it was not running.
+      #   (also handed to the exporter if there is one), or nil if it was not running (or
+      #   from a trap handler whose signal came while this thread was inside start or stop:
+      #   it stops once they return, {TrapContext}).
       def stop
+        return TrapContext.outside_trap("Profiler.stop", trap_locks) { stop } if TrapContext.trap_context?
+
         profiler = @current_lock.synchronize { @current.tap { @current = nil } }
         profiler&.stop
       end
@@ -161,6 +181,13 @@ module DdprofRecorder
 
         new(**options).profile(&block)
       end
+
+      private
+
+      # The locks that Profiler.start and stop take, and that a trap handler's thread may hold.
+      def trap_locks
+        [@current_lock, @current&.__send__(:lifecycle_lock)]
+      end
     end
 
     # @return [Integer] samples per second asked for.
@@ -176,6 +203,12 @@ module DdprofRecorder
     #   `export` if it has one, else `call`. Or pass a block. It runs in a thread of its own
     #   (the last window: in the thread calling {#stop}) and may take its time; an exception
     #   it raises is logged and forgotten.
+    # @param max_queued_windows [Integer] windows that may wait for the exporter, at least 1
+    #   (default {DEFAULT_MAX_QUEUED_WINDOWS}); when one more is cut, the oldest waiting one
+    #   is dropped, counted (`stats[:exporter][:dropped]`) and logged.
+    # @param export_timeout [Numeric] seconds {#stop} waits for the exporter to finish with
+    #   the waiting windows before it kills the exporter's thread (default {EXPORT_TIMEOUT});
+    #   the windows it did not finish with are dropped, counted and logged.
     # @param max_frames [Integer] deepest stack kept (see {StackRecorder.new}).
     # @param compression [Symbol] `:gzip` (default, the usual `.pb.gz`) or `:none`.
     # @param allocations [Boolean] sample allocations (see the class doc).
@@ -192,7 +225,8 @@ module DdprofRecorder
     def initialize(hz: DEFAULT_HZ, interval: nil, exporter: nil, max_frames: StackRecorder::DEFAULT_MAX_FRAMES,
                    compression: :gzip, allocations: false, allocation_interval: DEFAULT_ALLOCATION_INTERVAL,
                    allocation_overhead: DEFAULT_ALLOCATION_OVERHEAD, heap: false, gc: false,
-                   signals: Profiler.signals_default, &block)
+                   signals: Profiler.signals_default, max_queued_windows: DEFAULT_MAX_QUEUED_WINDOWS,
+                   export_timeout: EXPORT_TIMEOUT, &block)
       raise ArgumentError, "hz must be an Integer in #{HZ_RANGE}, got #{hz.inspect}" unless hz.is_a?(Integer) && HZ_RANGE.cover?(hz)
 
       { allocations: allocations, heap: heap, gc: gc, signals: signals }.each do |name, value|
@@ -206,6 +240,12 @@ module DdprofRecorder
         raise ArgumentError, "allocation_overhead must be a number in (0, 1], got #{shown(allocation_overhead)}"
       end
       raise ArgumentError, "give an exporter or a block, not both" if exporter && block
+      unless Integer === max_queued_windows && max_queued_windows.positive?
+        raise ArgumentError, "max_queued_windows must be a positive Integer, got #{shown(max_queued_windows)}"
+      end
+      unless Numeric === export_timeout && export_timeout.real? && export_timeout.finite? && !export_timeout.negative?
+        raise ArgumentError, "export_timeout must be a finite number of seconds >= 0, got #{shown(export_timeout)}"
+      end
       unless interval.nil? || (interval.is_a?(Numeric) && interval.real? && interval.finite? && interval >= MIN_INTERVAL)
         raise ArgumentError, "interval must be a finite number of seconds >= #{MIN_INTERVAL}, got #{shown(interval)}"
       end
@@ -226,6 +266,8 @@ module DdprofRecorder
       @heap = heap
       @gc = gc
       @signals = signals
+      @max_queued_windows = max_queued_windows
+      @export_timeout = export_timeout
       # Fails now, not in start, on a bad max_frames / compression.
       @recorder = new_recorder
       @lifecycle = Mutex.new
@@ -236,11 +278,15 @@ module DdprofRecorder
       @stats = nil
     end
 
-    # Starts sampling (in a new window: anything recorded before is dropped).
+    # Starts sampling (in a new window: anything recorded before is dropped). A `trap` handler
+    # may call it (see {TrapContext}).
     #
-    # @return [self]
+    # @return [self, nil] self (nil only from a trap handler whose signal came while this
+    #   thread was inside this profiler's start or stop: {TrapContext}).
     # @raise [DdprofRecorder::Error] if already running.
     def start
+      return TrapContext.outside_trap("Profiler#start", [@lifecycle]) { start } if TrapContext.trap_context?
+
       @lifecycle.synchronize do
         raise Error, "this profiler is already running" if @started && Process.pid == @pid
         if @allocations && RactorGuard.ractors?
@@ -251,12 +297,13 @@ module DdprofRecorder
         @recorder = new_recorder
         @pid = Process.pid
         @started_ns = now_ns
+        @sampler_thread_cpu_base = @sampler_thread_cpu_ns = nil
         @next_window_ns = @interval && (@started_ns + (@interval * 1e9).to_i)
         @sampler = ThreadSampler.new(@recorder, internal: method(:internal_thread?),
                                                 extra_labels: [[PROCESS_ID_LABEL, @pid]],
                                                 forked_thread: @forked_thread,
                                                 extra_values: value_types.size - VALUE_TYPES.size, gc: @gc)
-        @exporting = @exporter && Exporter.new(@exporter).start
+        @exporting = @exporter && Exporter.new(@exporter, max_queued: @max_queued_windows).start
         @started = @running = true
         wake, @wake_writer = IO.pipe
         run = @run = Object.new # this run's token: a thread of an earlier run stops on seeing another
@@ -298,12 +345,16 @@ module DdprofRecorder
       types
     end
 
-    # Stops sampling and returns the last window.
+    # Stops sampling and returns the last window. A `trap` handler may call it (see
+    # {TrapContext}).
     #
     # @return [Array(Time, Time, String), nil] `[start, finish, pprof]` (also handed to the
     #   exporter, if any), or nil if not started (or in a forked child, where the profiler's
-    #   threads do not exist: start a new profiler there).
+    #   threads do not exist: start a new profiler there; or from a trap handler whose signal
+    #   came while this thread was inside this profiler's start or stop: {TrapContext}).
     def stop
+      return TrapContext.outside_trap("Profiler#stop", [@lifecycle]) { stop } if TrapContext.trap_context?
+
       # The stopping work's own allocations are not the program's.
       Profiler._native_allocations_stop if @allocations && @started && Process.pid == @pid
       # Where this thread runs now, and its CPU: if the profiler samples it, what it carries
@@ -311,8 +362,8 @@ module DdprofRecorder
       caller_cpu_ns = Profiler._native_current_thread_cpu_time_ns
       caller_stack = caller_locations(1)
       # Only the state change is under the lock: joining the threads (up to 35 s) and calling
-      # the exporter are not, so that an exporter (or a signal handler) that calls stop or
-      # start does not deadlock on it, nor wait for it.
+      # the exporter are not, so that an exporter that calls stop or start does not deadlock
+      # on it, nor wait for it. (A trap handler's call runs in a thread of its own, above.)
       run = @lifecycle.synchronize do
         return nil unless @started
 
@@ -378,8 +429,9 @@ module DdprofRecorder
     #   which carry its CPU), `:late_jobs` (jobs that ran after their thread had been blocked,
     #   whose CPU was carried), `:errors` (passes that raised), `:seconds`, `:effective_hz`
     #   (passes per second really reached), `:on_cpu_hz` (on-CPU samples per second),
-    #   `:sampler_cpu_ns` (CPU of the profiler's Ruby thread and of the jobs' own work, which
-    #   the program's threads pay), `:trigger_cpu_ns` (CPU of the native trigger thread),
+    #   `:sampler_cpu_ns` (CPU of the profiler's Ruby thread since the run started, and of
+    #   the jobs' own work, which the program's threads pay), `:trigger_cpu_ns` (CPU of the
+    #   native trigger thread),
     #   `:recorder` ({StackRecorder#stats}), `:interrupt_deferral` (whether the jobs defer
     #   the program's `Thread#raise`/`Timeout` to after them on this Ruby: its thread layout
     #   passed the start's check, ext/ddprof_recorder/src/vm.rs; false means they may be
@@ -387,7 +439,11 @@ module DdprofRecorder
     #   (`:sampled`, `:recorded`, `:dropped` when too many waited for their job, and
     #   `:heap_tracked`, `:heap_freed`, `:heap_skipped` past {MAX_HEAP_TRACKED},
     #   `:heap_live_tracked`; `:stopped`, why sampling stopped early: RactorGuard); with gc,
-    #   `:gc_lost_ns` (GC CPU of threads past the native table's 64).
+    #   `:gc_lost_ns` (GC CPU of threads past the native table's 64); with an exporter,
+    #   `:exporter` (`:exported`: windows it returned from, the last one too; `:failed`: it
+    #   raised; `:queued`: waiting now; `:dropped`: the oldest waiting when
+    #   `max_queued_windows` were, and those it had not finished when {#stop} killed its
+    #   thread after `export_timeout`).
     def stats
       return {} unless @sampler
 
@@ -412,10 +468,14 @@ module DdprofRecorder
         sampler_cpu_ns: (thread_cpu || 0) + counts[:job_cpu_ns],
         trigger_cpu_ns: @started ? Profiler._native_sampling_stats[:trigger_cpu_ns] : @trigger_cpu_ns,
         recorder: @recorder.stats,
-      }.merge(memory_stats)
+      }.merge(memory_stats).merge(exporter_stats)
     end
 
     private
+
+    def lifecycle_lock
+      @lifecycle
+    end
 
     # The classes whose own `inspect` {#shown} uses: their values as Ruby writes them (`0`).
     SHOWN_AS_WRITTEN = [Integer, Float, Rational, String, Symbol, TrueClass, FalseClass, NilClass]
@@ -483,6 +543,10 @@ module DdprofRecorder
       Profiler._native_heap_stop
     end
 
+    def exporter_stats
+      @exporting ? { exporter: @exporting.stats } : {}
+    end
+
     def memory_stats
       stats = {}
       if @allocations
@@ -523,9 +587,14 @@ module DdprofRecorder
       thread.equal?(@sampler_thread) || (@exporting && thread.equal?(@exporting.thread))
     end
 
+    # The running sampler thread's CPU since it started: its native thread's clock, less the
+    # baseline the thread read first thing (Ruby may give a new thread the native thread of one
+    # that ended, clock and all). Nil until it read its baseline.
     def sampler_thread_cpu_ns
-      id = @sampler_thread&.alive? && @sampler_thread.native_thread_id
-      id ? Profiler._native_thread_cpu_time_ns(id) : nil
+      base = @sampler_thread_cpu_base
+      id = base && @sampler_thread&.alive? && @sampler_thread.native_thread_id
+      now = id && Profiler._native_thread_cpu_time_ns(id)
+      now && [now - base, 0].max
     rescue NoMethodError # no Thread#native_thread_id before Ruby 3.1
       nil
     end
@@ -535,6 +604,8 @@ module DdprofRecorder
     # wakes only every {HOUSEKEEPING_SECONDS}: a Ruby thread woken `hz` times a second would
     # cost the process about 50 µs each time on this VM (1% of a core at 99 Hz, measured).
     def run_sampler_thread(wake, run)
+      cpu_base = Profiler._native_current_thread_cpu_time_ns
+      @sampler_thread_cpu_base = cpu_base if @run.equal?(run)
       period_ns = 1_000_000_000 / @hz
       while @running && @run.equal?(run)
         timeout = HOUSEKEEPING_SECONDS
@@ -551,8 +622,10 @@ module DdprofRecorder
         give_up if @sampler.gave_up?
       end
     ensure
-      # Its own CPU in all, for #stats once it has ended.
-      @sampler_thread_cpu_ns = Profiler._native_current_thread_cpu_time_ns
+      # Its own CPU in all, for #stats once it has ended (none if it ended before its baseline).
+      if @run.equal?(run)
+        @sampler_thread_cpu_ns = cpu_base ? Profiler._native_current_thread_cpu_time_ns - cpu_base : 0
+      end
     end
 
     def drain(wake)
@@ -633,7 +706,7 @@ module DdprofRecorder
       @signal_stats = signal_stats(native)
       sampler = run[:sampler]
       sampler.write_log
-      run[:exporting]&.close(EXPORT_TIMEOUT)
+      run[:exporting]&.close(@export_timeout)
       begin
         sampler.flush(caller_cpu_ns: caller_cpu_ns, caller_stack: caller_stack)
       rescue StandardError => e # never expected; the window is still worth having

@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "digest"
 require "json"
 require "uri"
 
@@ -12,7 +13,7 @@ module DdprofRecorder
   # comes back instead of the page.
   #
   #   require "ddprof_recorder/rack"
-  #   use DdprofRecorder::Rack, authorize: ->(env) { env["HTTP_X_PROFILE_TOKEN"] == ENV["PROFILE_TOKEN"] }
+  #   use DdprofRecorder::Rack, authorize: DdprofRecorder::Rack.token_authorizer(ENV)
   #
   #   curl -H "X-Profile-Token: $PROFILE_TOKEN" "http://app/users?ddprof=flamegraph" > users.svg
   #
@@ -20,7 +21,11 @@ module DdprofRecorder
   # (not merely something truthy, so a lambda that returns a header by mistake authorizes
   # nobody). There is no default: `authorize:` is required. Any other request, including one
   # whose `authorize` raised (logged), is served normally with nothing in the response to
-  # say that profiling exists.
+  # say that profiling exists. {.token_authorizer} is the usual `authorize`: the request's
+  # `X-Profile-Token` header against `ENV["PROFILE_TOKEN"]`, compared in constant time, and a
+  # token that is not set or empty is refused at boot (a hand-written
+  # `env["HTTP_X_PROFILE_TOKEN"] == ENV["PROFILE_TOKEN"]` lets every request in when the
+  # variable is unset: nil == nil).
   #
   # One request at a time in the process: the native trigger drives one profiler per process
   # (a second start would take it from the first). So while another request is being
@@ -182,9 +187,89 @@ module DdprofRecorder
 
     @slot = Slot.new
 
+    # The environment variable {.token_authorizer} reads the token from by default.
+    TOKEN_VARIABLE = "PROFILE_TOKEN"
+    # The request header that carries the token by default.
+    TOKEN_HEADER = "X-Profile-Token"
+
     class << self
       # @return [Slot] the process's one profiling slot, shared by every instance.
       attr_reader :slot
+
+      # An `authorize:` that lets in the requests whose `header` carries the token found in
+      # `env[variable]`, read once, now (at boot):
+      #
+      #   use DdprofRecorder::Rack, authorize: DdprofRecorder::Rack.token_authorizer(ENV)
+      #
+      # A token that is not set, empty, blank, or that no request could send (whitespace at
+      # either end, which HTTP strips from a header's value; a control character) is refused
+      # here, with an ArgumentError, rather than letting in every request (`nil == nil`) or
+      # every empty header. The request's header is compared in constant time: the SHA-256
+      # digests of both are compared with `Rack::Utils.secure_compare` when Rack is loaded,
+      # else with a constant-time comparison of the same kind, so that neither the time taken
+      # nor its length tells anything of the token. Only the token's digest is kept.
+      #
+      # @param env [#[]] where the token is read: ENV, or a Hash.
+      # @param variable [String] the name it is read under.
+      # @param header [String] the request header that must carry it (`X-Profile-Token`: the
+      #   Rack env's `HTTP_X_PROFILE_TOKEN`).
+      # @return [Proc] `call(env)` returns true or false.
+      # @raise [ArgumentError] if the token is missing or unusable, or an argument is bad.
+      def token_authorizer(env = ENV, variable = TOKEN_VARIABLE, header: TOKEN_HEADER)
+        if env.is_a?(String)
+          raise ArgumentError, "token_authorizer reads the token from an environment (ENV, or a Hash), not the token " \
+                               "itself: pass ENV and the variable's name"
+        end
+        unless env.respond_to?(:[])
+          raise ArgumentError, "token_authorizer reads the token from an environment (ENV, or a Hash), got #{env.inspect}"
+        end
+        raise ArgumentError, "variable must be a non-empty String, got #{variable.inspect}" unless variable.is_a?(String) && !variable.empty?
+        unless header.is_a?(String) && header.match?(/\A[A-Za-z0-9]+(-[A-Za-z0-9]+)*\z/)
+          raise ArgumentError, "header must be a header name such as #{TOKEN_HEADER.inspect}, got #{header.inspect}"
+        end
+
+        digest = Digest::SHA256.digest(check_token(env[variable], variable))
+        token_lambda("HTTP_#{header.upcase.tr('-', '_')}", digest.freeze)
+      end
+
+      private
+
+      # The authorizer, made here so that it holds the digest and the key only (not the
+      # environment the token was read from).
+      def token_lambda(key, digest)
+        lambda do |request_env|
+          given = request_env[key]
+          given.is_a?(String) && !given.empty? && secure_equal?(Digest::SHA256.digest(given), digest)
+        end
+      end
+
+      # The token, if a request can send it; raises otherwise.
+      def check_token(token, variable)
+        how = "set #{variable} to a long random secret (`openssl rand -hex 32`), which the requests to profile send"
+        raise ArgumentError, "#{variable} is not set: #{how}" if token.nil?
+        raise ArgumentError, "#{variable} is not a String (#{token.class}): #{how}" unless token.is_a?(String)
+        raise ArgumentError, "#{variable} is empty: #{how}" if token.empty?
+        raise ArgumentError, "#{variable} is blank: #{how}" if token.strip.empty?
+        if token.strip != token
+          raise ArgumentError, "#{variable} starts or ends with whitespace, which HTTP strips from a header's value: " \
+                               "no request could send it"
+        end
+        raise ArgumentError, "#{variable} holds a control character, which no header can carry" if token.match?(/[[:cntrl:]]/)
+
+        token
+      end
+
+      # Whether two Strings of the same length (digests) are equal, in a time that does not
+      # depend on where they differ.
+      def secure_equal?(a, b)
+        return ::Rack::Utils.secure_compare(a, b) if defined?(::Rack::Utils) && ::Rack::Utils.respond_to?(:secure_compare)
+        return false unless a.bytesize == b.bytesize
+
+        diff = 0
+        b_bytes = b.bytes
+        a.each_byte.with_index { |byte, i| diff |= byte ^ b_bytes[i] }
+        diff.zero?
+      end
     end
 
     # @param app [#call] the Rack app.
