@@ -48,16 +48,7 @@ where
             unsafe { rb_sys::rb_thread_check_ints() };
             rb_sys::Qnil as rb_sys::VALUE
         })?;
-        // SAFETY: `trampoline::<F, R>` matches `call`'s type; no unblocking function is given,
-        // so `work` runs to completion once started; `call` outlives the call.
-        unsafe {
-            rb_sys::rb_thread_call_without_gvl2(
-                Some(trampoline::<F, R>),
-                (&mut call as *mut Call<F, R>).cast(),
-                None,
-                null_mut(),
-            );
-        }
+        without_gvl(&mut call);
         match call.result.take() {
             Some(result) => return result.map_err(|panic| panic_error(ruby, panic)),
             // Returned early because an interrupt is pending: process it, then try again.
@@ -80,16 +71,7 @@ where
     R: Send,
 {
     let mut call = Call { work: Some(work), result: None };
-    // SAFETY: as in `nogvl`: `trampoline::<F, R>` matches `call`'s type, no unblocking function,
-    // `call` outlives the call; rb_thread_call_without_gvl2 never raises.
-    unsafe {
-        rb_sys::rb_thread_call_without_gvl2(
-            Some(trampoline::<F, R>),
-            (&mut call as *mut Call<F, R>).cast(),
-            None,
-            null_mut(),
-        );
-    }
+    without_gvl(&mut call);
     let result = match (call.result.take(), call.work.take()) {
         (Some(result), _) => result,
         // Returned early because an interrupt is pending: do the work with the GVL instead.
@@ -100,4 +82,24 @@ where
         }
     };
     result.map_err(|panic| panic_error(ruby, panic))
+}
+
+/// Runs `call`'s work once without the GVL, unless an interrupt is pending (then `call.result`
+/// stays None and the work is still in `call.work`). Never raises.
+fn without_gvl<F, R>(call: &mut Call<F, R>)
+where
+    F: Send + FnOnce() -> R,
+    R: Send,
+{
+    // SAFETY: `trampoline::<F, R>` matches `call`'s type; no unblocking function is given, so
+    // the work runs to completion once started; `call` outlives the call, which returns only
+    // when the work is done or was not started; rb_thread_call_without_gvl2 never raises.
+    unsafe {
+        rb_sys::rb_thread_call_without_gvl2(
+            Some(trampoline::<F, R>),
+            (call as *mut Call<F, R>).cast(),
+            None,
+            null_mut(),
+        );
+    }
 }
