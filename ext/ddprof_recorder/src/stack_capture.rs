@@ -14,10 +14,10 @@
 //! # Names
 //!
 //! Frames are named as stackprof names them, from the frame object alone, whichever thread
-//! it was read on, on Ruby 3.3 and later always (every frame object then comes from the
-//! public API: `rb_profile_frames`, and `rb_profile_thread_frames` for other threads), and on
-//! Ruby 3.1 once `vm_frames`' self-check passed (checked once by `Profiler::FrameNames`
-//! before anything is named):
+//! it was read on. Frames are read by `vm_frames` once its self-check passed (checked once by
+//! `Profiler::FrameNames` before anything is named, on 3.1, 3.3 and 3.4); if it failed, on 3.3
+//! and later by the public API (`rb_profile_frames`, and `rb_profile_thread_frames` for other
+//! threads), still named as below; on 3.1, the weaker way (below):
 //!
 //! - a method entry: its owner and name, `Klass#meth`, `Klass.meth` for a singleton method
 //!   (`rb_profile_frame_qualified_method_name`: `rb_profile_frame_classpath`, which takes a
@@ -27,10 +27,10 @@
 //!   `Integer#times`). A block inside a method runs with the method's entry
 //!   (`rb_vm_frame_method_entry` walks the block's ep chain up to the method's), so it is
 //!   named as its method, as in stackprof.
-//! - a method made with `define_method` (a bmethod): on Ruby 3.1 `vm_frames` gives its
-//!   method entry, named by the entry's `original_id` (`rb_profile_frame_method_name` gives
-//!   nil for a bmethod); on 3.3+ `rb_profile_frames` gives the block it runs, an iseq, named
-//!   as Ruby's own backtraces name it there (`block in class Node`).
+//! - a method made with `define_method` (a bmethod): `vm_frames` gives its method entry,
+//!   named by the entry's `original_id` (`rb_profile_frame_method_name` gives nil for a
+//!   bmethod); `rb_profile_frames` gives the block it runs, an iseq, named as Ruby's own
+//!   backtraces name it (`block in class Node`): so on 3.3+ when the check failed.
 //! - an instruction sequence: its `label` (`block in <main>`, `<class:Node>`), spelled by
 //!   [`spell`].
 //!
@@ -40,7 +40,7 @@
 //! `<...>` from it, so `<main>` became `` (shown as `<unknown>`) and `block (2 levels) in
 //! <main>` became `block  in `.
 //!
-//! Otherwise (Ruby 3.1 when the check failed) frames are named the weaker way, from what a
+//! On Ruby 3.1 when the check failed, frames are named the weaker way, from what a
 //! `Thread::Backtrace::Location` also gives: the `base_label` (for a C method, its name),
 //! spelled; other threads are then read with `Thread#backtrace_locations` and named the same
 //! way (`Profiler::FrameNames.location_frames`).
@@ -552,8 +552,8 @@ fn thread_frames(ruby: &Ruby, thread: rb_sys::VALUE) -> RArray {
 }
 
 /// Reads `thread`'s frames, leaf first, as [`read_current`] reads the current thread's:
-/// `vm_frames` on Ruby 3.1 (only called once its self-check passed, or while it runs),
-/// `rb_profile_thread_frames` on 3.3+ (Ruby 3.3.8 and 3.4.5 `vm_backtrace.c`: the walk of
+/// with `vm_frames` once its self-check passed (or while it runs), else, on 3.3+, with
+/// `rb_profile_thread_frames` (Ruby 3.3.8 and 3.4.5 `vm_backtrace.c`: the walk of
 /// `rb_profile_frames` over `th->ec`), once `vm::stack_walkable` found its stack whole.
 /// Returns how many (0: no stack, not started or finished).
 ///
@@ -565,6 +565,14 @@ unsafe fn read_thread(
     frames: &mut [rb_sys::VALUE],
     lines: &mut [i32],
 ) -> usize {
+    if crate::vm_frames::available() {
+        // SAFETY: the caller's contract.
+        let Some(ec) = (unsafe { crate::vm_frames::thread_ec(thread) }) else { return 0 };
+        // SAFETY: its context, GVL held since.
+        return unsafe {
+            crate::vm_frames::read(ec, frames, lines, crate::vm_frames::Bmethods::Named)
+        };
+    }
     #[cfg(ruby_gte_3_3)]
     {
         let limit = frames.len().min(lines.len());
@@ -587,10 +595,8 @@ unsafe fn read_thread(
     }
     #[cfg(not(ruby_gte_3_3))]
     {
-        // SAFETY: the caller's contract.
-        let Some(ec) = (unsafe { crate::vm_frames::thread_ec(thread) }) else { return 0 };
-        // SAFETY: its context, GVL held since.
-        unsafe { crate::vm_frames::read(ec, frames, lines, crate::vm_frames::Bmethods::Named) }
+        let _ = thread; // only called once the reader is in use (module doc)
+        0
     }
 }
 

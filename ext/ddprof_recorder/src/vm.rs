@@ -85,6 +85,19 @@ pub const THREAD_EC_OFFSET: Option<usize> = if cfg!(ruby_eq_3_1) {
 };
 /// See [`THREAD_EC_OFFSET`].
 pub const EC_INTERRUPT_MASK_OFFSET: usize = 0x24;
+/// `sizeof(rb_control_frame_t)` (`vm_core.h`): on 3.1 eight words (`pc`, `sp`, `iseq`, `self`,
+/// `ep`, `block_code`, `__bp__`, `jit_return`); 3.3 and 3.4 dropped `__bp__`, seven words
+/// (`VM_DEBUG_BP_CHECK` is 0, so no `bp_check`). The fields `vm_frames` reads (`pc` 0x00,
+/// `iseq` 0x10, `ep` 0x20) are at the same offsets in all three.
+pub const CFP_SIZE: usize = if cfg!(ruby_eq_3_1) { 0x40 } else { 0x38 };
+/// `rb_control_frame_t::jit_return` on 3.3 and 3.4 (cfp[6]): set while JIT code runs the frame.
+pub const CFP_JIT_RETURN_OFFSET: usize = 0x30;
+/// How `rb_profile_frames` walks on 3.3 and 3.4 (`thread_profile_frames`, `vm_backtrace.c`
+/// of 3.3.8 and 3.4.5), unlike 3.1's: it stops one frame before the end (the dummy frame at
+/// the stack's bottom, "see `rb_ec_partial_backtrace_object`"), passes over a Ruby frame with
+/// no `pc`, and gives the top frame line 0 when its `jit_return` is set (the JIT may not have
+/// updated its `pc`).
+pub const PROFILE_FRAMES_SKIP_DUMMY_AND_PCLESS: bool = !cfg!(ruby_eq_3_1);
 /// `rb_thread_t::self` (after the 16-byte `lt_node`, in 3.1, 3.3 and 3.4): the Thread object
 /// itself, which lets a caller check that it holds a `rb_thread_t` of the layout above.
 pub const THREAD_SELF_OFFSET: usize = 0x10;

@@ -2,8 +2,13 @@
 //! that every stack the profiler records is named from the same frame objects (see
 //! `stack_capture`'s module doc, "Names").
 //!
-//! Ruby 3.1 has no public API that reads another thread's frames without making Ruby objects,
-//! nor one that tells a method made with `define_method` (a *bmethod*) from the block it runs.
+//! Ruby 3.1 has no public API that reads another thread's frames without making Ruby objects
+//! (3.3 adds `rb_profile_thread_frames`), and no Ruby has one that tells a method made with
+//! `define_method` (a *bmethod*) from the block it runs. Used on 3.1, 3.3 and 3.4: the layouts
+//! below are the same in the three (checked in 3.3.8's and 3.4.5's `vm_core.h`, `method.h`
+//! and `internal/imemo.h`), but for the frame's size and `rb_thread_t::ec`'s offset, which
+//! `vm` gives per version, and for how 3.3+'s `rb_profile_frames` walks
+//! (`vm::PROFILE_FRAMES_SKIP_DUMMY_AND_PCLESS`), which [`read`] follows there.
 //! `rb_profile_frames` (Ruby 3.1 `vm_backtrace.c`) walks `GET_EC()->cfp` towards the root
 //! (`RUBY_VM_PREVIOUS_CONTROL_FRAME`, one 64-byte `rb_control_frame_t` at a time) up to
 //! `RUBY_VM_END_CONTROL_FRAME(ec)` (`ec->vm_stack + ec->vm_stack_size`). For a Ruby frame
@@ -47,7 +52,7 @@
 //! `rb_profile_frames` gives; the thread's `ec->thread_ptr` back to its `rb_thread_t`; a C
 //! method's `original_id` naming it as `rb_profile_frame_method_name` does; a Ruby method's
 //! `body.iseq.iseqptr` being the iseq its frame runs; and the bmethod's Proc running the
-//! iseq of its frame. Only if all hold (and only on Ruby 3.1) is [`read`] used; otherwise the
+//! iseq of its frame. Only if all hold is [`read`] used; otherwise the
 //! profiler names frames the weaker way (`stack_capture`'s module doc). Each later read checks
 //! the thread's back pointer and bounds again, and a bmethod's Proc is only followed to an
 //! iseq that is a live `imemo_iseq`.
@@ -63,13 +68,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use rb_sys::VALUE;
 
-const THREAD_SELF: usize = 0x10;
-const THREAD_EC: usize = 0x28;
 const EC_VM_STACK: usize = 0x00;
 const EC_VM_STACK_SIZE: usize = 0x08;
 const EC_CFP: usize = 0x10;
 const EC_THREAD_PTR: usize = 0x30;
-const CFP_SIZE: usize = 0x40;
+const CFP_SIZE: usize = crate::vm::CFP_SIZE;
 const CFP_PC: usize = 0x00;
 const CFP_ISEQ: usize = 0x10;
 const CFP_EP: usize = 0x20;
@@ -110,8 +113,9 @@ const FAILED: u8 = 3;
 
 static STATE: AtomicU8 = AtomicU8::new(UNCHECKED);
 
-/// Whether this reader is built for the Ruby at hand: its layouts are Ruby 3.1's.
-pub const BUILT: bool = cfg!(ruby_eq_3_1);
+/// Whether this reader is built for the Ruby at hand: the layouts below hold on 3.1, 3.3 and
+/// 3.4 (module doc), with the frame size and thread layout of `vm`.
+pub const BUILT: bool = crate::vm::THREAD_EC_OFFSET.is_some();
 
 /// Whether [`read`] is in use (the self-check passed).
 pub fn available() -> bool {
@@ -295,9 +299,7 @@ pub enum Bmethods {
 ///
 /// `thread` is a live Thread; GVL held; the layouts were checked (or are being).
 pub unsafe fn thread_ec(thread: VALUE) -> Option<*const u8> {
-    if !BUILT {
-        return None;
-    }
+    let thread_ec = crate::vm::THREAD_EC_OFFSET?;
     // SAFETY: a Thread is a typed data object whose data is its rb_thread_t.
     let th = unsafe { rb_sys::RTYPEDDATA_GET_DATA(thread) } as *const u8;
     if th.is_null() {
@@ -305,7 +307,10 @@ pub unsafe fn thread_ec(thread: VALUE) -> Option<*const u8> {
     }
     // SAFETY: rb_thread_t's `self` and `ec` fields (module doc).
     let (own, ec) = unsafe {
-        (*(th.add(THREAD_SELF) as *const VALUE), *(th.add(THREAD_EC) as *const *const u8))
+        (
+            *(th.add(crate::vm::THREAD_SELF_OFFSET) as *const VALUE),
+            *(th.add(thread_ec) as *const *const u8),
+        )
     };
     if own != thread || ec.is_null() {
         return None;
@@ -330,9 +335,13 @@ pub unsafe fn read(ec: *const u8, frames: &mut [VALUE], lines: &mut [i32], bm: B
             *(ec.add(EC_CFP) as *const usize),
         )
     };
-    let end = stack.wrapping_add(size.wrapping_mul(8));
+    let mut end = stack.wrapping_add(size.wrapping_mul(8));
     if stack == 0 || cfp < stack || cfp > end {
         return 0; // not started, or finished (module doc)
+    }
+    let top = cfp;
+    if crate::vm::PROFILE_FRAMES_SKIP_DUMMY_AND_PCLESS {
+        end = end.saturating_sub(CFP_SIZE); // the dummy frame at the bottom (3.3+)
     }
     let limit = frames.len().min(lines.len());
     let mut n = 0;
@@ -351,14 +360,19 @@ pub unsafe fn read(ec: *const u8, frames: &mut [VALUE], lines: &mut [i32], bm: B
         let me = unsafe { frame_method_entry(ep) };
         // SAFETY: `me` is a live method entry (the frame marks it).
         let kind = me.map(|me| unsafe { method_type(me) });
-        if flags & FRAME_FLAG_CFRAME == 0 {
+        let pcless = crate::vm::PROFILE_FRAMES_SKIP_DUMMY_AND_PCLESS && pc == 0;
+        if flags & FRAME_FLAG_CFRAME == 0 && !pcless {
             frames[n] = match (me, kind) {
                 (Some(me), Some(METHOD_ISEQ)) => me,
                 (Some(me), Some(METHOD_BMETHOD)) if bm == Bmethods::Named => me,
                 _ => iseq,
             };
+            // SAFETY: on 3.3+, a frame's `jit_return` word (vm::CFP_JIT_RETURN_OFFSET).
+            let jitted = crate::vm::PROFILE_FRAMES_SKIP_DUMMY_AND_PCLESS
+                && cfp == top
+                && unsafe { *((cfp + crate::vm::CFP_JIT_RETURN_OFFSET) as *const usize) } != 0;
             // SAFETY: a Ruby frame's iseq and pc.
-            lines[n] = unsafe { line_of(iseq, pc) };
+            lines[n] = if jitted { 0 } else { unsafe { line_of(iseq, pc) } };
             n += 1;
         } else if let (Some(me), Some(METHOD_CFUNC)) = (me, kind) {
             frames[n] = me;

@@ -6,13 +6,13 @@ module DdprofRecorder
     # whichever path read it (the rules: "Names" in ext/ddprof_recorder/src/stack_capture.rs;
     # for users: docs/profiler.md, "Frame names").
     #
-    # Frames are named `Klass#meth`. On Ruby 3.3+ they are read through the public API
-    # (`rb_profile_frames`, `rb_profile_thread_frames`), and {.check} has nothing to check. On
-    # Ruby 3.1 they are read natively, for the current thread and for others, through the VM's
-    # own structures (ext/ddprof_recorder/src/vm_frames.rs). That reader checks itself once per
-    # process ({.check}) before anything is named; if the check fails, every frame is named the
-    # weaker way, from what a `Thread::Backtrace::Location` gives, and other threads are read
-    # with `Thread#backtrace_locations`.
+    # Frames are named `Klass#meth`. They are read natively, for the current thread and for
+    # others, through the VM's own structures (ext/ddprof_recorder/src/vm_frames.rs, on 3.1,
+    # 3.3 and 3.4). That reader checks itself once per process ({.check}) before anything is
+    # named. If the check fails, on 3.3+ frames are read through the public API
+    # (`rb_profile_frames`, `rb_profile_thread_frames`) and still named `Klass#meth`; on 3.1
+    # every frame is named the weaker way, from what a `Thread::Backtrace::Location` gives,
+    # and other threads are read with `Thread#backtrace_locations`.
     module FrameNames
       @checked = false
 
