@@ -175,8 +175,13 @@ struct PendingRoot;
 
 impl DataTypeFunctions for PendingRoot {
     fn mark(&self, _marker: &gc::Marker) {
-        // Never contended: the locks are never held across an allocation (module doc).
-        let (Ok(guard), Ok(flying)) = (STATE.try_lock(), FLYING.try_lock()) else { return };
+        // Never contended: the locks are never held across an allocation (module doc). A lock
+        // poisoned by a panic still holds what must be marked: its data is marked all the same.
+        let (Some(guard), Some(flying)) =
+            (unpoisoned(STATE.try_lock()), unpoisoned(FLYING.try_lock()))
+        else {
+            return;
+        };
         let pending = guard.iter().flat_map(|state| {
             state.pending.iter().flat_map(|pending| {
                 let frames = &state.frames[pending.start..pending.start + pending.depth];
@@ -190,6 +195,15 @@ impl DataTypeFunctions for PendingRoot {
                 unsafe { rb_sys::rb_gc_mark(value) };
             }
         }
+    }
+}
+
+/// A `try_lock`'s guard, poisoned or not; None only if the lock is held.
+fn unpoisoned<T>(locked: std::sync::TryLockResult<MutexGuard<'_, T>>) -> Option<MutexGuard<'_, T>> {
+    match locked {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
     }
 }
 
