@@ -16,9 +16,12 @@ RSpec.describe DdprofRecorder::StackRecorder, "soak" do
     expect(figures[:samples_lost]).to eq(0)
     expect(figures[:samples_dropped]).to eq(0)
     expect(figures[:samples_recorded]).to eq(cycles * figures[:samples_per_cycle])
-    # The whole process is ~30 MiB here, so the Ruby heap's own ups and downs move RSS by a few
-    # percent either way (-7%..+4% seen): 20% in CI, the issue's 10% on medium in bench/soak.rb.
-    expect(figures[:rss_growth_percent]).to be < 20, -> { "RSS grew: #{figures}" }
+    # RSS is the whole process's: about 30 MiB when this file runs alone, but 180 MiB or more
+    # late in the suite, where the Ruby heap and malloc's arenas still settle in the first
+    # cycles (+24% from cycle 10 to 100 in a loaded CI run on 3.3.8, +4.1% of it after cycle
+    # 50). A leak grows with every cycle: it shows in the second half, checked here; the
+    # issue's 10% from the start holds on medium in bench/soak.rb.
+    expect(figures[:rss_growth_after_warm_percent]).to be < 15, -> { "RSS grew: #{figures}" }
     expect(figures[:memsize_last]).to be <= figures[:memsize_early] * 1.10, -> { "memsize_of grew: #{figures}" }
     # The recorder holds megabytes here; memsize_of is within 10% of what freeing it returns.
     expect(figures[:native_bytes_freed]).to be > 1_000_000, -> { "nothing measured: #{figures}" }
