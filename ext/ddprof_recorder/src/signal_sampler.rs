@@ -55,7 +55,7 @@
 //! `rb_profile_frames` reads the running thread's control frames (`ec->cfp` down to the end
 //! frame, Ruby 3.1 `vm_backtrace.c`), and for each its iseq or method entry and line, with no
 //! allocation and no lock; the handler reads them that way too, through
-//! `stack_capture::read_current` (`vm_frames` on Ruby 3.1 once its self-check passed, which
+//! `stack_capture::read_current` (`vm_frames` on 3.1, 3.3 and 3.4 once its self-check passed, which
 //! reads the same fields and gives a `define_method` method its method entry; else
 //! `rb_profile_frames` itself). Reading them in a handler is sound since Ruby 3.0: `vm_push_frame`
 //! fills a frame before it moves `ec->cfp` to it (ruby/ruby PR #3296, commit 0e276dc), so an
