@@ -310,9 +310,10 @@ module DdprofRecorder
         @sampler_thread = Thread.new { run_sampler_thread(wake, run) }
         @sampler_thread.name = "ddprof_recorder sampler"
         @sampler_thread.report_on_exception = false
-        @sampler.baseline(Profiler._native_task_ids, Thread.list)
+        @sampler.baseline(Profiler._native_task_ids, Thread.list, starting: true)
         start_sampling(run)
         start_memory
+        @sampler.started(Profiler._native_current_thread_cpu_time_ns)
       end
       self
     end
@@ -360,7 +361,7 @@ module DdprofRecorder
       # Where this thread runs now, and its CPU: if the profiler samples it, what it carries
       # goes there, and the stopping work below is not charged to it.
       caller_cpu_ns = Profiler._native_current_thread_cpu_time_ns
-      caller_stack = caller_locations(1)
+      caller_stack = FrameNames.program_locations(caller_locations(1))
       # Only the state change is under the lock: joining the threads (up to 35 s) and calling
       # the exporter are not, so that an exporter that calls stop or start does not deadlock
       # on it, nor wait for it. (A trap handler's call runs in a thread of its own, above.)
@@ -371,6 +372,7 @@ module DdprofRecorder
         @stopped_ns = now_ns
         return nil unless Process.pid == @pid
 
+        @sampler.stopping(caller_cpu_ns)
         Profiler._native_sampling_stop(self)
         stop_memory
         { thread: @sampler_thread, wake: @wake_writer, exporting: @exporting, sampler: @sampler,
@@ -429,8 +431,9 @@ module DdprofRecorder
     #   which carry its CPU), `:late_jobs` (jobs that ran after their thread had been blocked,
     #   whose CPU was carried), `:errors` (passes that raised), `:seconds`, `:effective_hz`
     #   (passes per second really reached), `:on_cpu_hz` (on-CPU samples per second),
-    #   `:sampler_cpu_ns` (CPU of the profiler's Ruby thread since the run started, and of
-    #   the jobs' own work, which the program's threads pay), `:trigger_cpu_ns` (CPU of the
+    #   `:sampler_cpu_ns` (CPU of the profiler's Ruby thread since the run started, of the
+    #   jobs' own work, which the program's threads pay, and of {#start}'s work on the thread
+    #   that called it, which the profile leaves out too), `:trigger_cpu_ns` (CPU of the
     #   native trigger thread),
     #   `:recorder` ({StackRecorder#stats}), `:interrupt_deferral` (whether the jobs defer
     #   the program's `Thread#raise`/`Timeout` to after them on this Ruby: its thread layout
@@ -465,7 +468,7 @@ module DdprofRecorder
         sampling_mode_reason: @sampling_mode_reason,
         interrupt_deferral: @interrupt_deferral,
         signals: @started ? signal_stats(Profiler._native_sampling_stats) : @signal_stats,
-        sampler_cpu_ns: (thread_cpu || 0) + counts[:job_cpu_ns],
+        sampler_cpu_ns: (thread_cpu || 0) + counts[:job_cpu_ns] + counts[:start_cpu_ns],
         trigger_cpu_ns: @started ? Profiler._native_sampling_stats[:trigger_cpu_ns] : @trigger_cpu_ns,
         recorder: @recorder.stats,
       }.merge(memory_stats).merge(exporter_stats)

@@ -40,7 +40,7 @@ RSpec.describe "ddprof-recorder record" do
       DdprofRecorder::CLI.run(["record", "-o", "r.pb", "--", RbConfig.ruby, "-e", "exit 3"], out: writer, err: err)
     end
     expect([err.string, status]).to eq(["", 3])
-    expect(DdprofRecorder.summary(File.binread(File.join(@dir, "r.pb")))[:thread_names]).to eq(["main"])
+    expect(DdprofRecorder.summary(File.binread(File.join(@dir, "r.pb")))[:comments]).to include(start_with("sampling: "))
   ensure
     writer&.close
   end
@@ -79,7 +79,7 @@ RSpec.describe "ddprof-recorder record" do
     expect([err, status]).to eq(["", 0])
     expect(mine.map { |name| File.read(File.join(@dir, name)) }).to eq(%w[mine] * 4)
     path = File.join(@dir, "backup.tar.gz")
-    expect(DdprofRecorder.summary(File.binread(path))[:thread_names]).to eq(["main"])
+    expect(DdprofRecorder.summary(File.binread(path))[:comments]).to include(start_with("sampling: "))
     expect(out.lines(chomp: true)).to include(
       "  written   backup.tar.gz (#{File.size(path)} bytes)",
       "  replaced  backup.tar.gz, from before this run",
@@ -150,6 +150,21 @@ RSpec.describe "ddprof-recorder record" do
     expect(lines.drop(1).map { |l| l[0, 12].strip }).to eq(["duration", "samples", "sampling", "threads", "cpu-time",
                                                           "written", "view it", "", ""])
     expect(out).not_to include("recording.rb")
+  end
+
+  # Issue 21: `record -- ruby -e 'exit 3'` charged its whole profile (554 µs) to
+  # DdprofRecorder::Recording.start, the profiler's own start and stop work.
+  it "keeps the profiler's own start and stop work out of the profile (at 999 Hz, with allocations)" do
+    files = (1..4).map do |i|
+      out, err, status = run_exe("record", "-o", "own#{i}.pb", "--hz", "999", "--allocations", "--",
+                                 RbConfig.ruby, "-e", "x = 0; 100_000.times { x += 1 }; exit 3")
+      expect([err, status]).to eq(["", 3])
+      expect(out).not_to include("recording.rb")
+      File.binread(File.join(@dir, "own#{i}.pb"))
+    end
+    files_of = files.flat_map { |pprof| samples_from(decode_pprof(pprof)).flat_map { _1[:frames] }.map { _1[1] } }
+    expect(files_of).to include("-e")
+    expect(files_of.uniq.grep(%r{lib/ddprof_recorder/})).to eq([])
   end
 
   describe "the sampling line" do

@@ -60,7 +60,7 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
 
   describe "signals" do
     # A fresh process (in the spec's own process, another example's profiler may have run
-    # already): the main thread loops over Ruby work for a second while another sleeps 5 ms
+    # already): the main thread loops over Ruby work until it used 0.5 s of CPU while another sleeps 5 ms
     # at a time, profiled at 999 Hz. It reads its signal masks before loading the gem, after
     # loading it, while profiling and after stopping, and prints them with the profiler's
     # counters, the sampling signal and the sleeper's native id as JSON. glibc (2.34+)
@@ -76,10 +76,18 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
       require "json"
       seen["loaded"] = masks
       profiler = DdprofRecorder::Profiler.new(hz: 999, compression: :none).start
-      sleeper = Thread.new { deadline = now + 1; sleep 0.005 while now < deadline }
-      deadline = now + 1
+      done = false
+      sleeper = Thread.new { sleep 0.005 until done }
+      # Busy until this thread has used 0.5 s of CPU (a loaded machine gives it less than the
+      # wall time), or 20 s went by.
+      cpu = -> { Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) }
+      cpu_until = cpu.call + 0.5
+      deadline = now + 20
       x = 0
-      x += [x % 7, 1].map { |v| v * 2 }.sum while now < deadline
+      while cpu.call < cpu_until && now < deadline
+        1000.times { x += [x % 7, 1].map { |v| v * 2 }.sum }
+      end
+      done = true
       sleeper_id = sleeper.native_thread_id
       sleeper.join
       seen["running"] = masks
@@ -131,7 +139,7 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
       it "installs no signal handler and leaves no signal pending" do
         result = run_program(env: env)
         expect(result["stats"]["sampling_mode"]).to eq("off")
-        expect(result["stats"]["on_cpu_samples"]).to be > 50 # it sampled meanwhile (999 Hz for 1 s)
+        expect(result["stats"]["on_cpu_samples"]).to be > 50 # it sampled meanwhile (999 Hz for 0.5 s of CPU)
         %w[loaded running stopped].each do |moment|
           expect(handled(result["masks"], moment)).to eq(handled(result["masks"], "before")), "handled signals #{moment}"
         end
@@ -282,7 +290,10 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
         expect([read, read == 5 ? buffer.to_s(5) : nil]).to eq([5, "hello"]), "read(2): errno #{read_errno}"
         expect(read_seconds).to be_between(min_wait, max_wait)
       end
-      busy(0.05) # let the jobs asked for meanwhile run
+      # Let the jobs asked for meanwhile run, and the profiler sample (a loaded machine gives
+      # this thread less of the wall time).
+      deadline = monotonic + 20
+      busy(0.01) until profiler.stats[:on_cpu_samples] > 10 || monotonic > deadline
       profiler.stop
       stop = true
       busy_thread.join
@@ -317,8 +328,13 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
         3.times { |i| Process.kill(:PROF, Process.pid); wait_count(base + i + 1) }
         3.times { |i| c_kill.call(Process.pid, Signal.list["PROF"]); wait_count(base + i + 4) }
         x = 0
-        deadline = now + 0.3 # profiling on: any other SIGPROF would be counted
-        x += 1 while now < deadline
+        # Profiling on: any other SIGPROF would be counted. At least 0.3 s, and until the
+        # profiler ran 100 jobs (a loaded machine gives this thread less of that time).
+        shortest = now + 0.3
+        deadline = now + 20
+        until now > deadline || (now > shortest && DdprofRecorder::Profiler._native_sampling_stats[:jobs] > 100)
+          10_000.times { x += 1 }
+        end
         $count - base
       end
       stop = false

@@ -15,6 +15,8 @@ module DdprofRecorder
     # and other threads are read with `Thread#backtrace_locations`.
     module FrameNames
       @checked = false
+      # The gem's own Ruby files: a frame in them is the profiler's work, not the program's.
+      OWN_DIR = "#{File.expand_path('..', __dir__)}/".freeze
 
       class << self
         # Runs the native reader's self-check, once per process.
@@ -55,6 +57,16 @@ module DdprofRecorder
           return location_frames(locations) unless frames && frames.size >= locations.size
 
           frames.last(locations.size)
+        end
+
+        # `locations` (leaf first) without the gem's own frames on top: where the program
+        # called into the profiler (a `record` run's at_exit hook calls {Profiler#stop} from
+        # lib/ddprof_recorder/recording.rb).
+        #
+        # @param locations [Array<Thread::Backtrace::Location>]
+        # @return [Array<Thread::Backtrace::Location>]
+        def program_locations(locations)
+          locations.drop_while { |location| location.absolute_path&.start_with?(OWN_DIR) }
         end
 
         # Locations as frames named the weaker way: the `base_label`, spelled as every name

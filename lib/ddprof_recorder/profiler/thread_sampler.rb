@@ -96,7 +96,9 @@ module DdprofRecorder
       # @return [Hash{Symbol => Integer}] counters: `:passes`, `:samples` (thread samples
       #   recorded or added up), `:on_cpu_samples`, `:signal_samples` (on-CPU samples taken
       #   at a thread's CPU tick, see #signal_samples), `:carried_cpu_samples` (samples whose
-      #   CPU was carried), `:job_cpu_ns` (CPU the jobs' own work used), `:errors`.
+      #   CPU was carried), `:job_cpu_ns` (CPU the jobs' own work used), `:start_cpu_ns` (CPU
+      #   of the profiler's starting work on the thread that started it, see #started),
+      #   `:errors`.
       attr_reader :counts
       # @return [Integer, nil] monotonic ns of the latest job, nil before the first.
       attr_reader :last_job_ns
@@ -131,7 +133,11 @@ module DdprofRecorder
         @scan_tids = []
         @scan_seen = []
         @counts = { passes: 0, samples: 0, on_cpu_samples: 0, signal_samples: 0, carried_cpu_samples: 0,
-                    job_cpu_ns: 0, errors: 0 }
+                    job_cpu_ns: 0, start_cpu_ns: 0, errors: 0 }
+        # `[native id, CPU clock]` of the thread that started the profiler: its ticks and jobs
+        # before that clock reading were inside Profiler#start (nil while it is under way);
+        # and of the thread stopping it, after which they are inside Profiler#stop.
+        @start_cut = @stop_cut = nil
         # Signal sampling (#start_signals): the timers' period, and the states by native id.
         @signal_period_ns = nil
         @by_tid = {}
@@ -148,14 +154,52 @@ module DdprofRecorder
       # every native thread of the process (/proc/self/task), idle cached ones included, so
       # that a Ruby thread started later on a reused native thread is not charged the CPU of
       # the threads that ran there before.
-      def baseline(native_ids, threads)
+      #
+      # @param starting [Boolean] the calling thread is starting the profiler: its samples
+      #   until #started are the profiler's work.
+      def baseline(native_ids, threads, starting: false)
         now = @clock.now_ns
         native_ids.each do |tid|
           cpu = @clock.thread_cpu_ns(tid)
           @charged_cpu[tid] = cpu if cpu
         end
         threads.each { |thread| @threads[thread] = new_state(thread, now) unless @internal.call(thread) }
+        caller_tid = starting && @threads[Thread.current]&.native_id
+        @start_cut = caller_tid && [caller_tid, nil]
         @last_pass_ns = now
+      end
+
+      # At the end of Profiler#start, on the thread that called it (and #baseline): the CPU it
+      # used since #baseline was the profiler's starting work (arming timers, installing hooks,
+      # the allocation calibration), so its account starts at `cpu_ns`, and a tick or a job of
+      # it until then records nothing: its stack was inside Profiler#start.
+      #
+      # @param cpu_ns [Integer] the calling thread's CPU clock now.
+      # @return [void]
+      def started(cpu_ns)
+        @lock.synchronize do
+          tid = @start_cut&.first
+          state = @threads[Thread.current]
+          next unless tid && state&.native_id == tid
+
+          @counts[:start_cpu_ns] += uncharged_cpu(tid, cpu_ns)
+          @charged_cpu[tid] = cpu_ns
+          @start_cut = [tid, cpu_ns]
+          looked(state, cpu_ns)
+        end
+      end
+
+      # At the start of Profiler#stop, on the thread that called it: a tick or a job of it
+      # from `cpu_ns` on records nothing (its stack is inside Profiler#stop; #flush charges
+      # what it carries to where it called from).
+      #
+      # @param cpu_ns [Integer] the calling thread's CPU clock now.
+      # @return [void]
+      def stopping(cpu_ns)
+        @lock.synchronize do
+          tid = @threads[Thread.current]&.native_id
+          @stop_cut = [tid, cpu_ns] if tid
+        end
       end
 
       # The sampling job's handler, on the thread that holds the GVL.
@@ -372,6 +416,7 @@ module DdprofRecorder
         # Not armed for this thread any more, or nothing to record: its CPU stays uncharged,
         # for its next sample.
         return unless state && state.armed == tid && depth.positive?
+        return if own_work?(tid, cpu_ns)
 
         flush_idle(state)
         refresh_labels(state, state.thread) unless same_labels?(state, state.thread)
@@ -384,6 +429,21 @@ module DdprofRecorder
         record(state, key, cpu_used, 1, at_ns)
         state.signal_pass = @counts[:passes]
         looked(state, cpu_ns)
+      end
+
+      # Whether a sample of `tid` at CPU clock `cpu_ns` was taken inside Profiler#start or
+      # #stop (see #started and #stopping). The start's cut goes once a later sample passes
+      # it: a new thread that reuses the native id starts its clock at 0.
+      def own_work?(tid, cpu_ns)
+        stop = @stop_cut
+        return true if stop && stop[0] == tid && cpu_ns >= stop[1]
+
+        start = @start_cut
+        return false unless start && start[0] == tid
+        return true if start[1].nil? || cpu_ns < start[1]
+
+        @start_cut = nil
+        false
       end
 
       # Its CPU clock when looked at; the scan finds it idle while the clock reads that, if
@@ -404,9 +464,11 @@ module DdprofRecorder
         return if no_stack?(stack)
 
         state = state_for(thread, now_ns)
+        tid = state.native_id
+        return if own_work?(tid, cpu_ns)
+
         flush_idle(state)
         refresh_labels(state, thread) unless same_labels?(state, thread)
-        tid = state.native_id
         cpu_used = 0
         if on_time
           take_gc(state, now_ns)
@@ -586,7 +648,8 @@ module DdprofRecorder
         # (#signal_charge): its last signal sample's stack is a fair draw for it, the stack
         # of a caller stopping the profiler is not.
         stack = state.on_cpu_locations if no_stack?(stack) || (state.armed && state.on_cpu_locations)
-        stack ||= thread.alive? ? FrameNames.thread_stack(thread) : nil
+        # The current thread is in the profiler (stopping it, or closing a window).
+        stack ||= thread.alive? && !thread.equal?(Thread.current) ? FrameNames.thread_stack(thread) : nil
         stack = state.locations if no_stack?(stack)
         return if no_stack?(stack)
 
@@ -620,6 +683,7 @@ module DdprofRecorder
         return unless tid
 
         Profiler._native_forget_thread_stacks(tid)
+        @start_cut = nil if @start_cut&.first == tid
       end
 
       # Ruby gives the native thread of a finished thread to a new one, which then has the
