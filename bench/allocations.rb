@@ -8,6 +8,7 @@
 #
 #   ruby bench/allocations.rb [--rounds 10] [--iterations 40] [--workload strings|json|phases]
 #                             [--kinds cpu,default,...] [--default-interval N]
+#                             [--default-overhead F]
 #   bench/run allocations ...     (the same)
 #
 # `--workload json` times `JSON.parse` and `JSON.generate` of a 200-record document instead
@@ -118,6 +119,7 @@ module AllocationBench
     GC.start
     default = { allocations: true }
     default[:allocation_interval] = Integer(ENV["BENCH_DEFAULT_INTERVAL"]) if ENV["BENCH_DEFAULT_INTERVAL"]
+    default[:allocation_overhead] = Float(ENV["BENCH_DEFAULT_OVERHEAD"]) if ENV["BENCH_DEFAULT_OVERHEAD"]
     options = { "cpu" => {}, "default" => default, "gc" => { gc: true }, "heap" => { heap: true },
                 "always" => { allocations: true, allocation_overhead: 1.0 },
                 "hooked" => { allocations: true, allocation_overhead: 1.0,
@@ -166,6 +168,8 @@ module AllocationBench
       o.on("--kinds LIST", Array, "a subset of #{KINDS.join(",")}") { |v| kinds = v & KINDS }
       # Another interval for `default` (the duty cycle as it is): to try a default.
       o.on("--default-interval N", Integer) { |v| ENV["BENCH_DEFAULT_INTERVAL"] = v.to_s }
+      # Another allocation_overhead for `default`: to try a default duty cycle.
+      o.on("--default-overhead F", Float) { |v| ENV["BENCH_DEFAULT_OVERHEAD"] = v.to_s }
       o.on("--child KIND") { |v| return child(v, iterations, workload) }
     end.parse!(argv)
 

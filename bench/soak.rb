@@ -10,6 +10,11 @@
 # Reports:
 # - RSS (VmRSS) after cycle 10 and after the last cycle, and the growth between them (the issue's
 #   bound: within 10%);
+# - glibc malloc's in-use bytes (mallinfo2) after cycle 50 and after the last: what a leak of
+#   native memory grows, where RSS also moves with how glibc keeps freed memory (on Ruby 3.3.8
+#   RSS went from 38 to 92 MiB between cycles 50 and 100 of `small`, then stayed about 115 MiB
+#   up to cycle 300, with the recorder's memory flat); and the Ruby heap's live slots then
+#   (GC.stat(:heap_live_slots), after a GC): what a leak of Ruby objects grows;
 # - ObjectSpace.memsize_of(recorder) against the native memory the recorder really holds,
 #   measured as what glibc malloc gets back when the recorder is freed (mallinfo2's in-use bytes,
 #   through a Testing hook), with the recorder full (last cycle recorded, not yet serialized).
@@ -68,6 +73,8 @@ module Soak
     # Held only in this Array, never in a local, so that the final measurement can drop it.
     box = []
     rss = {}
+    in_use = {}
+    live_slots = {}
     memsize = {}
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     bytes_out = 0
@@ -85,6 +92,8 @@ module Soak
         if cycle == early || cycle == warm || cycle == cycles
           GC.start
           rss[cycle] = rss_bytes
+          in_use[cycle] = malloc_in_use
+          live_slots[cycle] = GC.stat(:heap_live_slots)
           memsize[cycle] = ObjectSpace.memsize_of(box[0])
         end
         progress&.call(cycle, rss_bytes, ObjectSpace.memsize_of(box[0])) if (cycle % 50).zero?
@@ -101,6 +110,9 @@ module Soak
       size: size, cycles: cycles, samples_per_cycle: workload[:samples].size, seconds: seconds.round(1),
       rss_early_cycle: early, rss_early: rss[early], rss_last: rss[cycles], rss_growth_percent: growth&.round(2),
       rss_warm_cycle: warm, rss_warm: rss[warm],
+      malloc_in_use_warm: in_use[warm], malloc_in_use_last: in_use[cycles],
+      malloc_growth_after_warm_percent: in_use[warm] && in_use[cycles] && cycles > warm ? ((in_use[cycles] - in_use[warm]).fdiv(in_use[warm]) * 100).round(2) : nil,
+      live_slots_warm: live_slots[warm], live_slots_last: live_slots[cycles],
       rss_growth_after_warm_percent: rss[warm] && rss[cycles] && cycles > warm ? ((rss[cycles] - rss[warm]).fdiv(rss[warm]) * 100).round(2) : nil,
       memsize_early: memsize[early], memsize_last: memsize[cycles],
       memsize_full: held[:memsize], native_bytes_freed: held[:freed],

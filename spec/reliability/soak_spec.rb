@@ -9,19 +9,21 @@ require_relative "../../bench/soak"
 RSpec.describe DdprofRecorder::StackRecorder, "soak" do
   cycles = Integer(ENV.fetch("SOAK_CYCLES", "100"))
 
-  it "keeps RSS and memsize_of flat over #{cycles} serialize cycles, and memsize_of matches what it holds" do
+  it "keeps native memory, Ruby objects and memsize_of flat over #{cycles} serialize cycles, and memsize_of matches what it holds" do
     figures = Soak.run(size: "small", cycles: cycles)
     File.write(ENV["SOAK_REPORT_FILE"], JSON.generate(figures)) if ENV["SOAK_REPORT_FILE"]
 
     expect(figures[:samples_lost]).to eq(0)
     expect(figures[:samples_dropped]).to eq(0)
     expect(figures[:samples_recorded]).to eq(cycles * figures[:samples_per_cycle])
-    # RSS is the whole process's: about 30 MiB when this file runs alone, but 180 MiB or more
-    # late in the suite, where the Ruby heap and malloc's arenas still settle in the first
-    # cycles (+24% from cycle 10 to 100 in a loaded CI run on 3.3.8, +4.1% of it after cycle
-    # 50). A leak grows with every cycle: it shows in the second half, checked here; the
-    # issue's 10% from the start holds on medium in bench/soak.rb.
-    expect(figures[:rss_growth_after_warm_percent]).to be < 15, -> { "RSS grew: #{figures}" }
+    # A leak grows with every cycle: native memory (glibc malloc's in-use bytes) or Ruby
+    # objects (the heap's live slots after a GC), checked over the second half. RSS is not
+    # asserted here: it also holds what glibc keeps of freed memory, and on Ruby 3.3.8 it went
+    # from 38 to 92 MiB between cycles 50 and 100 of this file run alone, with in-use bytes and
+    # live slots flat to 0.02%, and fell back to 30 MiB when the soak's thread ended. The issue's
+    # RSS bound (10% from the start) is bench/soak.rb's, on medium.
+    expect(figures[:malloc_growth_after_warm_percent]).to be < 10, -> { "native memory grew: #{figures}" }
+    expect(figures[:live_slots_last]).to be <= figures[:live_slots_warm] * 1.10, -> { "Ruby objects grew: #{figures}" }
     expect(figures[:memsize_last]).to be <= figures[:memsize_early] * 1.10, -> { "memsize_of grew: #{figures}" }
     # The recorder holds megabytes here; memsize_of is within 10% of what freeing it returns.
     expect(figures[:native_bytes_freed]).to be > 1_000_000, -> { "nothing measured: #{figures}" }
