@@ -209,7 +209,10 @@ module AllocationBench
       # profile also holds the few allocations made between start and the timed work).
       summary[:default_estimate_ratios] = default.map { |r| (r[:estimated].to_f / r[:allocated]).round(3) }
       leaf = workload == "phases" ? "dense" : "ten"
-      summary[:"default_#{leaf}_shares"] = default.map { |r| shares(r[:top])[leaf] }
+      # Function names are qualified (`AllocationBench::Work.ten`).
+      summary[:"default_#{leaf}_shares"] = default.map do |r|
+        shares(r[:top]).find { |name, _| name == leaf || name.end_with?(".#{leaf}", "##{leaf}") }&.last || 0.0
+      end
       summary[:default_hook_on_share] = median(default.map { |r| r.dig(:stats, :hook_on_share) }).round(3)
       summary[:default_hook_cost_ns] = median(default.map { |r| r.dig(:stats, :hook_cost_ns) }).round(1)
       summary[:default_samples] = median(default.map { |r| r.dig(:stats, :recorded) })
@@ -222,6 +225,8 @@ module AllocationBench
       puts format("  default: hook on %.1f%% of the time, %.1f ns an allocation, %d samples; alloc-count / true count %s",
                   100 * summary[:default_hook_on_share], summary[:default_hook_cost_ns], summary[:default_samples],
                   summary[:default_estimate_ratios])
+      leaf = workload == "phases" ? "dense" : "ten"
+      puts format("  default: %s's share of alloc-count, each run: %s", leaf, summary[:"default_#{leaf}_shares"])
     end
     %w[default always every].each do |k|
       puts format("  shares (alloc-count) %-9s %s", k, summary[:"#{k}_shares"]) if summary[:"#{k}_shares"]

@@ -35,11 +35,11 @@ module DdprofRecorder
   #
   # - `allocations: true`: one allocation in about every `allocation_interval` the native
   #   NEWOBJ hook sees is sampled, with its stack: `alloc-samples` (samples) and
-  #   `alloc-count` (the allocations they stand for), labelled `"allocation class"`. The hook
-  #   is on only for random 2 ms slices of time, as many as keep its cost near
-  #   `allocation_overhead` of the program's time; each sample stands for the allocations the
-  #   hook did not see too (at `allocation_interval: 1` or `allocation_overhead: 1.0` it is
-  #   always on, and sees every allocation);
+  #   `alloc-count` (the allocations they stand for), labelled `"allocation class"`. By
+  #   default the hook is always on and sees every allocation. With `allocation_overhead`
+  #   below 1 (0.02, say) it is on only for random 2 ms slices of time, as many as keep its
+  #   cost near that share of the program's time, and each sample stands for the allocations
+  #   the hook did not see too: far cheaper, but the estimate wanders (bench/RESULTS.md);
   # - `heap: true` (implies allocations): the sampled objects the GC has not freed, reported
   #   per allocating stack and class at each window: `heap-live-samples` and `heap-live-size`
   #   (bytes, estimated: each object's `ObjectSpace.memsize_of` times its sample's weight);
@@ -81,10 +81,13 @@ module DdprofRecorder
     # bench/RESULTS.md): the cost of a sample is a few microseconds, so this keeps the
     # slowdown of an allocation-heavy program small.
     DEFAULT_ALLOCATION_INTERVAL = 4096
-    # The share of the program's time the allocation hook may cost (see the class doc):
-    # measured on bench/allocations.rb, this keeps an allocation-bound loop's slowdown under
-    # 3% (bench/RESULTS.md).
-    DEFAULT_ALLOCATION_OVERHEAD = 0.02
+    # The share of the program's time the allocation hook may cost (see the class doc): 1.0,
+    # the hook always on. The duty cycle (0.02 keeps an allocation-bound loop's slowdown under
+    # 3%) missed its accuracy target on a loaded machine: at load 5-6, 10 runs of
+    # bench/allocations.rb counted 0.61-1.74 of the true allocations at 0.02, 0.81-1.04 at
+    # 0.1, and 0.999-1.000 always on, which costs that loop 1.50x and JSON 1.27x
+    # (bench/RESULTS.md).
+    DEFAULT_ALLOCATION_OVERHEAD = 1.0
     # Ruby code that makes 10,000 objects of the usual kinds: what the allocation hook's cost
     # is measured on, with the hook off and on, when allocation sampling starts with a duty
     # cycle (ext/ddprof_recorder/src/allocation_sampler.rs, `calibrate`).
@@ -215,7 +218,7 @@ module DdprofRecorder
     # @param allocation_interval [Integer] sample one allocation in about this many the hook
     #   sees (1: every one, the hook always on), in {ALLOCATION_INTERVAL_RANGE}.
     # @param allocation_overhead [Float] the share of the program's time the allocation hook
-    #   may cost, in (0, 1]; 1.0 keeps it always on.
+    #   may cost, in (0, 1]; 1.0 (the default) keeps it always on, below 1 a duty cycle.
     # @param heap [Boolean] report the live heap at each window (samples allocations too).
     # @param gc [Boolean] charge GC time to a `(garbage collection)` frame.
     # @param signals [Boolean] read on-CPU stacks at each thread's CPU tick, from a signal

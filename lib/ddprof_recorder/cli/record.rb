@@ -55,7 +55,9 @@ module DdprofRecorder
           end
           o.on("--allocation-overhead F", Float,
                "the share of time the allocation hook may cost, 0 < F <= 1 (default " \
-               "#{Profiler::DEFAULT_ALLOCATION_OVERHEAD}; 1: always on)") { |v| options.allocation_overhead = v }
+               "#{Profiler::DEFAULT_ALLOCATION_OVERHEAD}: always on; 0.02 is cheap but its counts wander)") do |v|
+            options.allocation_overhead = v
+          end
           o.on("--heap", "also report the live heap (heap-live-samples, heap-live-size; implies --allocations)") do
             options.heap = options.allocations = true
           end
