@@ -68,9 +68,13 @@ File.open("Makefile", "w") do |mk|
       $(Q) #{cargo_env} #{build.shelljoin} || { echo #{DdprofRecorderBuild::BUILD_FAILED.shellescape} >&2; exit 1; }
       $(Q) $(COPY) $(CARGO_CDYLIB) $@
 
+    # The build's own copy goes once installed: RubyGems 3.3 runs no `make clean`, and it
+    # would stay in the installed gem's ext/ beside the two RubyGems keeps (its extension
+    # directory, and lib/).
     install: $(DLLIB)
       $(Q) $(MAKEDIRS) $(RUBYARCHDIR)
       $(Q) $(INSTALL_PROG) $(DLLIB) $(RUBYARCHDIR)
+      -$(Q) $(RM) $(DLLIB)
       #{remove_target}
 
     clean:

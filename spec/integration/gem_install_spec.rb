@@ -185,13 +185,21 @@ RSpec.describe "the gem, built and installed as a user would" do
         (@install_out, @install_ok), @install_seconds =
           timed { run(@gem_env, "gem", "install", "--local", "--no-document", @gem, chdir: @dir) }
       end
+      @installed_files = Dir.glob(File.join(@gem_home, "{gems,extensions}", "**", "*")).select { |f| File.file?(f) }
+      # The README's figures come from this line.
       RSpec.configuration.reporter.message(
-        format("gem build: %.1f s, %d bytes; gem install --local: %.1f s (cargo target: %s)",
-               @build_seconds, File.size?(@gem) || 0, @install_seconds || 0, env["CARGO_TARGET_DIR"])
+        format("gem build: %.1f s, %d bytes; gem install --local: %.1f s (cargo target: %s), installed: %d bytes " \
+               "in %d files, the library %d times",
+               @build_seconds, File.size?(@gem) || 0, @install_seconds || 0, env["CARGO_TARGET_DIR"],
+               @installed_files.sum { |f| File.size(f) }, @installed_files.size, installed_libraries.size)
       )
     end
 
     after(:context) { FileUtils.remove_entry(@dir, true) if @dir }
+
+    def installed_libraries
+      @installed_files.select { |f| File.basename(f) == "ddprof_recorder.#{RbConfig::CONFIG['DLEXT']}" }
+    end
 
     it "builds the .gem without warnings" do
       expect(@build_ok).to be(true), @build_out
@@ -207,6 +215,10 @@ RSpec.describe "the gem, built and installed as a user would" do
       ext = Dir[File.join(@gem_home, "extensions", "*", "*", "ddprof_recorder-#{version}", "ddprof_recorder",
                           "ddprof_recorder.#{RbConfig::CONFIG['DLEXT']}")]
       expect(ext.size).to eq(1)
+      # RubyGems keeps two copies (its extension directory, and lib/); the build's own is gone.
+      expect(installed_libraries.map { |f| f.delete_prefix(@gem_home) })
+        .to contain_exactly(ext.first.delete_prefix(@gem_home),
+                            "/gems/ddprof_recorder-#{version}/lib/ddprof_recorder/ddprof_recorder.#{RbConfig::CONFIG['DLEXT']}")
       # cargo's build tree was outside the gem (CARGO_TARGET_DIR); none is left in it.
       expect(Dir.exist?(File.join(installed, "ext", "ddprof_recorder", "target"))).to be(false)
     end
