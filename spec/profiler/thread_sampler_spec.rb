@@ -67,6 +67,28 @@ RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
     expect(sampler.counts).to include(on_cpu_samples: 2, carried_cpu_samples: 0)
   end
 
+  # Issue 21: the profiler's own start work was charged to the program (all of a short
+  # program's profile, in DdprofRecorder::Recording.start).
+  it "leaves out Profiler#start's and #stop's own work on the thread that calls them" do
+    clock.set_cpu(me, 0)
+    starting = described_class.new(recorder, internal: ->(_) { false }, clock: clock)
+    starting.baseline([me], [Thread.current], starting: true)
+    clock.set_cpu(me, 3_000_000)
+    starting.call(true, 3_000_000, clock.now_ns += 10_000_000) # a job inside start: nothing
+    clock.set_cpu(me, 4_000_000)
+    starting.started(4_000_000) # start returns: 4 ms were its own
+    clock.set_cpu(me, 9_000_000)
+    starting.call(true, 9_000_000, clock.now_ns += 10_000_000) # the program's 5 ms
+    clock.set_cpu(me, 10_000_000)
+    starting.stopping(10_000_000) # stop is called
+    clock.set_cpu(me, 11_000_000)
+    starting.call(true, 11_000_000, clock.now_ns += 10_000_000) # a job inside stop: nothing
+    samples = mine(profile_samples)
+    expect(samples.sum { |s| s[:values]["cpu-time"] }).to eq(5_000_000)
+    expect(samples.sum { |s| s[:values]["cpu-samples"] }).to eq(1)
+    expect(starting.counts).to include(start_cpu_ns: 4_000_000, on_cpu_samples: 1)
+  end
+
   it "leaves out the CPU of the job's own work" do
     sampler
     clock.set_cpu(me, 7_500_000) # the clock when the job ends: 0.5 ms of its own
