@@ -359,12 +359,15 @@ module DdprofRecorder
     def stop
       return TrapContext.outside_trap("Profiler#stop", [@lifecycle]) { stop } if TrapContext.trap_context?
 
-      # The stopping work's own allocations are not the program's.
-      Profiler._native_allocations_stop if @allocations && @started && Process.pid == @pid
       # Where this thread runs now, and its CPU: if the profiler samples it, what it carries
-      # goes there, and the stopping work below is not charged to it.
+      # goes there, and the stopping work below is not charged to it (a tick in it records
+      # nothing: ThreadSampler#stopping).
       caller_cpu_ns = Profiler._native_current_thread_cpu_time_ns
       caller_stack = FrameNames.program_locations(caller_locations(1))
+      running_here = @started && Process.pid == @pid
+      @sampler.stopping(caller_cpu_ns) if running_here
+      # The stopping work's own allocations are not the program's.
+      Profiler._native_allocations_stop if @allocations && running_here
       # Only the state change is under the lock: joining the threads (up to 35 s) and calling
       # the exporter are not, so that an exporter that calls stop or start does not deadlock
       # on it, nor wait for it. (A trap handler's call runs in a thread of its own, above.)
@@ -375,7 +378,6 @@ module DdprofRecorder
         @stopped_ns = now_ns
         return nil unless Process.pid == @pid
 
-        @sampler.stopping(caller_cpu_ns)
         Profiler._native_sampling_stop(self)
         stop_memory
         { thread: @sampler_thread, wake: @wake_writer, exporting: @exporting, sampler: @sampler,

@@ -121,7 +121,7 @@ RSpec.describe "exe/ddprof-recorder" do
       reader.close
       expect(Process.wait2(pid).last.exitstatus).to eq(3)
       expect(File.read(File.join(@dir, "piped.err"))).to eq("")
-      expect(DdprofRecorder.summary(File.binread(File.join(@dir, "piped.pb")))[:thread_names]).to eq(["main"])
+      expect(DdprofRecorder.summary(File.binread(File.join(@dir, "piped.pb")))[:comments]).to include(start_with("sampling: "))
     end
 
     it "rejects a missing command or a bad rate" do
