@@ -108,6 +108,39 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
     expect(second.profile { SignalSpecWork.run(0.1) }).not_to be_empty
   end
 
+  # A profiler of its own started in a forked child (a worker's, or after Process.daemon), not
+  # restarted by the fork hook: on Ruby 3.1 the thread that forked still says its parent's
+  # native id (Ruby bug #19873), and its timer could not be armed (signal_arm_failures 1, no
+  # signal sample: every stack read at interrupt checks).
+  it "arms the forked thread's timer in a child that starts a profiler of its own" do
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", lib, "-rddprof_recorder", "-rjson", "-r", File.join(__dir__, "signal_work.rb"),
+                                      "-e", <<~'RUBY', chdir: root)
+      DdprofRecorder::Profiler.new(hz: 99, compression: :none).profile { SignalSpecWork.run(0.1) } # in the parent too
+      reader, writer = IO.pipe
+      pid = fork do
+        profiler = DdprofRecorder::Profiler.new(hz: 99, compression: :none)
+        # 0.6 s of this thread's CPU (a loaded machine gives it less of the wall time), at most 20 s.
+        cpu = -> { Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) }
+        until_cpu = cpu.call + 0.6
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
+        profiler.profile do
+          SignalSpecWork.run(0.05) until cpu.call > until_cpu || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+        end
+        writer.write(JSON.generate(profiler.stats.slice(:signal_samples, :sampling_mode).merge(profiler.stats[:signals])))
+        writer.close
+        exit!(0)
+      end
+      writer.close
+      puts reader.read
+      Process.wait(pid)
+    RUBY
+    expect(status.success?).to be(true), err
+    stats = JSON.parse(out.lines.last)
+    skip "YJIT is on: the stack is read at the job" if stats["sampling_mode"] == "safepoint"
+    expect(stats["signal_arm_failures"]).to eq(0)
+    expect(stats["signal_samples"]).to be > 20, stats.inspect
+  end
+
   it "reads the stack at the job when YJIT is on (the :safepoint mode), and says why" do
     out, err, status = Open3.capture3(RbConfig.ruby, "--yjit", "-I", lib, "-rddprof_recorder", "-rjson", "-r", File.join(__dir__, "signal_work.rb"),
                                       "-e", <<~'RUBY', chdir: root)

@@ -107,14 +107,14 @@ module DdprofRecorder
       # @param internal [#call] `internal.call(thread)` is true for the profiler's own threads.
       # @param extra_labels [Array<Array>] labels added to every sample (e.g. the process id).
       # @param forked_thread [Thread, nil] in a forked child, the thread that forked (see
-      #   #native_id).
+      #   #native_id); found by {.forked_thread} if not given.
       # @param extra_values [Integer] value types the recorder has after the three it records
       #   (they get 0).
       # @param gc [Boolean] charge the GC time that ext/ddprof_recorder/src/gc_events.rs
       #   measures to a `(garbage collection)` frame, out of the thread's CPU.
       def initialize(recorder, internal:, clock: Clock, extra_labels: [], forked_thread: nil,
                      logger: DdprofRecorder.logger, extra_values: 0, gc: false)
-        @forked_thread = forked_thread
+        @forked_thread = forked_thread || ThreadSampler.forked_thread
         @padding = Array.new(extra_values, 0).freeze
         @gc = gc
         @recorder = recorder
@@ -710,6 +710,19 @@ module DdprofRecorder
       # `Thread#native_thread_id` came with Ruby 3.1; before it, no thread's CPU clock can be
       # read and cpu-time stays 0.
       if Thread.method_defined?(:native_thread_id)
+        # In a forked child, the thread that forked, if its `native_thread_id` is still the
+        # parent's (Ruby bug #19873, below): the live thread whose id is no thread of this
+        # process. A profiler the fork hook restarts is told it; one started later in the child
+        # (`Profiler.new.start` in a worker, or after `Process.daemon`) finds it here. Before,
+        # such a profiler could arm no timer for it (`signal_arm_failures` 1, no signal sample)
+        # and read its stacks at interrupt checks only.
+        #
+        # @return [Thread, nil]
+        def self.forked_thread
+          tids = Profiler._native_task_ids
+          Thread.list.find { |thread| (id = thread.native_thread_id) && !tids.include?(id) }
+        end
+
         # The thread that forked keeps its id from the parent in the child (Ruby bug #19873,
         # fixed in 3.3), where it is not a thread: a forked child's one thread is its main
         # thread, whose id is the pid (Linux).
@@ -717,6 +730,8 @@ module DdprofRecorder
           thread.equal?(@forked_thread) ? Process.pid : thread.native_thread_id
         end
       else
+        def self.forked_thread = nil
+
         def native_id(_thread)
           nil
         end
