@@ -705,7 +705,9 @@ module DdprofRecorder
         if state
           flush_idle(state)
           take_gc(state, at_ns)
-          labels = state.labels
+          # Its name may have changed since its last sample (and a dead thread's native id
+          # reads nil on 3.1: `tid` is the one it ended on).
+          labels = thread.name.equal?(state.name) ? state.labels : build_labels(thread, tid)
         else
           labels = build_labels(thread, tid)
         end
