@@ -694,9 +694,10 @@ module DdprofRecorder
 
       # `thread` ended on native thread `tid`, whose CPU clock read `cpu_ns` then: the CPU
       # since its last charge goes to its last on-CPU stack (a fair draw of where its CPU went,
-      # as in #flush_thread), or to THREAD_EXIT_STACK for a thread never seen on the CPU, with
-      # its wall time since its last sample. A thread no pass saw is charged from its native
-      # thread's birth (the account is per native thread: see #baseline). Its state goes.
+      # as in #flush_thread), else its last stack, else (a thread no pass saw) THREAD_EXIT_STACK,
+      # as a sample with `cpu-samples` 0 (and so no wall time). A thread no pass saw is charged
+      # from its native thread's birth (the account is per native thread: see #baseline). Its
+      # state goes.
       def thread_ended(thread, tid, cpu_ns, at_ns)
         return if @internal.call(thread)
 
@@ -715,9 +716,9 @@ module DdprofRecorder
         carried = uncharged_cpu(tid, cpu_ns)
         if carried.positive?
           stack = state&.on_cpu_locations
+          stack = state&.locations if no_stack?(stack)
           stack = THREAD_EXIT_STACK if no_stack?(stack)
-          wall = state ? [at_ns - state.wall_ns, 0].max : 0
-          record_stack(stack, values(carried, 0, wall), labels) || record_stack(THREAD_EXIT_STACK, values(carried, 0, wall), labels)
+          record_stack(stack, values(carried, 0, 0), labels) || record_stack(THREAD_EXIT_STACK, values(carried, 0, 0), labels)
           @charged_cpu[tid] = cpu_ns
           @counts[:thread_end_cpu_ns] += carried
         end
