@@ -79,12 +79,15 @@ RSpec.describe DdprofRecorder::Profiler, "thread ends" do
     gap = result[:process_ns] - accounted
     summary = "process #{result[:process_ns]} ns, profile #{cpu} + own #{result[:own_ns]}: gap #{gap} ns " \
               "(#{(100.0 * gap / result[:process_ns]).round(2)}%), #{result}"
-    # Before: 5.3% missing on Ruby 3.1.2 (1,500 threads of 2 ms, 4 at once). After:
-    # under 0.1% here; the margin is for start and stop on a loaded machine.
-    expect(gap.abs).to be < (0.01 * result[:process_ns]), summary
-    # Each short thread spun 2 ms: 3 s in all, in the profile under its own name.
+    # Before: 5.3% missing on Ruby 3.1.2 (1,500 threads of 2 ms, 4 at once), 80% on 3.3.8.
+    # After: under 0.1% on 3.1.2; 1.3% on 3.3.8, where each native thread exits, and what it
+    # uses after its exit watch (glibc releasing its stack, the kernel's exit) is no thread's
+    # (about 30 µs a thread). The margin is for that and for start and stop on a loaded machine.
+    expect(gap.abs).to be < (0.025 * result[:process_ns]), summary
+    # Each short thread spun 2 ms: 3 s in all, in the profile under its own name (less the
+    # profiler's jobs that ran on them, which are its own: a few percent).
     short = samples.select { |s| s[:labels]["thread name"] == "short" }.sum { |s| s[:values]["cpu-time"] }
-    expect(short).to be >= 1500 * 2_000_000, summary
+    expect(short).to be >= 0.9 * 1500 * 2_000_000, summary
     expect(result[:thread_ends]).to be >= 1500 * 9 / 10
     expect(result[:accounting]).to include(hook: "on", dropped: 0)
     # The hook is removed at stop.
