@@ -129,7 +129,10 @@ fn active() -> bool {
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_take_thread_ends", function!(native_take_thread_ends, 0))?;
+    class.define_singleton_method(
+        "_native_take_thread_ends",
+        function!(native_take_thread_ends, 0),
+    )?;
     let root_class = class.define_class("ThreadEndsRoot", ruby.class_object())?;
     root_class.undef_default_alloc_func();
     // One object for the process's life: marks the Threads of the queued ends.
