@@ -439,7 +439,12 @@ module DdprofRecorder
     #   `:sampler_cpu_ns` (CPU of the profiler's Ruby thread since the run started, of the
     #   jobs' own work, which the program's threads pay, and of {#start}'s work on the thread
     #   that called it, which the profile leaves out too), `:trigger_cpu_ns` (CPU of the
-    #   native trigger thread),
+    #   native trigger thread), `:thread_ends` (threads whose CPU up to their end was
+    #   accounted at their end, ext/ddprof_recorder/src/thread_end.rs), `:thread_end_accounting`
+    #   (`:hook`: `"on"` when the run added the hook, else why not; `:exits`: native threads accounted at
+    #   their exit; `:cpu_ns`: CPU charged at ends and exits; `:unsampled_cpu_ns`: of which to
+    #   `(unsampled thread)`; `:dropped`: ends and exits not queued, their CPU left to the next
+    #   charge of their native thread, if any),
     #   `:recorder` ({StackRecorder#stats}), `:interrupt_deferral` (whether the jobs defer
     #   the program's `Thread#raise`/`Timeout` to after them on this Ruby: its thread layout
     #   passed the start's check, ext/ddprof_recorder/src/vm.rs; false means they may be
@@ -475,6 +480,8 @@ module DdprofRecorder
         signals: @started ? signal_stats(Profiler._native_sampling_stats) : @signal_stats,
         sampler_cpu_ns: (thread_cpu || 0) + counts[:job_cpu_ns] + counts[:start_cpu_ns],
         trigger_cpu_ns: @started ? Profiler._native_sampling_stats[:trigger_cpu_ns] : @trigger_cpu_ns,
+        thread_ends: counts[:thread_ends],
+        thread_end_accounting: thread_end_stats(counts),
         recorder: @recorder.stats,
       }.merge(memory_stats).merge(exporter_stats)
     end
@@ -549,6 +556,13 @@ module DdprofRecorder
       @allocation_stats = Profiler._native_allocations_stats
       record_heap
       Profiler._native_heap_stop
+    end
+
+    def thread_end_stats(counts)
+      native = @started ? Profiler._native_sampling_stats : @thread_end_native
+      { hook: @thread_end_hook, exits: counts[:thread_exits],
+        cpu_ns: counts[:thread_end_cpu_ns], unsampled_cpu_ns: counts[:unsampled_thread_cpu_ns],
+        dropped: native ? native[:thread_ends_dropped] - @thread_ends_dropped_base : 0 }
     end
 
     def exporter_stats
@@ -652,7 +666,9 @@ module DdprofRecorder
       @sampling_mode, @sampling_mode_reason = choose_sampling_mode
       @interrupt_deferral = Profiler._native_interrupt_deferral_checked?
       begin
-        Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno, @sampling_mode, self)
+        @thread_ends_dropped_base = Profiler._native_sampling_stats[:thread_ends_dropped]
+        Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno, @sampling_mode, self,
+                                        defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? true : false)
       rescue StandardError
         @started = @running = false
         @run = nil if @run.equal?(run)
@@ -662,6 +678,7 @@ module DdprofRecorder
         @exporting&.close(0)
         raise
       end
+      @thread_end_hook = Profiler._native_sampling_stats[:thread_end_hook]
       @sampler.start_signals(1_000_000_000 / @hz) unless @sampling_mode == :off
       @comments = [sampling_comment(Profiler._native_sampling_stats[:signals][:signal])]
       @recorder.comments = @comments
@@ -711,6 +728,7 @@ module DdprofRecorder
       run[:wake].close
       native = Profiler._native_sampling_stats
       @trigger_cpu_ns = native[:trigger_cpu_ns]
+      @thread_end_native = native
       @signal_stats = signal_stats(native)
       sampler = run[:sampler]
       sampler.write_log

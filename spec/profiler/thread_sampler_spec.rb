@@ -189,4 +189,75 @@ RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
     queue << :done
     other.join
   end
+
+  describe "thread ends (ext/ddprof_recorder/src/thread_end.rs)" do
+    # What the end hook and the exit watches would have queued, taken at the next pass.
+    let(:queued) { [] }
+
+    before do
+      q = queued
+      clock.define_singleton_method(:thread_ends) do
+        next nil if q.empty?
+
+        ends = q.select { |r| r.size == 4 }.flatten
+        exits = q.reject { |r| r.size == 4 }.flatten
+        q.clear
+        [ends, exits]
+      end
+    end
+
+    def ended_thread(name)
+      Thread.new { Thread.current.name = name }.tap(&:join)
+    end
+
+    it "charges a thread no pass saw all its native thread's CPU, on (thread exit)" do
+      sampler
+      short = ended_thread("short")
+      queued << [short, 4242, 3_000_000, clock.now_ns] # a native thread born after the start
+      sampler.pass(clock.now_ns += 10_000_000, except: Thread.current)
+      exits = mine(profile_samples, short)
+      expect(exits.map { |s| [s[:frames].map(&:first), s[:values]] })
+        .to eq([[["(thread exit)"], { "cpu-time" => 3_000_000, "cpu-samples" => 0, "wall-time" => 0 }]])
+      expect(exits.first[:labels]["thread id"]).to start_with("4242 (")
+      expect(sampler.counts).to include(thread_ends: 1, thread_end_cpu_ns: 3_000_000)
+
+      # Its native thread exits 0.1 ms of cleanup later: that goes there too, and no more.
+      queued << [4242, 3_100_000]
+      sampler.pass(clock.now_ns += 10_000_000, except: Thread.current)
+      expect(mine(profile_samples, short).map { |s| s[:values]["cpu-time"] }).to eq([100_000])
+      expect(sampler.counts).to include(thread_exits: 1, thread_end_cpu_ns: 3_100_000)
+    end
+
+    it "charges a native thread that exited unseen and without an end to (unsampled thread)" do
+      sampler
+      queued << [4343, 2_000_000]
+      sampler.pass(clock.now_ns += 10_000_000, except: Thread.current)
+      unsampled = profile_samples.select { |s| s[:labels]["thread name"] == "(unsampled thread)" }
+      expect(unsampled.map { |s| [s[:frames].map(&:first), s[:values]["cpu-time"]] })
+        .to eq([[["(unsampled thread)"], 2_000_000]])
+      expect(sampler.counts).to include(unsampled_thread_cpu_ns: 2_000_000)
+    end
+
+    it "charges a thread the passes knew the CPU since its last charge, and forgets it" do
+      queue = Queue.new
+      other = Thread.new { queue.pop }.tap { |t| t.name = "other" }
+      Thread.pass until other.status == "sleep"
+      tid = other.native_thread_id
+      clock.set_cpu(tid, 1_000)
+      sampler.baseline([me, tid], [Thread.current, other])
+      clock.set_cpu(tid, 2_001_000) # ran 2 ms, blocked: carried
+      sampler.pass(clock.now_ns += 10_000_000, except: Thread.current)
+      profile_samples
+      queue << :done
+      other.join
+      queued << [other, tid, 2_501_000, clock.now_ns] # 0.5 ms more before its end
+      sampler.pass(clock.now_ns += 10_000_000, except: Thread.current)
+      ended = mine(profile_samples, other)
+      # Its last stack (it was never seen on the CPU), as CPU without a sample.
+      expect(ended.map { |s| [s[:frames].first.first, s[:values]] })
+        .to eq([["Thread::Queue#pop", { "cpu-time" => 2_500_000, "cpu-samples" => 0, "wall-time" => 0 }]])
+      sampler.flush
+      expect(mine(profile_samples, other)).to be_empty
+    end
+  end
 end

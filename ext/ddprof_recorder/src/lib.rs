@@ -19,6 +19,7 @@ mod signal_sampler;
 mod stack_capture;
 mod stack_recorder;
 mod thread_cpu;
+mod thread_end;
 mod trigger;
 mod vm;
 mod vm_frames;
@@ -32,6 +33,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     pprof_views::init(ruby, module)?;
     thread_cpu::init(ruby, module)?;
     sampling_job::init(ruby, module)?;
+    thread_end::init(ruby, module)?;
     stack_capture::init(ruby, module)?;
     allocation_sampler::init(ruby, module)?;
     heap_tracker::init(ruby, module)?;

@@ -84,7 +84,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
     });
     let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_sampling_start", function!(native_sampling_start, 5))?;
+    class.define_singleton_method("_native_sampling_start", function!(native_sampling_start, 6))?;
     class.define_singleton_method("_native_sampling_stop", function!(native_sampling_stop, 1))?;
     class.define_singleton_method("_native_signal_arm", function!(native_signal_arm, 1))?;
     class.define_singleton_method("_native_signal_disarm", function!(native_signal_disarm, 1))?;
@@ -121,6 +121,7 @@ fn stop() {
     ENABLED.store(false, Ordering::Release);
     trigger::stop();
     signal_sampler::stop();
+    crate::thread_end::stop();
     HANDLER.store(rb_sys::Qnil as usize, Ordering::Release);
     OWNER.store(rb_sys::Qnil as usize, Ordering::Release);
 }
@@ -140,13 +141,14 @@ fn signal_mode(ruby: &Ruby, mode: Symbol) -> Result<Option<signal_sampler::Mode>
     }
 }
 
-/// `Profiler._native_sampling_start(hz, handler, wake_fd, signals, owner)`: calls
+/// `Profiler._native_sampling_start(hz, handler, wake_fd, signals, owner, yjit)`: calls
 /// `handler.call(on_time, cpu_ns, now_ns)` from the sampling job, about `hz` times a second
 /// while any thread runs Ruby, and writes a byte to `wake_fd` (a non-blocking pipe) on ticks
 /// when none does. With `signals` `:handler` or `:safepoint`, installs the signal handler
 /// (threads are armed one by one, `_native_signal_arm`), whose samples go to
 /// `handler.signal_samples(samples, job_cpu_ns, now_ns)` (true when it made the wall pass,
-/// see `trigger::SIGNAL_PASS_NS`). Returns the signal number (0 with `:off`).
+/// see `trigger::SIGNAL_PASS_NS`). Adds the thread-end hook (`thread_end`) unless `yjit` (on)
+/// rules it out on this Ruby. Returns the signal number (0 with `:off`).
 /// One profiler per process: raises if another `owner` is sampling.
 fn native_sampling_start(
     ruby: &Ruby,
@@ -155,6 +157,7 @@ fn native_sampling_start(
     wake_fd: i32,
     signals: Symbol,
     owner: Value,
+    yjit: bool,
 ) -> Result<i32, Error> {
     entry(ruby, || {
         if !(1..=10_000).contains(&hz) {
@@ -194,6 +197,7 @@ fn native_sampling_start(
                 }
             }
         }
+        crate::thread_end::start(yjit);
         let setup = trigger::Setup { hz, job, jobs_run: &JOBS, wake_fd };
         trigger::start(setup).map_err(|e| {
             stop();
@@ -288,6 +292,23 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
         signals.aset(ruby.to_symbol("threads_armed"), signal_sampler::armed())?;
         signals.aset(ruby.to_symbol("tick_ns"), signal_sampler::tick_ns())?;
         hash.aset(ruby.to_symbol("signals"), signals)?;
+        hash.aset(ruby.to_symbol("thread_end_hook"), crate::thread_end::hook_state())?;
+        hash.aset(
+            ruby.to_symbol("thread_end_hook_on_every_end"),
+            crate::vm::THREAD_END_ON_EVERY_END,
+        )?;
+        hash.aset(
+            ruby.to_symbol("thread_ends_seen"),
+            crate::thread_end::ENDS_SEEN.load(Ordering::Relaxed),
+        )?;
+        hash.aset(
+            ruby.to_symbol("thread_exits_seen"),
+            crate::thread_end::EXITS_SEEN.load(Ordering::Relaxed),
+        )?;
+        hash.aset(
+            ruby.to_symbol("thread_ends_dropped"),
+            crate::thread_end::DROPPED.load(Ordering::Relaxed),
+        )?;
         Ok(hash)
     })
 }

@@ -27,6 +27,12 @@ module DdprofRecorder
     # thread never seen on the CPU, e.g. one running C code without the GVL, its stack then).
     # So no CPU is lost or counted twice; the rate only decides how finely it is split.
     #
+    # Thread ends: a thread that ends between two passes would take the CPU it used since its
+    # last charge with it (a dead thread's clock cannot be read), and a thread no pass saw all
+    # of it. ext/ddprof_recorder/src/thread_end.rs queues each thread's CPU clock at its end
+    # (and each native thread's at its exit), which every pass and flush takes first
+    # (#take_thread_ends): see #thread_ended and #thread_exited.
+    #
     # The job's own CPU is not charged to the program: the thread's account skips it.
     #
     # Idle threads: a thread whose CPU clock has not moved since it was last looked at has not
@@ -52,6 +58,13 @@ module DdprofRecorder
       SIGNAL_RESERVE = 3
       SIGNAL_SPREAD = 8
       GC_KIND_LABEL = "gc kind"
+      # Where the CPU of a thread's last moments goes when no on-CPU stack of it is known: at
+      # its end hook no Ruby frame is left (its block has returned).
+      THREAD_EXIT_STACK = [["(thread exit)", "", 0].freeze].freeze
+      # A native thread that exited with CPU no thread account holds: on Ruby 3.1, a thread
+      # that ended with an exception or was killed (its end hook did not fire) before any pass
+      # saw it.
+      UNSAMPLED_STACK = [["(unsampled thread)", "", 0].freeze].freeze
       # The GC's phases and kinds, in the order Profiler._native_take_gc gives their times.
       GC_BUCKETS = [["(marking)", "minor"], ["(marking)", "major"], ["(sweeping)", "minor"],
                     ["(sweeping)", "major"]].map do |phase, kind|
@@ -78,6 +91,12 @@ module DdprofRecorder
         def moved(tids, seen)
           Profiler._native_moved_threads(tids, seen)
         end
+
+        # nil, or `[ends, exits]` queued by the thread-end hook and exit watches (flat:
+        # `[thread, tid, cpu_ns, at_ns]` per end, `[tid, cpu_ns]` per exit).
+        def thread_ends
+          Profiler._native_take_thread_ends
+        end
       end
 
       # Per Ruby thread: `wall_ns`, when its wall time was last accounted; `seen_cpu_ns`, its
@@ -98,7 +117,9 @@ module DdprofRecorder
       #   at a thread's CPU tick, see #signal_samples), `:carried_cpu_samples` (samples whose
       #   CPU was carried), `:job_cpu_ns` (CPU the jobs' own work used), `:start_cpu_ns` (CPU
       #   of the profiler's starting work on the thread that started it, see #started),
-      #   `:errors`.
+      #   `:errors`, `:thread_ends` (threads accounted at their end hook), `:thread_exits` (native threads
+      #   accounted at their exit), `:thread_end_cpu_ns` (CPU charged there),
+      #   `:unsampled_thread_cpu_ns` (of which on `(unsampled thread)`).
       attr_reader :counts
       # @return [Integer, nil] monotonic ns of the latest job, nil before the first.
       attr_reader :last_job_ns
@@ -133,11 +154,19 @@ module DdprofRecorder
         @scan_tids = []
         @scan_seen = []
         @counts = { passes: 0, samples: 0, on_cpu_samples: 0, signal_samples: 0, carried_cpu_samples: 0,
-                    job_cpu_ns: 0, start_cpu_ns: 0, errors: 0 }
+                    job_cpu_ns: 0, start_cpu_ns: 0, errors: 0, thread_ends: 0, thread_exits: 0,
+                    thread_end_cpu_ns: 0, unsampled_thread_cpu_ns: 0 }
         # `[native id, CPU clock]` of the thread that started the profiler: its ticks and jobs
         # before that clock reading were inside Profiler#start (nil while it is under way);
         # and of the thread stopping it, after which they are inside Profiler#stop.
         @start_cut = @stop_cut = nil
+        # Threads accounted at their end, while Thread.list may still list them (see
+        # #thread_ended), and per native id the labels and CPU clock of the thread that ended
+        # there last, for its exit, with the prune count then (see #prune_ended).
+        @ended = {}.compare_by_identity
+        @ended_on = {}
+        @prunes = 0
+        @scan_stale = false
         # Signal sampling (#start_signals): the timers' period, and the states by native id.
         @signal_period_ns = nil
         @by_tid = {}
@@ -164,7 +193,7 @@ module DdprofRecorder
           @charged_cpu[tid] = cpu if cpu
         end
         threads.each { |thread| @threads[thread] = new_state(thread, now) unless @internal.call(thread) }
-        caller_tid = starting && @threads[Thread.current]&.native_id
+        caller_tid = starting ? @threads[Thread.current]&.native_id : nil
         @start_cut = caller_tid && [caller_tid, nil]
         @last_pass_ns = now
       end
@@ -210,7 +239,7 @@ module DdprofRecorder
       # @return [Boolean] whether it sampled. Not on the profiler's own threads: a job there
       #   does nothing, and the trigger, told so, keeps waking the sampler thread.
       def call(on_time, cpu_ns, now_ns)
-        return false if @internal.call(Thread.current)
+        return false if @internal.call(Thread.current) || @ended.key?(Thread.current)
 
         thread = Thread.current
         # An armed thread's on-CPU samples come from its CPU ticks (#signal_samples), not from
@@ -336,6 +365,8 @@ module DdprofRecorder
       def flush(caller_cpu_ns: nil, caller_stack: nil)
         caller_stack = FrameNames.caller_frames(caller_stack)
         @lock.synchronize do
+          take_thread_ends
+          rebuild_scan if @scan_stale
           @threads.each do |thread, state|
             if thread.equal?(Thread.current) && caller_cpu_ns
               flush_thread(thread, state, cpu: caller_cpu_ns, stack: caller_stack)
@@ -398,7 +429,7 @@ module DdprofRecorder
       # stay exact: what is left at a window's end goes to the thread's last on-CPU stack
       # (#flush_thread), as any carried CPU.
       def signal_charge(state, tid, cpu_ns)
-        available = cpu_ns - (@charged_cpu[tid] || cpu_ns)
+        available = cpu_ns - (@charged_cpu[tid] || 0)
         since = state.signal_cpu_ns && (cpu_ns - state.signal_cpu_ns)
         state.signal_cpu_ns = cpu_ns
         average = state.signal_average || @signal_period_ns
@@ -422,7 +453,7 @@ module DdprofRecorder
         refresh_labels(state, state.thread) unless same_labels?(state, state.thread)
         take_gc(state, at_ns)
         cpu_used = signal_charge(state, tid, cpu_ns)
-        @charged_cpu[tid] = (@charged_cpu[tid] || cpu_ns) + cpu_used
+        @charged_cpu[tid] = (@charged_cpu[tid] || 0) + cpu_used
         state.on_cpu_locations = key
         @counts[:on_cpu_samples] += 1
         @counts[:signal_samples] += 1
@@ -495,7 +526,7 @@ module DdprofRecorder
 
         @counts[:job_cpu_ns] += cost
         charged = @charged_cpu[tid]
-        @charged_cpu[tid] = on_time || charged.nil? ? cpu_now : charged + cost
+        @charged_cpu[tid] = on_time ? cpu_now : (charged || 0) + cost
         looked(state, cpu_now)
       end
 
@@ -506,9 +537,11 @@ module DdprofRecorder
       # and a busy one at 99 Hz, a pass looking at each thread in Ruby cost 80–125 µs, and
       # the profiler 1.6–2.3% of the process CPU.
       def pass_locked(now_ns, except)
+        take_thread_ends
+        rebuild_scan if @scan_stale
         Thread.list.each do |thread|
           # Its own threads never get a state, so only new threads need the internal check.
-          next if @threads.key?(thread) || thread.equal?(except) || @internal.call(thread)
+          next if @threads.key?(thread) || thread.equal?(except) || @ended.key?(thread) || @internal.call(thread)
 
           state_for(thread, now_ns)
         end
@@ -611,12 +644,14 @@ module DdprofRecorder
         @counts[:samples] += 1
       end
 
+      # @return [Boolean] false if `stack` is the key of a captured stack that is gone (the
+      #   key's native thread ran another Ruby thread since, whose end forgot it): nothing
+      #   was recorded.
       def record_stack(stack, values, labels)
-        if stack.is_a?(Integer)
-          @recorder._native_record_captured(stack, values, labels)
-        else
-          @recorder.record_sample(stack, values, labels)
-        end
+        return @recorder._native_record_captured(stack, values, labels) if stack.is_a?(Integer)
+
+        @recorder.record_sample(stack, values, labels)
+        true
       end
 
       # The passes that found the thread idle since its last sample, recorded as one sample on
@@ -653,13 +688,24 @@ module DdprofRecorder
         stack = state.locations if no_stack?(stack)
         return if no_stack?(stack)
 
-        record_stack(stack, values(carried, 0, 0), state.labels)
+        unless record_stack(stack, values(carried, 0, 0), state.labels)
+          stack = no_stack?(state.locations) ? (THREAD_EXIT_STACK unless thread.alive?) : state.locations
+          return unless stack
+
+          record_stack(stack, values(carried, 0, 0), state.labels)
+        end
         @charged_cpu[tid] = cpu
       end
 
       # Forgets the finished threads (after recording what they held) and native threads
       # (their tids may come back for new threads, which then count from 0 as they should).
+      #
+      # A native thread's exit watch queues its record before the thread is gone, so the
+      # native threads found gone are read first, then the queue is taken: an account is
+      # dropped only once its exit (if watched) was charged against it.
       def prune_locked
+        gone = @charged_cpu.each_key.select { |tid| @clock.thread_cpu_ns(tid).nil? }
+        take_thread_ends
         @threads.delete_if do |thread, state|
           next false if thread.alive?
 
@@ -668,11 +714,118 @@ module DdprofRecorder
           disarm(state)
           true
         end
-        @charged_cpu.delete_if { |tid, _| @clock.thread_cpu_ns(tid).nil? }
+        gone.each { |tid| @charged_cpu.delete(tid) }
+        prune_ended
+        rebuild_scan
+      end
+
+      # Forgets the ended threads that are gone, and the ends whose native thread exited
+      # unwatched (or whose exit record was dropped) a few prunes ago.
+      def prune_ended
+        @prunes += 1
+        @ended.delete_if { |thread, _| !thread.alive? }
+        @ended_on.delete_if { |tid, (_, _, prune)| prune < @prunes - 2 && @clock.thread_cpu_ns(tid).nil? }
+      end
+
+      def rebuild_scan
+        @scan_stale = false
         @scan_states = @threads.values
         @scan_states.each_with_index { |state, i| state.index = i }
         @scan_tids = @scan_states.map(&:native_id)
         @scan_seen = @scan_states.map { |state| state.locations && state.seen_cpu_ns }
+      end
+
+      # What the thread-end hook and the exit watches queued since the last take.
+      def take_thread_ends
+        return unless @clock.respond_to?(:thread_ends)
+
+        ends, exits = @clock.thread_ends
+        return unless ends
+
+        i = 0
+        while i < ends.size
+          thread_ended(ends[i], ends[i + 1], ends[i + 2], ends[i + 3])
+          i += 4
+        end
+        i = 0
+        while i < exits.size
+          thread_exited(exits[i], exits[i + 1])
+          i += 2
+        end
+      end
+
+      # `thread` ended on native thread `tid`, whose CPU clock read `cpu_ns` then: the CPU
+      # since its last charge goes to its last on-CPU stack (a fair draw of where its CPU went,
+      # as in #flush_thread), else its last stack, else (a thread no pass saw) THREAD_EXIT_STACK,
+      # as a sample with `cpu-samples` 0 (and so no wall time). A thread no pass saw is charged
+      # from its native thread's birth (the account is per native thread: see #baseline). Its
+      # state goes.
+      def thread_ended(thread, tid, cpu_ns, at_ns)
+        return if @internal.call(thread)
+
+        @ended[thread] = true
+        state = @threads.delete(thread)
+        if state
+          flush_idle(state)
+          take_gc(state, at_ns)
+          # Its name may have changed since its last sample (and a dead thread's native id
+          # reads nil on 3.1: `tid` is the one it ended on).
+          labels = thread.name.equal?(state.name) ? state.labels : build_labels(thread, tid)
+        else
+          labels = build_labels(thread, tid)
+        end
+        @counts[:thread_ends] += 1
+        carried = uncharged_cpu(tid, cpu_ns)
+        if carried.positive?
+          stack = state&.on_cpu_locations
+          stack = state&.locations if no_stack?(stack)
+          stack = THREAD_EXIT_STACK if no_stack?(stack)
+          record_stack(stack, values(carried, 0, 0), labels) || record_stack(THREAD_EXIT_STACK, values(carried, 0, 0), labels)
+          @charged_cpu[tid] = cpu_ns
+          @counts[:thread_end_cpu_ns] += carried
+        end
+        @ended_on[tid] = [labels, cpu_ns, @prunes]
+        return unless state
+
+        # Its captured stacks stay until its native thread exits (#thread_exited): they are
+        # kept by native id, and a sample of the next thread there may be waiting for a job.
+        disarm(state)
+        @scan_stale = true
+      end
+
+      # Native thread `tid` exited with its CPU clock at `cpu_ns`: what it used since its last
+      # charge (Ruby's cleanup after the end hook, or a whole thread whose end hook did not
+      # fire) goes to THREAD_EXIT_STACK for the thread that ended there, to the last stack of
+      # a dead thread the sampler knew there, else to UNSAMPLED_STACK. Its account goes.
+      def thread_exited(tid, cpu_ns)
+        @counts[:thread_exits] += 1
+        forget_stacks(tid)
+        ended = @ended_on.delete(tid)
+        charged = @charged_cpu.delete(tid)
+        charged = [charged || 0, ended[1]].max if ended
+        carried = cpu_ns - (charged || 0)
+        return unless carried.positive?
+
+        @counts[:thread_end_cpu_ns] += carried
+        return record_stack(THREAD_EXIT_STACK, values(carried, 0, 0), ended[0]) if ended
+
+        thread, state = @threads.find { |t, s| s.native_id == tid && !t.alive? }
+        stack = state && (no_stack?(state.on_cpu_locations) ? state.locations : state.on_cpu_locations)
+        if no_stack?(stack)
+          stack = UNSAMPLED_STACK
+          @counts[:unsampled_thread_cpu_ns] += carried
+        end
+        labels = state ? state.labels : unsampled_labels(tid)
+        record_stack(stack, values(carried, 0, 0), labels) || record_stack(THREAD_EXIT_STACK, values(carried, 0, 0), labels)
+        return unless state
+
+        @threads.delete(thread)
+        disarm(state)
+        @scan_stale = true
+      end
+
+      def unsampled_labels(tid)
+        [[THREAD_ID_LABEL, tid.to_s].freeze, [THREAD_NAME_LABEL, "(unsampled thread)"].freeze, *@extra_labels].freeze
       end
 
       def no_stack?(stack)
@@ -696,8 +849,13 @@ module DdprofRecorder
         Profiler._native_signal_disarm(tid)
       end
 
+      # A dead thread has no native id any more (Ruby 3.1 gives nil): its samples still come
+      # in after its death (signal samples wait for a job), and keep the id it had.
       def same_labels?(state, thread)
-        thread.name.equal?(state.name) && native_id(thread) == state.native_id
+        return false unless thread.name.equal?(state.name)
+
+        id = native_id(thread)
+        id == state.native_id || (id.nil? && !state.native_id.nil? && !thread.alive?)
       end
 
       # The `"thread id"` label of `thread`: `"<native id> (<object_id>)"`, or the object_id
