@@ -130,6 +130,10 @@ module DdprofRecorder
     # Environment variable that, set to `0`, `false` or `off`, makes the default `signals:`
     # false (see {#initialize}).
     SIGNALS_ENV = "DDPROF_RECORDER_SIGNALS"
+    # Environment variable that, set to `cpu` or `wall`, chooses the default `ticks:`.
+    TICKS_ENV = "DDPROF_RECORDER_TICKS"
+    # What sends each thread its sampling signal (see {#initialize}).
+    TICKS = %i[wall cpu].freeze
 
     @current = nil
     @current_lock = Mutex.new
@@ -224,17 +228,24 @@ module DdprofRecorder
     # @param signals [Boolean] read on-CPU stacks at each thread's CPU tick, from a signal
     #   (the default, unless the environment's {SIGNALS_ENV} says `0`); false: at the VM's
     #   interrupt checks, with no signal (for programs whose C extensions cannot take one).
+    # @param ticks [Symbol] with signals, what sends them: `:wall` (the default, unless the
+    #   environment's {TICKS_ENV} says `cpu`), the trigger thread, `hz` times a second of wall
+    #   time, to each thread that is on a CPU then; `:cpu`, a timer on each thread's CPU clock,
+    #   which the kernel fires at its scheduler tick only (at most about 250 samples per second
+    #   of a thread's CPU on Debian's kernels) but only ever on the thread's way back to user
+    #   mode, so a thread that is about to block never gets one.
     # @raise [ArgumentError] on a bad option.
     def initialize(hz: DEFAULT_HZ, interval: nil, exporter: nil, max_frames: StackRecorder::DEFAULT_MAX_FRAMES,
                    compression: :gzip, allocations: false, allocation_interval: DEFAULT_ALLOCATION_INTERVAL,
                    allocation_overhead: DEFAULT_ALLOCATION_OVERHEAD, heap: false, gc: false,
-                   signals: Profiler.signals_default, max_queued_windows: DEFAULT_MAX_QUEUED_WINDOWS,
+                   signals: Profiler.signals_default, ticks: Profiler.ticks_default, max_queued_windows: DEFAULT_MAX_QUEUED_WINDOWS,
                    export_timeout: EXPORT_TIMEOUT, &block)
       raise ArgumentError, "hz must be an Integer in #{HZ_RANGE}, got #{hz.inspect}" unless hz.is_a?(Integer) && HZ_RANGE.cover?(hz)
 
       { allocations: allocations, heap: heap, gc: gc, signals: signals }.each do |name, value|
         raise ArgumentError, "#{name} must be true or false, got #{shown(value)}" unless [true, false].include?(value)
       end
+      raise ArgumentError, "ticks must be one of #{TICKS.map(&:inspect).join(', ')}, got #{shown(ticks)}" unless TICKS.include?(ticks)
       unless Integer === allocation_interval && ALLOCATION_INTERVAL_RANGE.cover?(allocation_interval)
         raise ArgumentError,
               "allocation_interval must be an Integer in #{ALLOCATION_INTERVAL_RANGE}, got #{shown(allocation_interval)}"
@@ -269,6 +280,7 @@ module DdprofRecorder
       @heap = heap
       @gc = gc
       @signals = signals
+      @ticks = ticks
       @max_queued_windows = max_queued_windows
       @export_timeout = export_timeout
       # Fails now, not in start, on a bad max_frames / compression.
@@ -335,6 +347,11 @@ module DdprofRecorder
 
     # @return [String, nil] why the mode is not `:handler`, when signals were asked for.
     attr_reader :sampling_mode_reason
+
+    # The default of `ticks:`: `:cpu` if {TICKS_ENV} says `cpu`, else `:wall`.
+    def self.ticks_default(env = ENV)
+      env[TICKS_ENV].to_s.strip.downcase == "cpu" ? :cpu : :wall
+    end
 
     # The default of `signals:`: true unless {SIGNALS_ENV} says `0`, `false` or `off`.
     def self.signals_default(env = ENV)
@@ -476,6 +493,7 @@ module DdprofRecorder
         signal_samples: counts[:signal_samples],
         sampling_mode: @sampling_mode,
         sampling_mode_reason: @sampling_mode_reason,
+        ticks: @sampling_mode && @sampling_mode != :off ? @ticks : nil,
         interrupt_deferral: @interrupt_deferral,
         signals: @started ? signal_stats(Profiler._native_sampling_stats) : @signal_stats,
         sampler_cpu_ns: (thread_cpu || 0) + counts[:job_cpu_ns] + counts[:start_cpu_ns],
@@ -667,7 +685,7 @@ module DdprofRecorder
       @interrupt_deferral = Profiler._native_interrupt_deferral_checked?
       begin
         @thread_ends_dropped_base = Profiler._native_sampling_stats[:thread_ends_dropped]
-        Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno, @sampling_mode, self,
+        Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno, @sampling_mode, @ticks == :wall, self,
                                         defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? true : false)
       rescue StandardError
         @started = @running = false
@@ -687,10 +705,11 @@ module DdprofRecorder
     # The profile says how it was sampled (pprof's comments: `go tool pprof -comments`, and
     # `record`'s summary).
     def sampling_comment(signal)
+      tick = @ticks == :wall ? "on a CPU at each wall tick" : "at each CPU tick"
       how = case @sampling_mode
-            when :handler then "at each thread's CPU tick (#{signal}), stacks read in the signal handler"
+            when :handler then "each thread #{tick} (#{signal}), stacks read in the signal handler"
             when :safepoint
-              "at each thread's CPU tick (#{signal}), stacks read at the next interrupt check (#{@sampling_mode_reason})"
+              "each thread #{tick} (#{signal}), stacks read at the next interrupt check (#{@sampling_mode_reason})"
             else "at the VM's interrupt checks, no signal (signals: false)"
             end
       deferral = @interrupt_deferral ? "" : "; the program's Thread#raise and Timeout may be lost in the profiler's " \

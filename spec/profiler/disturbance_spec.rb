@@ -94,7 +94,7 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
       profiler.stop
       seen["stopped"] = masks
       stats = profiler.stats
-      puts JSON.generate("masks" => seen, "stats" => stats.slice(:on_cpu_samples, :samples, :sampling_mode),
+      puts JSON.generate("masks" => seen, "stats" => stats.slice(:on_cpu_samples, :samples, :sampling_mode, :ticks),
                          "signal" => stats[:signals]&.fetch(:signal), "sleeper" => sleeper_id, "main" => Process.pid)
     RUBY
 
@@ -171,18 +171,22 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
         expect_no_pending(result["masks"])
       end
 
-      it "signals a thread for the CPU it uses: the busy one, the sleeping one hardly (strace)" do
-        result, signals = traced_signals(true, {})
-        expect(result["stats"]["on_cpu_samples"]).to be > 10
-        expect(signals).not_to be_empty
-        # Every one is our timer's (SI_TIMER). The sleeper runs for some microseconds between
-        # its 5 ms naps, so now and then a scheduler tick comes while it runs, and its timer
-        # fires then (the blocked-thread examples check that it is never woken).
-        expect(signals).to all(match(/\A\d+ +--- SIGRT_\d+ \{si_signo=SIGRT_\d+, si_code=SI_TIMER,/))
-        main = signals.grep(/\A#{result["main"]} +---/).size
-        sleeper = signals.grep(/\A#{result["sleeper"]} +---/).size
-        expect(main + sleeper).to eq(signals.size) # no other thread armed (the profiler's own are not)
-        expect(sleeper).to be < main / 3
+      # Wall ticks' signals are the trigger's (SI_QUEUE, from this process), CPU ticks' the
+      # timers' (SI_TIMER).
+      { "wall" => "SI_QUEUE", "cpu" => "SI_TIMER" }.each do |ticks, code|
+        it "signals a thread for the CPU it uses: the busy one, the sleeping one hardly (strace, #{ticks} ticks)" do
+          result, signals = traced_signals(true, { "DDPROF_RECORDER_TICKS" => ticks })
+          expect(result["stats"]["ticks"]).to eq(ticks)
+          expect(result["stats"]["on_cpu_samples"]).to be > 10
+          expect(signals).not_to be_empty
+          # The sleeper runs for some microseconds between its 5 ms naps, so now and then a
+          # tick comes while it runs (the blocked-thread examples check that it is never woken).
+          expect(signals).to all(match(/\A\d+ +--- SIGRT_\d+ \{si_signo=SIGRT_\d+, si_code=#{code},/))
+          main = signals.grep(/\A#{result["main"]} +---/).size
+          sleeper = signals.grep(/\A#{result["sleeper"]} +---/).size
+          expect(main + sleeper).to eq(signals.size) # no other thread armed (the profiler's own are not)
+          expect(sleeper).to be < main / 3
+        end
       end
     end
   end

@@ -84,7 +84,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
     });
     let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_sampling_start", function!(native_sampling_start, 6))?;
+    class.define_singleton_method("_native_sampling_start", function!(native_sampling_start, 7))?;
     class.define_singleton_method("_native_sampling_stop", function!(native_sampling_stop, 1))?;
     class.define_singleton_method("_native_signal_arm", function!(native_signal_arm, 1))?;
     class.define_singleton_method("_native_signal_disarm", function!(native_signal_disarm, 1))?;
@@ -141,21 +141,26 @@ fn signal_mode(ruby: &Ruby, mode: Symbol) -> Result<Option<signal_sampler::Mode>
     }
 }
 
-/// `Profiler._native_sampling_start(hz, handler, wake_fd, signals, owner, yjit)`: calls
+/// `Profiler._native_sampling_start(hz, handler, wake_fd, signals, wall_ticks, owner, yjit)`: calls
 /// `handler.call(on_time, cpu_ns, now_ns)` from the sampling job, about `hz` times a second
 /// while any thread runs Ruby, and writes a byte to `wake_fd` (a non-blocking pipe) on ticks
 /// when none does. With `signals` `:handler` or `:safepoint`, installs the signal handler
-/// (threads are armed one by one, `_native_signal_arm`), whose samples go to
+/// (threads are armed one by one, `_native_signal_arm`; with `wall_ticks` the trigger signals
+/// them, else their CPU-clock timers: see `signal_sampler`), whose samples go to
 /// `handler.signal_samples(samples, job_cpu_ns, now_ns)` (true when it made the wall pass,
 /// see `trigger::SIGNAL_PASS_NS`). Adds the thread-end hook (`thread_end`) unless `yjit` (on)
 /// rules it out on this Ruby. Returns the signal number (0 with `:off`).
 /// One profiler per process: raises if another `owner` is sampling.
+// One parameter per argument of the Ruby call, which magnus converts: a struct would only move
+// the list.
+#[allow(clippy::too_many_arguments)]
 fn native_sampling_start(
     ruby: &Ruby,
     hz: u32,
     handler: Value,
     wake_fd: i32,
     signals: Symbol,
+    wall_ticks: bool,
     owner: Value,
     yjit: bool,
 ) -> Result<i32, Error> {
@@ -177,9 +182,8 @@ fn native_sampling_start(
         }
         stop();
         let signo = match mode {
-            Some(mode) => {
-                signal_sampler::start(mode, hz, signal_job).map_err(|e| gem_error(ruby, e))?
-            }
+            Some(mode) => signal_sampler::start(mode, hz, wall_ticks, signal_job)
+                .map_err(|e| gem_error(ruby, e))?,
             None => 0,
         };
         HANDLER.store(handler.as_raw() as usize, Ordering::Release);

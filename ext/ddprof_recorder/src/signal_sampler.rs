@@ -2,9 +2,39 @@
 //! at the VM's next interrupt check (which charges the CPU of Ruby code to the cheap C methods
 //! around it: safepoint bias).
 //!
-//! # The ticks
+//! # Wall ticks (the default)
 //!
-//! Each Ruby thread that the profiler samples is *armed*: it gets a POSIX timer on its own
+//! Each Ruby thread that the profiler samples is *armed*: it gets a [`Slot`]. At each of its
+//! ticks (`hz` a second of wall time, randomized, see `trigger`), the trigger thread looks at
+//! every armed thread's CPU clock ([`kick`]) and sends the signal to each thread that is on a
+//! CPU at that moment: its clock moved since the trigger's previous look and moves again
+//! between two reads a moment apart (reading a running thread's clock from another thread
+//! brings it up to the nanosecond, `task_sched_runtime` in Linux's `kernel/sched/core.c`).
+//! Sampling the threads that run at random moments of the wall clock samples each thread's
+//! stacks in proportion to the CPU they use, at `hz` samples per second of its CPU whatever
+//! the load and however the thread alternates work and waits. One case needs more: when the
+//! trigger wakes on the CPU the thread was running on, the trigger itself has taken that CPU,
+//! and the thread reads as not running. A thread that used CPU since the last look and whose
+//! state is `R` (ready to run) on the trigger's own CPU is signalled too ([`displaced`]); a
+//! thread ready to run on another CPU waits for that CPU and was not running at the tick.
+//! Measured (`bench/rate.rb`, see bench/RESULTS.md): a busy thread gets 997 samples per
+//! second of CPU at 999 Hz, a thread that runs 10 ms and waits 20 ms ~1,000, under load too.
+//!
+//! The signal goes to that thread only (`rt_tgsigqueueinfo`, carrying the slot's index and
+//! generation, see [`send`]), at most one at a time per thread (`kick_pending`: a thread that
+//! blocks the signal does not pile them up). A thread that waits (`read(2)`, `sleep`,
+//! `IO.select`, `Queue#pop`, a futex, a libc call through Fiddle) uses no CPU and is never
+//! signalled. What remains is a race of a few microseconds: a thread seen running that enters
+//! a blocking system call before the signal lands has that call interrupted; with `SA_RESTART`
+//! `read(2)`, `write(2)` and futex waits restart in the kernel, and Ruby's own waits (`sleep`,
+//! `IO.select`, `Queue#pop`) retry on `EINTR` with the time left, so Ruby code sees nothing; a
+//! C function that sleeps with `nanosleep` or `poll` and does not retry could return early.
+//! For programs with such C code, CPU ticks (below) never signal a thread about to block, and
+//! `signals: false` sends no signal at all.
+//!
+//! # CPU ticks (`ticks: :cpu`)
+//!
+//! Each armed thread gets a POSIX timer on its own
 //! CPU clock (`timer_create` on the clock id `MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`, see
 //! `thread_cpu`), whose signal goes to that thread only (`SIGEV_THREAD_ID`). A CPU-clock timer
 //! expires at a scheduler tick while its thread is on a CPU, and Linux sends the signal from
@@ -15,7 +45,7 @@
 //! real-time one that nothing else in the process handles (see [`install`]): Ruby's `trap`
 //! cannot take real-time signals, so a program's own `trap("PROF")` and the profiler never meet.
 //!
-//! # Which ticks are samples
+//! ## Which CPU ticks are samples
 //!
 //! The kernel checks CPU timers at its scheduler tick only (`CONFIG_HZ`, 250 on Debian's
 //! kernels), so the moments a timer can fire are the ticks its thread runs through. The timers'
@@ -36,8 +66,8 @@
 //! # The handler
 //!
 //! Each armed thread has a [`Slot`]: a state, the tick's CPU clock and time, and a buffer for
-//! the frames, allocated when the thread is armed and reused (never freed). The timer's
-//! signal carries the slot's index and generation (`sigev_value`), so the handler finds its
+//! the frames, allocated when the thread is armed and reused (never freed). The signal (the
+//! trigger's, or the timer's) carries the slot's index and generation, so the handler finds its
 //! slot without thread-local storage (whose first use in a `dlopen`ed library can allocate).
 //! The handler does only async-signal-safe work: atomics, `clock_gettime`,
 //! `ruby_thread_has_gvl_p` and `rb_during_gc` (plain reads of the thread's and the VM's
@@ -108,7 +138,7 @@ use magnus::{gc, rb_sys::FromRawValue, DataTypeFunctions, TypedData, Value};
 use crate::thread_cpu::{clock_ns, cpu_clock_id, own_cpu_ns};
 
 /// The CPU timers' period: far below any scheduler tick (1 to 10 ms), so that a timer has
-/// expired at every tick its thread runs through (see "Which ticks are samples").
+/// expired at every tick its thread runs through (see "Which CPU ticks are samples").
 const PROBE_PERIOD_NS: i64 = 10_000;
 /// CPU between two ticks of a thread past which the gap is not taken into the tick's
 /// estimate (the thread's first tick after it was armed, say).
@@ -180,6 +210,11 @@ struct Slot {
     last_tick_cpu_ns: AtomicI64,
     /// This thread's xorshift state for the ticks' draw (only its own handler uses it).
     random: AtomicU64,
+    /// Wall ticks: the thread's CPU clock when the trigger last looked at it.
+    kick_cpu_ns: AtomicI64,
+    /// Wall ticks: a signal was sent that the handler has not taken yet (so a thread that
+    /// blocks the signal has at most one queued).
+    kick_pending: AtomicBool,
     /// Allocated at the first arm, never freed (a handler may hold it).
     frames: AtomicPtr<Frames>,
 }
@@ -198,6 +233,8 @@ impl Slot {
             in_job: AtomicBool::new(false),
             last_tick_cpu_ns: AtomicI64::new(0),
             random: AtomicU64::new(0),
+            kick_cpu_ns: AtomicI64::new(0),
+            kick_pending: AtomicBool::new(false),
             frames: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -209,6 +246,12 @@ static SLOTS: [Slot; MAX_SLOTS] = [const { Slot::new() }; MAX_SLOTS];
 static ENABLED: AtomicBool = AtomicBool::new(false);
 /// [`Mode::Handler`] if true.
 static IN_HANDLER: AtomicBool = AtomicBool::new(true);
+/// Wall ticks (see "Wall ticks"): the trigger signals running threads, no CPU timer is made.
+static WALL_TICKS: AtomicBool = AtomicBool::new(false);
+/// Set in a wall tick's signal value: the tick is a sample, with no draw.
+const KICK_BIT: usize = 1 << 15;
+/// The slot index in a signal value.
+const INDEX_MASK: usize = KICK_BIT - 1;
 /// The signal number in use (0: the handler is not installed yet).
 static SIGNO: AtomicI32 = AtomicI32::new(0);
 /// The job the handler registers.
@@ -239,7 +282,10 @@ static ARMING: Mutex<()> = Mutex::new(());
 /// What the handler did, for `stats`. Counted per run ([`start`] clears them).
 pub struct Counters {
     pub signals: AtomicU64,
-    /// Ticks left out by the draw (see "Which ticks are samples").
+    /// Wall ticks: signals the trigger sent to running threads, and sends the kernel refused.
+    pub kicks: AtomicU64,
+    pub kick_failures: AtomicU64,
+    /// Ticks left out by the draw (see "Which CPU ticks are samples").
     pub passed_over: AtomicU64,
     pub read_in_handler: AtomicU64,
     pub read_at_job: AtomicU64,
@@ -262,6 +308,8 @@ pub struct Counters {
 
 pub static COUNTERS: Counters = Counters {
     signals: AtomicU64::new(0),
+    kicks: AtomicU64::new(0),
+    kick_failures: AtomicU64::new(0),
     passed_over: AtomicU64::new(0),
     read_in_handler: AtomicU64::new(0),
     read_at_job: AtomicU64::new(0),
@@ -279,9 +327,11 @@ pub static COUNTERS: Counters = Counters {
 
 impl Counters {
     /// Every counter with its name in `stats` (the one list `clear` and the stats share).
-    pub fn named(&self) -> [(&'static str, &AtomicU64); 14] {
+    pub fn named(&self) -> [(&'static str, &AtomicU64); 16] {
         [
             ("signals", &self.signals),
+            ("wall_ticks_sent", &self.kicks),
+            ("wall_ticks_failed", &self.kick_failures),
             ("signals_passed_over", &self.passed_over),
             ("signals_read_in_handler", &self.read_in_handler),
             ("signals_read_at_job", &self.read_at_job),
@@ -340,6 +390,11 @@ impl Drop for BlockedHere {
     }
 }
 
+/// Whether the trigger's wall ticks signal the threads (see "Wall ticks").
+pub fn wall_ticks() -> bool {
+    ENABLED.load(Acquire) && WALL_TICKS.load(Acquire)
+}
+
 /// The kernel's tick as measured so far, in ns (0: not yet).
 pub fn tick_ns() -> i64 {
     TICK_NS.load(Acquire)
@@ -371,7 +426,12 @@ pub fn armed() -> usize {
 /// # Errors
 ///
 /// When no real-time signal is free, or `sigaction` fails: a message naming the signal.
-pub fn start(mode: Mode, hz: u32, job: unsafe extern "C" fn(*mut c_void)) -> Result<i32, String> {
+pub fn start(
+    mode: Mode,
+    hz: u32,
+    wall_ticks: bool,
+    job: unsafe extern "C" fn(*mut c_void),
+) -> Result<i32, String> {
     let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
     forget_if_forked();
     disarm_all_locked();
@@ -379,6 +439,7 @@ pub fn start(mode: Mode, hz: u32, job: unsafe extern "C" fn(*mut c_void)) -> Res
     HZ.store(hz, Release);
     JOB.store(job as *const () as usize, Release);
     IN_HANDLER.store(mode == Mode::Handler, Release);
+    WALL_TICKS.store(wall_ticks, Release);
     let signo = install()?;
     ENABLED.store(true, Release);
     Ok(signo)
@@ -495,9 +556,14 @@ fn arm_locked(tid: i32) -> bool {
     event.sigev_value = libc::sigval { sival_ptr: signal_value(index, generation) as *mut c_void };
     event.sigev_notify_thread_id = tid;
     let mut timer: libc::timer_t = std::ptr::null_mut();
+    if WALL_TICKS.load(Acquire) {
+        // No timer; the kernel reads a thread's CPU clock for threads of this process only.
+        if clock_ns(cpu_clock_id(tid)).is_none() {
+            return false;
+        }
     // SAFETY: `event` and `timer` are valid for the call; the kernel checks that the clock
     // is a thread of this process's (EINVAL otherwise).
-    if unsafe { libc::timer_create(cpu_clock_id(tid), &mut event, &mut timer) } != 0 {
+    } else if unsafe { libc::timer_create(cpu_clock_id(tid), &mut event, &mut timer) } != 0 {
         return false;
     }
     slot.tid.store(tid, Release);
@@ -506,7 +572,13 @@ fn arm_locked(tid: i32) -> bool {
     slot.last_tick_cpu_ns.store(0, Release);
     let seed = (clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(1) as u64) ^ ((tid as u64) << 32);
     slot.random.store(seed | 1, Release);
+    // The trigger's first look can then tell whether the thread runs.
+    slot.kick_cpu_ns.store(clock_ns(cpu_clock_id(tid)).unwrap_or(0), Release);
+    slot.kick_pending.store(false, Release);
     slot.state.store(EMPTY, Release);
+    if WALL_TICKS.load(Acquire) {
+        return true; // the trigger signals it (see "Wall ticks"): no timer
+    }
     let spec = libc::itimerspec {
         it_interval: timespec(PROBE_PERIOD_NS),
         it_value: timespec(PROBE_PERIOD_NS),
@@ -674,14 +746,18 @@ fn handle(info: *mut libc::siginfo_t) {
     // SAFETY: the kernel passes a valid siginfo; for a timer's signal `si_value` is the
     // sigev_value we set in `arm`.
     let value = unsafe { (*info).si_value().sival_ptr } as usize;
-    let Some(slot) = SLOTS.get(value & 0xffff) else { return };
+    let Some(slot) = SLOTS.get(value & INDEX_MASK) else { return };
+    let wall_tick = value & KICK_BIT != 0;
+    if wall_tick {
+        slot.kick_pending.store(false, Release);
+    }
     if (slot.generation.load(Acquire) as usize & 0xff_ffff) != value >> 16 {
         COUNTERS.stale.fetch_add(1, Relaxed);
         return;
     }
     let now = clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0);
     let cpu = own_cpu_ns();
-    if !drawn(slot, cpu) {
+    if wall_tick != WALL_TICKS.load(Acquire) || (!wall_tick && !drawn(slot, cpu)) {
         COUNTERS.passed_over.fetch_add(1, Relaxed);
         return;
     }
@@ -762,6 +838,131 @@ fn drawn(slot: &Slot, cpu_ns: i64) -> bool {
     slot.random.store(x, Relaxed);
     u128::from(x.wrapping_mul(0x2545_f491_4f6c_dd1d)) < threshold
 }
+
+/// Wall ticks: called by the trigger thread at each of its ticks (no GVL, no Ruby). Sends
+/// the sampling signal to each armed thread that is on a CPU now: its CPU clock moved since
+/// the trigger's previous look, and again between two reads a moment apart. A thread that
+/// waits (for I/O, a lock, the GVL, the scheduler) uses no CPU and is left alone.
+pub fn kick() {
+    if !ENABLED.load(Acquire) || !WALL_TICKS.load(Acquire) {
+        return;
+    }
+    let signo = SIGNO.load(Acquire);
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    for (index, slot) in SLOTS.iter().enumerate() {
+        if slot.state.load(Acquire) == FREE || slot.kick_pending.load(Acquire) {
+            continue;
+        }
+        let generation = slot.generation.load(Acquire);
+        let tid = slot.tid.load(Acquire);
+        if tid <= 0 {
+            continue;
+        }
+        let clock = cpu_clock_id(tid);
+        let Some(first) = clock_ns(clock) else { continue };
+        let last = slot.kick_cpu_ns.swap(first, AcqRel);
+        if first <= last {
+            continue; // no CPU since the last look: waiting
+        }
+        let Some(second) = clock_ns(clock) else { continue };
+        slot.kick_cpu_ns.store(second, Release);
+        // Not on a CPU between the two reads: ready to run (another thread, or this trigger
+        // itself, has its CPU), or gone to wait after using CPU since the last look.
+        if second <= first && !displaced(tid) {
+            continue;
+        }
+        if slot.generation.load(Acquire) != generation {
+            continue; // disarmed (or armed anew) meanwhile
+        }
+        slot.kick_pending.store(true, Release);
+        if send(pid, tid, signo, signal_value(index, generation) | KICK_BIT) {
+            COUNTERS.kicks.fetch_add(1, Relaxed);
+        } else {
+            slot.kick_pending.store(false, Release);
+            COUNTERS.kick_failures.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// Whether thread `tid` of this process is ready to run (state `R` in
+/// `/proc/self/task/<tid>/stat`) on the CPU this trigger runs on: the trigger's wake-up took
+/// that CPU from it, so it was running when the tick came. A thread ready to run on another
+/// CPU waits for that CPU, and one in any other state waits for something else: neither used
+/// CPU at the tick. Plain system calls and stack buffers: no allocation.
+fn displaced(tid: i32) -> bool {
+    let mut path = [0u8; 40];
+    let mut n = 0;
+    for &b in b"/proc/self/task/" {
+        path[n] = b;
+        n += 1;
+    }
+    let mut digits = [0u8; 10];
+    let (mut d, mut t) = (0, tid.unsigned_abs());
+    loop {
+        digits[d] = b'0' + (t % 10) as u8;
+        d += 1;
+        t /= 10;
+        if t == 0 {
+            break;
+        }
+    }
+    while d > 0 {
+        d -= 1;
+        path[n] = digits[d];
+        n += 1;
+    }
+    for &b in b"/stat\0" {
+        path[n] = b;
+        n += 1;
+    }
+    let mut buf = [0u8; 512];
+    // SAFETY: `path` is NUL-terminated; `buf` is a writable buffer of the length given; the
+    // descriptor is closed before returning.
+    let len = unsafe {
+        let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return false;
+        }
+        let len = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        len
+    };
+    let Ok(len) = usize::try_from(len) else { return false };
+    // "tid (comm) S ...": the state (field 3) follows the last ')' (a name may hold one);
+    // field 39 is the CPU the thread last ran on.
+    let line = &buf[..len.min(buf.len())];
+    let Some(close) = line.iter().rposition(|&b| b == b')') else { return false };
+    let mut fields = line[close + 1..].split(|&b| b == b' ').filter(|f| !f.is_empty());
+    if fields.next() != Some(b"R") {
+        return false;
+    }
+    let cpu = fields.nth(35).and_then(|f| std::str::from_utf8(f).ok()?.parse::<i32>().ok());
+    // SAFETY: sched_getcpu has no preconditions (-1 on failure, which matches no CPU).
+    cpu.is_some() && cpu == Some(unsafe { libc::sched_getcpu() })
+}
+
+/// Queues `signo` with `value` to thread `tid` of process `pid` (`rt_tgsigqueueinfo`, what
+/// `pthread_sigqueue` calls, for a thread known by its Linux id).
+fn send(pid: i32, tid: i32, signo: i32, value: usize) -> bool {
+    // SAFETY: a zeroed siginfo_t is valid; the fields the kernel copies for SI_QUEUE (signo,
+    // code, pid, uid, value) are set below, at the offsets of Linux's `struct siginfo`
+    // (`_sifields._rt`: pid, uid, then the sigval, after the three ints).
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        info.si_signo = signo;
+        info.si_code = libc::SI_QUEUE;
+        let fields = (&mut info as *mut libc::siginfo_t).cast::<u8>().add(SIFIELDS_OFFSET);
+        fields.cast::<libc::pid_t>().write(pid);
+        fields.add(4).cast::<libc::uid_t>().write(libc::getuid());
+        fields.add(8).cast::<usize>().write(value);
+        libc::syscall(libc::SYS_rt_tgsigqueueinfo, pid, tid, signo, &info) == 0
+    }
+}
+
+/// Where `_sifields` starts in Linux's `siginfo_t` on 64-bit targets: after `si_signo`,
+/// `si_errno`, `si_code` and padding to 8 bytes.
+const SIFIELDS_OFFSET: usize = 16;
 
 /// Asks for the job given to [`start`]: async-signal-safe (see `postponed`); it runs on this
 /// thread, which holds the GVL, at its next interrupt check.

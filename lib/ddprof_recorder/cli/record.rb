@@ -25,9 +25,10 @@ module DdprofRecorder
       # @!attribute allocation_overhead [Float] the share of time the allocation hook may cost.
       # @!attribute heap [Boolean] report the live heap (--heap).
       # @!attribute gc [Boolean] GC time on its own frame (--gc).
-      # @!attribute signals [Boolean] read stacks at each thread's CPU tick (--no-signals: false).
+      # @!attribute signals [Boolean] read stacks in a signal handler (--no-signals: false).
+      # @!attribute ticks [Symbol, nil] what sends the signals (--ticks; nil: the default).
       Options = Struct.new(:command, :out, :hz, :interval, :allocations, :allocation_interval, :allocation_overhead,
-                           :heap, :gc, :signals, keyword_init: true)
+                           :heap, :gc, :signals, :ticks, keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
@@ -65,6 +66,11 @@ module DdprofRecorder
           o.on("--no-signals", "read stacks at the VM's interrupt checks, with no signal (for C extensions",
                "that cannot take one; cheap C methods then get the CPU of the Ruby code around them)") do
             options.signals = false
+          end
+          o.on("--ticks KIND", Profiler::TICKS, "what signals the threads: wall (the default: the trigger thread,",
+               "hz times a second, each thread on a CPU then) or cpu (a timer on each thread's CPU",
+               "clock: at most the kernel's tick rate, ~250/s, but never a thread about to block)") do |kind|
+            options.ticks = kind
           end
           o.separator ""
           o.separator "Forked children (a server's workers) are profiled too, each into a file of its own:"
@@ -177,6 +183,7 @@ module DdprofRecorder
           Recording::GC => options.gc ? "1" : nil,
           Recording::OWNER => nil,
         ).merge(options.signals ? {} : { Profiler::SIGNALS_ENV => "0" })
+         .merge(options.ticks ? { Profiler::TICKS_ENV => options.ticks.to_s } : {})
       end
 
       # Runs the command and waits, leaving Ctrl-C to it: the program gets the SIGINT (same
