@@ -130,10 +130,13 @@ module DdprofRecorder
     # Environment variable that, set to `0`, `false` or `off`, makes the default `signals:`
     # false (see {#initialize}).
     SIGNALS_ENV = "DDPROF_RECORDER_SIGNALS"
-    # Environment variable that, set to `cpu` or `wall`, chooses the default `ticks:`.
+    # Environment variable that, set to `auto`, `cpu` or `wall`, chooses the default `ticks:`.
     TICKS_ENV = "DDPROF_RECORDER_TICKS"
     # What sends each thread its sampling signal (see {#initialize}).
-    TICKS = %i[wall cpu].freeze
+    TICKS = %i[auto wall cpu].freeze
+    # `ticks: :auto` uses wall ticks from this rate up: the scheduler tick of Debian's kernels
+    # (CONFIG_HZ=250), which caps CPU ticks.
+    WALL_TICKS_FROM_HZ = 250
 
     @current = nil
     @current_lock = Mutex.new
@@ -228,12 +231,14 @@ module DdprofRecorder
     # @param signals [Boolean] read on-CPU stacks at each thread's CPU tick, from a signal
     #   (the default, unless the environment's {SIGNALS_ENV} says `0`); false: at the VM's
     #   interrupt checks, with no signal (for programs whose C extensions cannot take one).
-    # @param ticks [Symbol] with signals, what sends them: `:wall` (the default, unless the
-    #   environment's {TICKS_ENV} says `cpu`), the trigger thread, `hz` times a second of wall
-    #   time, to each thread that is on a CPU then; `:cpu`, a timer on each thread's CPU clock,
-    #   which the kernel fires at its scheduler tick only (at most about 250 samples per second
-    #   of a thread's CPU on Debian's kernels) but only ever on the thread's way back to user
-    #   mode, so a thread that is about to block never gets one.
+    # @param ticks [Symbol] with signals, what sends them: `:cpu`, a timer on each thread's CPU
+    #   clock, which the kernel fires at its scheduler tick only (at most about 250 samples per
+    #   second of a thread's CPU on Debian's kernels) and only on the thread's way back to user
+    #   mode, so a thread that is about to block never gets one; `:wall`, the trigger thread,
+    #   `hz` times a second of wall time, to each thread that is on a CPU then (any rate, but a
+    #   tick that wakes the trigger on a thread's CPU misses that thread); `:auto` (the
+    #   default, unless the environment's {TICKS_ENV} says otherwise): `:wall` from
+    #   {WALL_TICKS_FROM_HZ} up, else `:cpu`.
     # @raise [ArgumentError] on a bad option.
     def initialize(hz: DEFAULT_HZ, interval: nil, exporter: nil, max_frames: StackRecorder::DEFAULT_MAX_FRAMES,
                    compression: :gzip, allocations: false, allocation_interval: DEFAULT_ALLOCATION_INTERVAL,
@@ -348,9 +353,16 @@ module DdprofRecorder
     # @return [String, nil] why the mode is not `:handler`, when signals were asked for.
     attr_reader :sampling_mode_reason
 
-    # The default of `ticks:`: `:cpu` if {TICKS_ENV} says `cpu`, else `:wall`.
+    # The default of `ticks:`: what {TICKS_ENV} says (`cpu`, `wall`), else `:auto`.
     def self.ticks_default(env = ENV)
-      env[TICKS_ENV].to_s.strip.downcase == "cpu" ? :cpu : :wall
+      TICKS.find { |t| t.to_s == env[TICKS_ENV].to_s.strip.downcase } || :auto
+    end
+
+    # The ticks a run uses: `ticks:`, with `:auto` resolved for `hz`.
+    def ticks
+      return @ticks unless @ticks == :auto
+
+      @hz >= WALL_TICKS_FROM_HZ ? :wall : :cpu
     end
 
     # The default of `signals:`: true unless {SIGNALS_ENV} says `0`, `false` or `off`.
@@ -493,7 +505,7 @@ module DdprofRecorder
         signal_samples: counts[:signal_samples],
         sampling_mode: @sampling_mode,
         sampling_mode_reason: @sampling_mode_reason,
-        ticks: @sampling_mode && @sampling_mode != :off ? @ticks : nil,
+        ticks: @sampling_mode && @sampling_mode != :off ? ticks : nil,
         interrupt_deferral: @interrupt_deferral,
         signals: @started ? signal_stats(Profiler._native_sampling_stats) : @signal_stats,
         sampler_cpu_ns: (thread_cpu || 0) + counts[:job_cpu_ns] + counts[:start_cpu_ns],
@@ -685,7 +697,7 @@ module DdprofRecorder
       @interrupt_deferral = Profiler._native_interrupt_deferral_checked?
       begin
         @thread_ends_dropped_base = Profiler._native_sampling_stats[:thread_ends_dropped]
-        Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno, @sampling_mode, @ticks == :wall, self,
+        Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno, @sampling_mode, ticks == :wall, self,
                                         defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? true : false)
       rescue StandardError
         @started = @running = false
@@ -705,7 +717,7 @@ module DdprofRecorder
     # The profile says how it was sampled (pprof's comments: `go tool pprof -comments`, and
     # `record`'s summary).
     def sampling_comment(signal)
-      tick = @ticks == :wall ? "on a CPU at each wall tick" : "at each CPU tick"
+      tick = ticks == :wall ? "on a CPU at each wall tick" : "at each CPU tick"
       how = case @sampling_mode
             when :handler then "each thread #{tick} (#{signal}), stacks read in the signal handler"
             when :safepoint

@@ -47,6 +47,37 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
     expect(shares.fetch("is_a?", 0)).to be < 0.15
   end
 
+  it "at 999 Hz signals the running threads from the trigger (wall ticks), past the kernel's tick, with no bias" do
+    if defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled?
+      skip "YJIT is on: stacks are read at the next interrupt check (:safepoint), with the bias this example rules out"
+    end
+    profiler = described_class.new(hz: 999, compression: :none)
+    pprof = profiler.profile { SignalSpecWork.run(1.5) }
+    shares = self_shares(pprof)
+    stats = profiler.stats
+    expect(stats).to include(sampling_mode: :handler, ticks: :wall)
+    expect(stats[:signals][:wall_ticks_sent]).to be > 0
+    # CPU-clock timers fire at the kernel's tick only: about 250 a CPU-second on Debian's
+    # kernels. The wall ticks gave 846-1,008 quiet, 649-817 with two busy processes beside
+    # (bench/bursty_rate.rb); the margin is for a loaded machine.
+    cpu_seconds = samples_from(decode_pprof(pprof)).sum { |s| s[:values]["cpu-time"] } / 1e9
+    expect(stats[:signal_samples]).to be > cpu_seconds * 300
+    expect(shares.fetch("work", 0)).to be > 0.45
+    expect(shares.fetch("is_a?", 0)).to be < 0.15
+  end
+
+  it "chooses CPU ticks below #{DdprofRecorder::Profiler::WALL_TICKS_FROM_HZ} Hz and wall ticks from there, unless told" do
+    expect(described_class.new(hz: 99).ticks).to eq(:cpu)
+    expect(described_class.new(hz: 999).ticks).to eq(:wall)
+    expect(described_class.new(hz: 99, ticks: :wall).ticks).to eq(:wall)
+    expect(described_class.new(hz: 999, ticks: :cpu).ticks).to eq(:cpu)
+    expect(described_class.ticks_default({ "DDPROF_RECORDER_TICKS" => "wall" })).to eq(:wall)
+    expect(described_class.ticks_default({ "DDPROF_RECORDER_TICKS" => " CPU " })).to eq(:cpu)
+    expect(described_class.ticks_default({})).to eq(:auto)
+    expect { described_class.new(ticks: :fast) }
+      .to raise_error(ArgumentError, "ticks must be one of :auto, :wall, :cpu, got :fast")
+  end
+
   it "with signals: false reads stacks at interrupt checks (the bias this mode has)" do
     if defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled?
       # YJIT compiles is_a? and respond_to? into `work` itself (no C frame is pushed for them),

@@ -2,7 +2,7 @@
 //! at the VM's next interrupt check (which charges the CPU of Ruby code to the cheap C methods
 //! around it: safepoint bias).
 //!
-//! # Wall ticks (the default)
+//! # Wall ticks (`ticks: :wall`, and `:auto` from 250 Hz)
 //!
 //! Each Ruby thread that the profiler samples is *armed*: it gets a [`Slot`]. At each of its
 //! ticks (`hz` a second of wall time, randomized, see `trigger`), the trigger thread looks at
@@ -12,13 +12,17 @@
 //! brings it up to the nanosecond, `task_sched_runtime` in Linux's `kernel/sched/core.c`).
 //! Sampling the threads that run at random moments of the wall clock samples each thread's
 //! stacks in proportion to the CPU they use, at `hz` samples per second of its CPU whatever
-//! the load and however the thread alternates work and waits. One case needs more: when the
-//! trigger wakes on the CPU the thread was running on, the trigger itself has taken that CPU,
-//! and the thread reads as not running. A thread that used CPU since the last look and whose
-//! state is `R` (ready to run) on the trigger's own CPU is signalled too ([`displaced`]); a
-//! thread ready to run on another CPU waits for that CPU and was not running at the tick.
-//! Measured (`bench/rate.rb`, see bench/RESULTS.md): a busy thread gets 997 samples per
-//! second of CPU at 999 Hz, a thread that runs 10 ms and waits 20 ms ~1,000, under load too.
+//! the load and however the thread alternates work and waits. Except for one case: when the
+//! trigger wakes on the CPU a thread was running on, it has taken that CPU from the thread,
+//! which then reads as not running, and that tick is not a sample of it. Taking a thread ready
+//! to run on the trigger's own CPU for a displaced one (its state in `/proc`) was tried and
+//! left out: the scheduler (EEVDF, Linux 6.6+) lets the running thread go on to its next
+//! preemption point before the trigger runs, and a system call that updates the thread's
+//! runtime (`clock_gettime` of its CPU clock) is one, so those samples fell there (12% of
+//! bench/accuracy's `threads` on `Process.clock_gettime`, against 0.5% for stackprof). So
+//! under load, a thread gets fewer samples than `hz` per CPU-second (the CPU of each is
+//! measured, so totals stay exact).
+//! Measured: bench/RESULTS.md, "Sampling rate" (`bench/run rate`, `bench/bursty_rate.rb`).
 //!
 //! The signal goes to that thread only (`rt_tgsigqueueinfo`, carrying the slot's index and
 //! generation, see [`send`]), at most one at a time per thread (`kick_pending`: a thread that
@@ -32,7 +36,7 @@
 //! For programs with such C code, CPU ticks (below) never signal a thread about to block, and
 //! `signals: false` sends no signal at all.
 //!
-//! # CPU ticks (`ticks: :cpu`)
+//! # CPU ticks (`ticks: :cpu`, and `:auto` below 250 Hz)
 //!
 //! Each armed thread gets a POSIX timer on its own
 //! CPU clock (`timer_create` on the clock id `MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`, see
@@ -867,9 +871,9 @@ pub fn kick() {
         }
         let Some(second) = clock_ns(clock) else { continue };
         slot.kick_cpu_ns.store(second, Release);
-        // Not on a CPU between the two reads: ready to run (another thread, or this trigger
-        // itself, has its CPU), or gone to wait after using CPU since the last look.
-        if second <= first && !displaced(tid) {
+        if second <= first {
+            // Not on a CPU between the two reads: gone to wait, or ready to run while another
+            // thread has its CPU (this trigger itself, maybe: see "Wall ticks").
             continue;
         }
         if slot.generation.load(Acquire) != generation {
@@ -883,63 +887,6 @@ pub fn kick() {
             COUNTERS.kick_failures.fetch_add(1, Relaxed);
         }
     }
-}
-
-/// Whether thread `tid` of this process is ready to run (state `R` in
-/// `/proc/self/task/<tid>/stat`) on the CPU this trigger runs on: the trigger's wake-up took
-/// that CPU from it, so it was running when the tick came. A thread ready to run on another
-/// CPU waits for that CPU, and one in any other state waits for something else: neither used
-/// CPU at the tick. Plain system calls and stack buffers: no allocation.
-fn displaced(tid: i32) -> bool {
-    let mut path = [0u8; 40];
-    let mut n = 0;
-    for &b in b"/proc/self/task/" {
-        path[n] = b;
-        n += 1;
-    }
-    let mut digits = [0u8; 10];
-    let (mut d, mut t) = (0, tid.unsigned_abs());
-    loop {
-        digits[d] = b'0' + (t % 10) as u8;
-        d += 1;
-        t /= 10;
-        if t == 0 {
-            break;
-        }
-    }
-    while d > 0 {
-        d -= 1;
-        path[n] = digits[d];
-        n += 1;
-    }
-    for &b in b"/stat\0" {
-        path[n] = b;
-        n += 1;
-    }
-    let mut buf = [0u8; 512];
-    // SAFETY: `path` is NUL-terminated; `buf` is a writable buffer of the length given; the
-    // descriptor is closed before returning.
-    let len = unsafe {
-        let fd = libc::open(path.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return false;
-        }
-        let len = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-        libc::close(fd);
-        len
-    };
-    let Ok(len) = usize::try_from(len) else { return false };
-    // "tid (comm) S ...": the state (field 3) follows the last ')' (a name may hold one);
-    // field 39 is the CPU the thread last ran on.
-    let line = &buf[..len.min(buf.len())];
-    let Some(close) = line.iter().rposition(|&b| b == b')') else { return false };
-    let mut fields = line[close + 1..].split(|&b| b == b' ').filter(|f| !f.is_empty());
-    if fields.next() != Some(b"R") {
-        return false;
-    }
-    let cpu = fields.nth(35).and_then(|f| std::str::from_utf8(f).ok()?.parse::<i32>().ok());
-    // SAFETY: sched_getcpu has no preconditions (-1 on failure, which matches no CPU).
-    cpu.is_some() && cpu == Some(unsafe { libc::sched_getcpu() })
 }
 
 /// Queues `signo` with `value` to thread `tid` of process `pid` (`rt_tgsigqueueinfo`, what

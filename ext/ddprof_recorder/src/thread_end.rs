@@ -105,15 +105,7 @@ impl Drop for ExitWatch {
             // another thread-local, which may already be gone in a destructor.
             let tid = unsafe { libc::gettid() };
             let exited = Exited { tid, cpu_ns: own_cpu_ns() };
-            match EXITS.try_lock() {
-                Ok(mut exits) if exits.len() < MAX_QUEUED => {
-                    exits.push(exited);
-                    EXITS_SEEN.fetch_add(1, Ordering::Relaxed);
-                }
-                _ => {
-                    DROPPED.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            push(&EXITS, exited, &EXITS_SEEN);
         }));
     }
 }
@@ -254,16 +246,22 @@ unsafe extern "C" fn on_thread_event(
         };
         // With the GVL, as every user of ENDS: never contended but by a thread that vanished in
         // a fork (the child then never reaches here with the old lock: `start` checks first).
-        match ENDS.try_lock() {
-            Ok(mut ends) if ends.len() < MAX_QUEUED => {
-                ends.push(ended);
-                ENDS_SEEN.fetch_add(1, Ordering::Relaxed);
-            }
-            _ => {
-                DROPPED.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        push(&ENDS, ended, &ENDS_SEEN);
     }));
+}
+
+/// Queues `item` if `queue`'s lock is free and it has room (counted in `seen`), else counts it
+/// dropped: never waits, so a lock held by a thread that vanished in a fork never blocks.
+fn push<T>(queue: &Mutex<Vec<T>>, item: T, seen: &AtomicU64) {
+    match queue.try_lock() {
+        Ok(mut items) if items.len() < MAX_QUEUED => {
+            items.push(item);
+            seen.fetch_add(1, Ordering::Relaxed);
+        }
+        _ => {
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// What is queued, oldest first: the ends and the exits. The ends stay queued (and marked)

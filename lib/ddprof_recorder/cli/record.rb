@@ -67,9 +67,10 @@ module DdprofRecorder
                "that cannot take one; cheap C methods then get the CPU of the Ruby code around them)") do
             options.signals = false
           end
-          o.on("--ticks KIND", Profiler::TICKS, "what signals the threads: wall (the default: the trigger thread,",
-               "hz times a second, each thread on a CPU then) or cpu (a timer on each thread's CPU",
-               "clock: at most the kernel's tick rate, ~250/s, but never a thread about to block)") do |kind|
+          o.on("--ticks KIND", Profiler::TICKS, "what signals the threads: cpu (a timer on each thread's CPU clock:",
+               "at most the kernel's tick rate, ~250/s, never a thread about to block), wall (the trigger",
+               "thread, hz times a second, each thread on a CPU then), or auto (the default: wall from",
+               "#{Profiler::WALL_TICKS_FROM_HZ} Hz up, else cpu)") do |kind|
             options.ticks = kind
           end
           o.separator ""
