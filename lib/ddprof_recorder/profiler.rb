@@ -234,9 +234,10 @@ module DdprofRecorder
     # @param ticks [Symbol] with signals, what sends them: `:cpu`, a timer on each thread's CPU
     #   clock, which the kernel fires at its scheduler tick only (at most about 250 samples per
     #   second of a thread's CPU on Debian's kernels) and only on the thread's way back to user
-    #   mode, so a thread that is about to block never gets one; `:wall`, the trigger thread,
-    #   `hz` times a second of wall time, to each thread that is on a CPU then (any rate, but a
-    #   tick that wakes the trigger on a thread's CPU misses that thread); `:auto` (the
+    #   mode, so a thread that is about to block never gets one; `:wall`, those and, besides,
+    #   the trigger thread, `hz` times a second of wall time, to each thread that is on a CPU
+    #   then (any rate, but a tick that wakes the trigger on a thread's CPU misses that
+    #   thread); `:auto` (the
     #   default, unless the environment's {TICKS_ENV} says otherwise): `:wall` from
     #   {WALL_TICKS_FROM_HZ} up, else `:cpu`.
     # @raise [ArgumentError] on a bad option.

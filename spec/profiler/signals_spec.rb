@@ -58,8 +58,8 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
     expect(stats).to include(sampling_mode: :handler, ticks: :wall)
     expect(stats[:signals][:wall_ticks_sent]).to be > 0
     # CPU-clock timers fire at the kernel's tick only: about 250 a CPU-second on Debian's
-    # kernels. The wall ticks gave 846-1,008 quiet, 649-817 with two busy processes beside
-    # (bench/bursty_rate.rb); the margin is for a loaded machine.
+    # kernels; the wall ticks add up to `hz` more (bench/RESULTS.md, "Sampling rate"). The
+    # margin is for a loaded machine.
     cpu_seconds = samples_from(decode_pprof(pprof)).sum { |s| s[:values]["cpu-time"] } / 1e9
     expect(stats[:signal_samples]).to be > cpu_seconds * 300
     expect(shares.fetch("work", 0)).to be > 0.45

@@ -4,25 +4,28 @@
 //!
 //! # Wall ticks (`ticks: :wall`, and `:auto` from 250 Hz)
 //!
-//! Each Ruby thread that the profiler samples is *armed*: it gets a [`Slot`]. At each of its
-//! ticks (`hz` a second of wall time, randomized, see `trigger`), the trigger thread looks at
-//! every armed thread's CPU clock ([`kick`]) and sends the signal to each thread that is on a
-//! CPU at that moment: its clock moved since the trigger's previous look and moves again
-//! between two reads a moment apart (reading a running thread's clock from another thread
-//! brings it up to the nanosecond, `task_sched_runtime` in Linux's `kernel/sched/core.c`).
-//! Sampling the threads that run at random moments of the wall clock samples each thread's
-//! stacks in proportion to the CPU they use, at `hz` samples per second of its CPU whatever
-//! the load and however the thread alternates work and waits. Except for one case: when the
-//! trigger wakes on the CPU a thread was running on, it has taken that CPU from the thread,
-//! which then reads as not running, and that tick is not a sample of it. Taking a thread ready
-//! to run on the trigger's own CPU for a displaced one (its state in `/proc`) was tried and
-//! left out: the scheduler (EEVDF, Linux 6.6+) lets the running thread go on to its next
-//! preemption point before the trigger runs, and a system call that updates the thread's
-//! runtime (`clock_gettime` of its CPU clock) is one, so those samples fell there (12% of
-//! bench/accuracy's `threads` on `Process.clock_gettime`, against 0.5% for stackprof). So
-//! under load, a thread gets fewer samples than `hz` per CPU-second (the CPU of each is
-//! measured, so totals stay exact).
-//! Measured: bench/RESULTS.md, "Sampling rate" (`bench/run rate`, `bench/bursty_rate.rb`).
+//! Each Ruby thread that the profiler samples is *armed*: it gets a [`Slot`], and its CPU
+//! timer (the CPU ticks below). With wall ticks, at each of its ticks (`hz` a second of wall
+//! time, randomized, see `trigger`) the trigger thread also looks at every armed thread's CPU
+//! clock ([`kick`]) and sends the signal to each thread that is on a CPU at that moment: its
+//! clock moved since the trigger's previous look and moves again between two reads a moment
+//! apart (reading a running thread's clock from another thread brings it up to the
+//! nanosecond, `task_sched_runtime` in Linux's `kernel/sched/core.c`). Sampling the threads
+//! that run at random moments of the wall clock samples each thread's stacks in proportion to
+//! the CPU they use, at `hz` samples per second of its CPU, past the kernel's tick. Except for
+//! one case: when the trigger wakes on the CPU a thread was running on, it has taken that CPU
+//! from the thread, which then reads as not running, and that tick is not a sample of it; on
+//! a loaded machine that is often (a busy thread at 999 Hz with the test suite running beside
+//! it got 92–640 wall ticks per CPU-second). Taking a thread ready to run on the trigger's own
+//! CPU for a displaced one (its state in `/proc`) was tried and left out: the scheduler
+//! (EEVDF, Linux 6.6+) lets the running thread go on to its next preemption point before the
+//! trigger runs, and a system call that updates the thread's runtime (`clock_gettime` of its
+//! CPU clock) is one, so those samples fell there (12% of bench/accuracy's `threads` on
+//! `Process.clock_gettime`, against 0.5% for stackprof). So the CPU timer's ticks stay samples
+//! too (every one of them from 250 Hz up): both sample where the CPU is, so together they do,
+//! and a thread gets at least what the CPU ticks give it, under load too (a sample's CPU is
+//! measured, so more samples cost only their work; totals stay exact). Measured:
+//! bench/RESULTS.md, "Sampling rate" (`bench/run rate`, `bench/bursty_rate.rb`).
 //!
 //! The signal goes to that thread only (`rt_tgsigqueueinfo`, carrying the slot's index and
 //! generation, see [`send`]), at most one at a time per thread (`kick_pending`: a thread that
@@ -560,14 +563,9 @@ fn arm_locked(tid: i32) -> bool {
     event.sigev_value = libc::sigval { sival_ptr: signal_value(index, generation) as *mut c_void };
     event.sigev_notify_thread_id = tid;
     let mut timer: libc::timer_t = std::ptr::null_mut();
-    if WALL_TICKS.load(Acquire) {
-        // No timer; the kernel reads a thread's CPU clock for threads of this process only.
-        if clock_ns(cpu_clock_id(tid)).is_none() {
-            return false;
-        }
     // SAFETY: `event` and `timer` are valid for the call; the kernel checks that the clock
     // is a thread of this process's (EINVAL otherwise).
-    } else if unsafe { libc::timer_create(cpu_clock_id(tid), &mut event, &mut timer) } != 0 {
+    if unsafe { libc::timer_create(cpu_clock_id(tid), &mut event, &mut timer) } != 0 {
         return false;
     }
     slot.tid.store(tid, Release);
@@ -580,9 +578,6 @@ fn arm_locked(tid: i32) -> bool {
     slot.kick_cpu_ns.store(clock_ns(cpu_clock_id(tid)).unwrap_or(0), Release);
     slot.kick_pending.store(false, Release);
     slot.state.store(EMPTY, Release);
-    if WALL_TICKS.load(Acquire) {
-        return true; // the trigger signals it (see "Wall ticks"): no timer
-    }
     let spec = libc::itimerspec {
         it_interval: timespec(PROBE_PERIOD_NS),
         it_value: timespec(PROBE_PERIOD_NS),
@@ -761,7 +756,7 @@ fn handle(info: *mut libc::siginfo_t) {
     }
     let now = clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0);
     let cpu = own_cpu_ns();
-    if wall_tick != WALL_TICKS.load(Acquire) || (!wall_tick && !drawn(slot, cpu)) {
+    if !wall_tick && !drawn(slot, cpu) {
         COUNTERS.passed_over.fetch_add(1, Relaxed);
         return;
     }
