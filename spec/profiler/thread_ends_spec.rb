@@ -143,6 +143,33 @@ RSpec.describe DdprofRecorder::Profiler, "thread ends" do
     expect(got[:parent_ends]).to be < 300
   end
 
+  # Found by CI: on Ruby 3.1 a native thread outlives its Ruby thread in Ruby's thread cache
+  # (THREAD_CACHE_TIME, 3 s, thread_pthread.c) and may exit during a later profiler run, whose
+  # exit watch charged it all its CPU, the earlier run's, as an "(unsampled thread)".
+  it "leaves out the CPU of a thread of an earlier run whose native thread exits during this one" do
+    cache_program = <<~'RUBY'
+      require "json"
+      require "ddprof_recorder"
+      def spin(seconds)
+        deadline = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + seconds
+        nil while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < deadline
+      end
+      first = DdprofRecorder::Profiler.new(hz: 99, compression: :none)
+      first.profile { Thread.new { spin(0.3) }.join }
+      second = DdprofRecorder::Profiler.new(hz: 99, compression: :none)
+      File.binwrite(ARGV[0], second.profile { sleep 4 }) # past the cache's 3 s: the first run's native thread exits
+    RUBY
+    Dir.mktmpdir("ddprof_thread_cache") do |dir|
+      path = File.join(dir, "second.pb")
+      _, stderr, status = Open3.capture3(RbConfig.ruby, "-I", lib, "-e", cache_program, path)
+      expect(status).to be_success, "the program failed: #{stderr}"
+      samples = samples_from(decode_pprof(File.binread(path)))
+      cpu = samples.sum { |s| s[:values]["cpu-time"] }
+      expect(cpu).to be < 100_000_000 # the second run only sleeps; 300 ms would be the first's
+      expect(samples.map { |s| s[:labels]["thread name"] }).not_to include("(unsampled thread)")
+    end
+  end
+
   it "says why there is no hook with YJIT on Ruby 3.1, and still accounts what the passes see" do
     skip "YJIT is not built in this Ruby" unless defined?(RubyVM::YJIT)
 

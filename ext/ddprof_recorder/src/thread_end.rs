@@ -74,6 +74,8 @@ pub struct Ended {
 pub struct Exited {
     pub tid: i32,
     pub cpu_ns: i64,
+    /// Its CPU clock when its watch was set in this run (at its beginning or its end).
+    pub base_ns: i64,
 }
 
 static ENDS: Mutex<Vec<Ended>> = Mutex::new(Vec::new());
@@ -84,6 +86,10 @@ static HOOKED: AtomicBool = AtomicBool::new(false);
 static REFUSED_FOR_YJIT: AtomicBool = AtomicBool::new(false);
 /// The fork generation that added the hook (a child's hook does nothing until it starts).
 static GENERATION: AtomicU64 = AtomicU64::new(u64::MAX);
+/// Bumped at each [`start`]: a watch set in an earlier run is not this run's (on 3.1 a native
+/// thread outlives its Ruby thread in Ruby's thread cache, and may exit during a later run,
+/// with CPU this run never saw).
+static RUN: AtomicU64 = AtomicU64::new(0);
 /// Ends the hook queued, exits the watches queued, and records neither could queue.
 pub static ENDS_SEEN: AtomicU64 = AtomicU64::new(0);
 pub static EXITS_SEEN: AtomicU64 = AtomicU64::new(0);
@@ -93,25 +99,33 @@ pub static DROPPED: AtomicU64 = AtomicU64::new(0);
 struct ExitWatch {
     /// The fork generation it was made in (a watch made in the parent is not the child's).
     generation: Cell<u64>,
+    /// The [`RUN`] it was set in, and the thread's CPU clock then.
+    run: Cell<u64>,
+    base_ns: Cell<i64>,
 }
 
 impl Drop for ExitWatch {
     fn drop(&mut self) {
         let _ = catch_unwind(AssertUnwindSafe(|| {
-            if !active() || self.generation.get() != fork_generation() {
+            if !active()
+                || self.generation.get() != fork_generation()
+                || self.run.get() != RUN.load(Ordering::Acquire)
+            {
                 return;
             }
             // SAFETY: gettid has no preconditions and cannot fail. Not `own_tid`: its cache is
             // another thread-local, which may already be gone in a destructor.
             let tid = unsafe { libc::gettid() };
-            let exited = Exited { tid, cpu_ns: own_cpu_ns() };
+            let exited = Exited { tid, cpu_ns: own_cpu_ns(), base_ns: self.base_ns.get() };
             push(&EXITS, exited, &EXITS_SEEN);
         }));
     }
 }
 
 thread_local! {
-    static EXIT_WATCH: ExitWatch = const { ExitWatch { generation: Cell::new(u64::MAX) } };
+    static EXIT_WATCH: ExitWatch = const {
+        ExitWatch { generation: Cell::new(u64::MAX), run: Cell::new(u64::MAX), base_ns: Cell::new(0) }
+    };
 }
 
 /// Whether the hook is added and this process added it.
@@ -135,6 +149,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
 /// Adds the hook, if it is not added yet and `yjit` (whether YJIT is on) does not rule it out
 /// on this Ruby, and forgets what a parent process left queued. With the GVL.
 pub fn start(yjit: bool) {
+    RUN.fetch_add(1, Ordering::AcqRel);
     let generation = fork_generation();
     if GENERATION.swap(generation, Ordering::AcqRel) != generation {
         clear();
@@ -180,7 +195,8 @@ pub fn hook_state() -> &'static str {
 
 /// `Profiler._native_take_thread_ends`: nil when nothing is queued, else `[ends, exits]`:
 /// `ends` flat, `[thread, tid, cpu_ns, at_ns]` per thread whose end the hook saw, oldest first;
-/// `exits` flat, `[tid, cpu_ns]` per native thread whose exit watch saw it exit.
+/// `exits` flat, `[tid, cpu_ns, base_ns]` per native thread whose exit watch saw it exit in
+/// this run (`base_ns`: its CPU clock when the watch was set in this run).
 fn native_take_thread_ends(ruby: &Ruby) -> Result<Option<RArray>, Error> {
     entry(ruby, || {
         if !any_queued() {
@@ -197,10 +213,11 @@ fn native_take_thread_ends(ruby: &Ruby) -> Result<Option<RArray>, Error> {
             flat_ends.push(ended.at_ns)?;
         }
         forget_taken(ends.len());
-        let flat_exits = ruby.ary_new_capa(exits.len() * 2);
+        let flat_exits = ruby.ary_new_capa(exits.len() * 3);
         for exited in &exits {
             flat_exits.push(exited.tid)?;
             flat_exits.push(exited.cpu_ns)?;
+            flat_exits.push(exited.base_ns)?;
         }
         let both = ruby.ary_new_capa(2);
         both.push(flat_ends)?;
@@ -234,7 +251,13 @@ unsafe extern "C" fn on_thread_event(
         let generation = fork_generation();
         // Made at the beginning (and at the end, for a thread that began before the hook was
         // added), so that its destructor runs when this native thread exits.
-        let _ = EXIT_WATCH.try_with(|watch| watch.generation.set(generation));
+        let run = RUN.load(Ordering::Acquire);
+        let _ = EXIT_WATCH.try_with(|watch| {
+            watch.generation.set(generation);
+            if watch.run.replace(run) != run {
+                watch.base_ns.set(own_cpu_ns());
+            }
+        });
         if u64::from(event) & u64::from(rb_sys::RUBY_EVENT_THREAD_END) == 0 {
             return;
         }
