@@ -253,7 +253,7 @@ static SLOTS: [Slot; MAX_SLOTS] = [const { Slot::new() }; MAX_SLOTS];
 static ENABLED: AtomicBool = AtomicBool::new(false);
 /// [`Mode::Handler`] if true.
 static IN_HANDLER: AtomicBool = AtomicBool::new(true);
-/// Wall ticks (see "Wall ticks"): the trigger signals running threads, no CPU timer is made.
+/// Wall ticks (see "Wall ticks"): the trigger also signals the threads that run.
 static WALL_TICKS: AtomicBool = AtomicBool::new(false);
 /// Set in a wall tick's signal value: the tick is a sample, with no draw.
 const KICK_BIT: usize = 1 << 15;
