@@ -74,8 +74,6 @@ pub struct Ended {
 pub struct Exited {
     pub tid: i32,
     pub cpu_ns: i64,
-    /// Its CPU clock when its watch was set in this run (at its beginning or its end).
-    pub base_ns: i64,
 }
 
 static ENDS: Mutex<Vec<Ended>> = Mutex::new(Vec::new());
@@ -99,9 +97,8 @@ pub static DROPPED: AtomicU64 = AtomicU64::new(0);
 struct ExitWatch {
     /// The fork generation it was made in (a watch made in the parent is not the child's).
     generation: Cell<u64>,
-    /// The [`RUN`] it was set in, and the thread's CPU clock then.
+    /// The [`RUN`] it was set in.
     run: Cell<u64>,
-    base_ns: Cell<i64>,
 }
 
 impl Drop for ExitWatch {
@@ -116,7 +113,7 @@ impl Drop for ExitWatch {
             // SAFETY: gettid has no preconditions and cannot fail. Not `own_tid`: its cache is
             // another thread-local, which may already be gone in a destructor.
             let tid = unsafe { libc::gettid() };
-            let exited = Exited { tid, cpu_ns: own_cpu_ns(), base_ns: self.base_ns.get() };
+            let exited = Exited { tid, cpu_ns: own_cpu_ns() };
             push(&EXITS, exited, &EXITS_SEEN);
         }));
     }
@@ -124,7 +121,7 @@ impl Drop for ExitWatch {
 
 thread_local! {
     static EXIT_WATCH: ExitWatch = const {
-        ExitWatch { generation: Cell::new(u64::MAX), run: Cell::new(u64::MAX), base_ns: Cell::new(0) }
+        ExitWatch { generation: Cell::new(u64::MAX), run: Cell::new(u64::MAX) }
     };
 }
 
@@ -195,8 +192,8 @@ pub fn hook_state() -> &'static str {
 
 /// `Profiler._native_take_thread_ends`: nil when nothing is queued, else `[ends, exits]`:
 /// `ends` flat, `[thread, tid, cpu_ns, at_ns]` per thread whose end the hook saw, oldest first;
-/// `exits` flat, `[tid, cpu_ns, base_ns]` per native thread whose exit watch saw it exit in
-/// this run (`base_ns`: its CPU clock when the watch was set in this run).
+/// `exits` flat, `[tid, cpu_ns]` per native thread whose exit watch saw it exit, set in this
+/// run.
 fn native_take_thread_ends(ruby: &Ruby) -> Result<Option<RArray>, Error> {
     entry(ruby, || {
         if !any_queued() {
@@ -213,11 +210,10 @@ fn native_take_thread_ends(ruby: &Ruby) -> Result<Option<RArray>, Error> {
             flat_ends.push(ended.at_ns)?;
         }
         forget_taken(ends.len());
-        let flat_exits = ruby.ary_new_capa(exits.len() * 3);
+        let flat_exits = ruby.ary_new_capa(exits.len() * 2);
         for exited in &exits {
             flat_exits.push(exited.tid)?;
             flat_exits.push(exited.cpu_ns)?;
-            flat_exits.push(exited.base_ns)?;
         }
         let both = ruby.ary_new_capa(2);
         both.push(flat_ends)?;
@@ -254,9 +250,7 @@ unsafe extern "C" fn on_thread_event(
         let run = RUN.load(Ordering::Acquire);
         let _ = EXIT_WATCH.try_with(|watch| {
             watch.generation.set(generation);
-            if watch.run.replace(run) != run {
-                watch.base_ns.set(own_cpu_ns());
-            }
+            watch.run.set(run);
         });
         if u64::from(event) & u64::from(rb_sys::RUBY_EVENT_THREAD_END) == 0 {
             return;

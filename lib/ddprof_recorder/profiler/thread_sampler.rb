@@ -749,8 +749,8 @@ module DdprofRecorder
         end
         i = 0
         while i < exits.size
-          thread_exited(exits[i], exits[i + 1], exits[i + 2])
-          i += 3
+          thread_exited(exits[i], exits[i + 1])
+          i += 2
         end
       end
 
@@ -795,16 +795,15 @@ module DdprofRecorder
 
       # Native thread `tid` exited with its CPU clock at `cpu_ns`: what it used since its last
       # charge (Ruby's cleanup after the end hook, or a whole thread whose end hook did not
-      # fire; with no charge, since `base_ns`, its clock when this run first saw it begin or
-      # end) goes to THREAD_EXIT_STACK for the thread that ended there, to the last stack of
+      # fire) goes to THREAD_EXIT_STACK for the thread that ended there, to the last stack of
       # a dead thread the sampler knew there, else to UNSAMPLED_STACK. Its account goes.
-      def thread_exited(tid, cpu_ns, base_ns = 0)
+      def thread_exited(tid, cpu_ns)
         @counts[:thread_exits] += 1
         forget_stacks(tid)
         ended = @ended_on.delete(tid)
         charged = @charged_cpu.delete(tid)
         charged = [charged || 0, ended[1]].max if ended
-        carried = cpu_ns - (charged || base_ns)
+        carried = cpu_ns - (charged || 0)
         return unless carried.positive?
 
         @counts[:thread_end_cpu_ns] += carried
