@@ -392,10 +392,12 @@ module DdprofRecorder
       # Where this thread runs now, and its CPU: if the profiler samples it, what it carries
       # goes there, and the stopping work below is not charged to it (a tick in it records
       # nothing: ThreadSampler#stopping).
+      # The cut comes first: a signal sample's job that ran in the work before it (reading the
+      # caller's stack, say) was recorded as the program's (seen with wall ticks at 999 Hz).
       caller_cpu_ns = Profiler._native_current_thread_cpu_time_ns
-      caller_stack = FrameNames.program_locations(caller_locations(1))
       running_here = @started && Process.pid == @pid
       @sampler.stopping(caller_cpu_ns) if running_here
+      caller_stack = FrameNames.program_locations(caller_locations(1))
       # The stopping work's own allocations are not the program's.
       Profiler._native_allocations_stop if @allocations && running_here
       # Only the state change is under the lock: joining the threads (up to 35 s) and calling
