@@ -463,18 +463,19 @@ module DdprofRecorder
       end
 
       # Whether a sample of `tid` at CPU clock `cpu_ns` was taken inside Profiler#start or
-      # #stop (see #started and #stopping). The start's cut goes once a later sample passes
-      # it: a new thread that reuses the native id starts its clock at 0.
+      # #stop (see #started and #stopping). The start's cut stays until that thread ends (a
+      # new thread that reuses the native id starts its clock at 0: #forget_stacks drops it):
+      # a sample taken inside start may be recorded after a later one (it waited for the
+      # lock), and dropping the cut at the first later sample let it through (seen with wall
+      # ticks at 999 Hz under load: autostart.rb and recording.rb frames in the profile).
       def own_work?(tid, cpu_ns)
         stop = @stop_cut
         return true if stop && stop[0] == tid && cpu_ns >= stop[1]
 
         start = @start_cut
         return false unless start && start[0] == tid
-        return true if start[1].nil? || cpu_ns < start[1]
 
-        @start_cut = nil
-        false
+        start[1].nil? || cpu_ns < start[1]
       end
 
       # Its CPU clock when looked at; the scan finds it idle while the clock reads that, if
