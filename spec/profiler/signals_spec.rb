@@ -27,18 +27,24 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
 
   after { described_class.stop }
 
-  it "charges the Ruby code's CPU to it, not to the cheap C methods it calls" do
+  # Profiles SignalSpecWork for 1.5 s of CPU at `hz` (YJIT off: with it stacks are read at
+  # interrupt checks, with the bias these examples rule out). Returns the self shares, the
+  # stats and the profile's cpu-time in seconds.
+  def profile_signal_work(hz)
     if defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled?
       skip "YJIT is on: stacks are read at the next interrupt check (:safepoint), with the bias this example rules out"
     end
-    profiler = described_class.new(hz: 199, compression: :none)
+    profiler = described_class.new(hz: hz, compression: :none)
     pprof = profiler.profile { SignalSpecWork.run(1.5) }
-    shares = self_shares(pprof)
-    stats = profiler.stats
+    cpu_seconds = samples_from(decode_pprof(pprof)).sum { |s| s[:values]["cpu-time"] } / 1e9
+    [self_shares(pprof), profiler.stats, cpu_seconds]
+  end
+
+  it "charges the Ruby code's CPU to it, not to the cheap C methods it calls" do
+    shares, stats, cpu_seconds = profile_signal_work(199)
     expect(stats[:sampling_mode]).to eq(:handler)
     # About 199 a second of CPU (the rate is bench/profiler_rate.rb's to measure; a loaded
     # machine makes it lower).
-    cpu_seconds = samples_from(decode_pprof(pprof)).sum { |s| s[:values]["cpu-time"] } / 1e9
     expect(stats[:signal_samples]).to be > [cpu_seconds * 199 * 0.2, 20].max
     expect(stats[:signals][:signal]).to match(/\ASIGRTMIN\+\d+\z/)
     expect(stats[:signals][:signals_read_in_handler]).to be >= stats[:signal_samples]
@@ -48,19 +54,12 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
   end
 
   it "at 999 Hz signals the running threads from the trigger (wall ticks), past the kernel's tick, with no bias" do
-    if defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled?
-      skip "YJIT is on: stacks are read at the next interrupt check (:safepoint), with the bias this example rules out"
-    end
-    profiler = described_class.new(hz: 999, compression: :none)
-    pprof = profiler.profile { SignalSpecWork.run(1.5) }
-    shares = self_shares(pprof)
-    stats = profiler.stats
+    shares, stats, cpu_seconds = profile_signal_work(999)
     expect(stats).to include(sampling_mode: :handler, ticks: :wall)
     expect(stats[:signals][:wall_ticks_sent]).to be > 0
     # CPU-clock timers fire at the kernel's tick only: about 250 a CPU-second on Debian's
     # kernels; the wall ticks add up to `hz` more (bench/RESULTS.md, "Sampling rate"). The
     # margin is for a loaded machine.
-    cpu_seconds = samples_from(decode_pprof(pprof)).sum { |s| s[:values]["cpu-time"] } / 1e9
     expect(stats[:signal_samples]).to be > cpu_seconds * 300
     expect(shares.fetch("work", 0)).to be > 0.45
     expect(shares.fetch("is_a?", 0)).to be < 0.15
