@@ -34,10 +34,12 @@ require "shellwords"
 
 # rspec runs, and their summary lines, for the list at the end.
 module SpecRuns
-  Run = Struct.new(:label, :summary, :seconds, :ok)
+  Run = Struct.new(:label, :summary, :seconds, :ok, :failed)
   # The line RSpec ends with: "601 examples, 0 failures, 2 pending" (", N errors occurred
   # outside of examples" when a file did not load).
   SUMMARY = /^\d+ examples?, \d+ failures?.*$/
+  # A line of RSpec's list of failed examples: "rspec ./spec/x_spec.rb:12 # what it does".
+  FAILED = %r{^rspec \./spec/\S+ # .*$}
 
   @runs = []
 
@@ -61,6 +63,7 @@ module SpecRuns
       started = now
       tail = +""
       summary = nil
+      failed = []
       IO.popen(env, command, err: %i[child out]) do |io|
         loop do
           chunk = io.readpartial(65_536) # as it comes: RSpec's progress dots end no line
@@ -69,6 +72,7 @@ module SpecRuns
           # The summary line is followed by the list of failed examples: keep it when it passes.
           seen = tail + chunk
           summary = seen.scan(SUMMARY).last || summary
+          failed |= seen.scan(FAILED) # the tail overlaps: each line once
           tail = seen[-4096..] || seen
         rescue EOFError
           break
@@ -76,7 +80,7 @@ module SpecRuns
       end
       status = $?
       summary ||= "no summary line (#{status})"
-      @runs << Run.new(label, summary, now - started, status.success?)
+      @runs << Run.new(label, summary, now - started, status.success?, failed)
       puts "#{label}: #{summary}"
       status.success?
     end
@@ -91,10 +95,14 @@ module SpecRuns
       puts "#{label}: rspec failed; `rake` goes on, and fails at its end"
     end
 
-    # Every run so far, one line each: label, summary, time.
+    # Every run so far, one line each: label, summary, time; and under it, its failed
+    # examples (the end of a CI log is sometimes all there is to read).
     def report
       width = @runs.map { |run| run.label.size }.max
-      @runs.map { |run| format("%-#{width}s  %s (%s)", "#{run.label}:", run.summary, duration(run.seconds)) }
+      @runs.flat_map do |run|
+        [format("%-#{width}s  %s (%s)", "#{run.label}:", run.summary, duration(run.seconds)),
+         *run.failed.map { |line| "  #{line}" }]
+      end
     end
   end
 end

@@ -306,6 +306,8 @@ module DdprofRecorder
     #   thread was inside this profiler's start or stop: {TrapContext}).
     # @raise [DdprofRecorder::Error] if already running.
     def start
+      # Its allocations on this thread are not the program's (the hook is on before its end).
+      own = Profiler._native_own_allocations(true)
       return TrapContext.outside_trap("Profiler#start", [@lifecycle]) { start } if TrapContext.trap_context?
 
       @lifecycle.synchronize do
@@ -334,9 +336,11 @@ module DdprofRecorder
         @sampler.baseline(Profiler._native_task_ids, Thread.list, starting: true)
         start_sampling(run)
         start_memory
-        @sampler.started(Profiler._native_current_thread_cpu_time_ns)
+        @sampler.started
       end
       self
+    ensure
+      Profiler._native_own_allocations(own)
     end
 
     # How on-CPU stacks are read in the current or last run:
@@ -387,19 +391,21 @@ module DdprofRecorder
     #   threads do not exist: start a new profiler there; or from a trap handler whose signal
     #   came while this thread was inside this profiler's start or stop: {TrapContext}).
     def stop
-      return TrapContext.outside_trap("Profiler#stop", [@lifecycle]) { stop } if TrapContext.trap_context?
-
       # Where this thread runs now, and its CPU: if the profiler samples it, what it carries
       # goes there, and the stopping work below is not charged to it (a tick in it records
-      # nothing: ThreadSampler#stopping).
-      # The cut comes first: a signal sample's job that ran in the work before it (reading the
-      # caller's stack, say) was recorded as the program's (seen with wall ticks at 999 Hz).
+      # nothing: ThreadSampler#stopping, first of all). Nor are its allocations the program's
+      # (an allocation sample in `caller_locations` was in record_spec's profile).
+      cut = @sampler&.stopping
+      own = Profiler._native_own_allocations(true)
       caller_cpu_ns = Profiler._native_current_thread_cpu_time_ns
+      if TrapContext.trap_context?
+        @sampler&.not_stopping(cut) # this thread waits; the stop runs in a thread of its own
+        return TrapContext.outside_trap("Profiler#stop", [@lifecycle]) { stop }
+      end
+
       running_here = @started && Process.pid == @pid
-      @sampler.stopping(caller_cpu_ns) if running_here
-      caller_stack = FrameNames.program_locations(caller_locations(1))
-      # The stopping work's own allocations are not the program's.
       Profiler._native_allocations_stop if @allocations && running_here
+      caller_stack = FrameNames.program_locations(caller_locations(1))
       # Only the state change is under the lock: joining the threads (up to 35 s) and calling
       # the exporter are not, so that an exporter that calls stop or start does not deadlock
       # on it, nor wait for it. (A trap handler's call runs in a thread of its own, above.)
@@ -416,6 +422,8 @@ module DdprofRecorder
           recorder: @recorder }
       end
       finish_run(run, caller_cpu_ns, caller_stack)
+    ensure
+      Profiler._native_own_allocations(own)
     end
 
     # In a forked child, profiles the child from now on: the profiler was running in the

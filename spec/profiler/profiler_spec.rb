@@ -201,7 +201,9 @@ RSpec.describe DdprofRecorder::Profiler do
       # process CPU varies (75-99% seen), and "top of the ranking" is what the example proves.
       expect(top[:rows].first[:self]).to be > 0.5 * top[:total]
       run = top[:rows].find { |r| r[:name] == "HotSpot.run" } # HotSpot.run and its threads' blocks
-      expect(run[:self]).to eq(0)
+      # The main thread's own CPU in it (making the two threads, ~0.2 ms) is a sample now and
+      # then (a CPU tick there: once in a full run of spec/profiler), never a share.
+      expect(run[:self]).to be < 0.05 * top[:total]
       expect(run[:total]).to be >= top[:rows].first[:self]
     end
 

@@ -76,11 +76,11 @@ RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
     clock.set_cpu(me, 3_000_000)
     starting.call(true, 3_000_000, clock.now_ns += 10_000_000) # a job inside start: nothing
     clock.set_cpu(me, 4_000_000)
-    starting.started(4_000_000) # start returns: 4 ms were its own
+    starting.started # start returns: 4 ms were its own
     clock.set_cpu(me, 9_000_000)
     starting.call(true, 9_000_000, clock.now_ns += 10_000_000) # the program's 5 ms
     clock.set_cpu(me, 10_000_000)
-    starting.stopping(10_000_000) # stop is called
+    starting.stopping # stop is called
     clock.set_cpu(me, 11_000_000)
     starting.call(true, 11_000_000, clock.now_ns += 10_000_000) # a job inside stop: nothing
     samples = mine(profile_samples)

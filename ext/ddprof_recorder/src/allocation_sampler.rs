@@ -49,7 +49,8 @@
 //!
 //! The job's own allocations, and those of the sampling job, are not sampled: each job marks
 //! the thread it runs on ([`JOB_HERE`], `sampling_job::in_job_here`), so that a job switched
-//! out in its Ruby handler does not hide the other threads' allocations. Any thread's job
+//! out in its Ruby handler does not hide the other threads' allocations. Nor are those of
+//! Profiler#start and #stop, on the thread that calls them ([`OWN_HERE`]). Any thread's job
 //! records the pending samples of every thread, each taking the next one not taken; a taken
 //! sample stays marked until its job has recorded it, and the buffer starts over as soon as
 //! every sample in it is taken. A forked child inherits the enabled tracepoint, but the hook and
@@ -140,6 +141,9 @@ static COUNTDOWN: AtomicU64 = AtomicU64::new(1);
 thread_local! {
     /// The job runs on this thread: its own allocations are not sampled.
     static JOB_HERE: Cell<bool> = const { Cell::new(false) };
+    /// The profiler's start or stop runs on this thread: its allocations are not the
+    /// program's (`_native_own_allocations`).
+    static OWN_HERE: Cell<bool> = const { Cell::new(false) };
 }
 /// The handler (`AllocationRecorder`) or Qnil: a GC root.
 static HANDLER: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
@@ -226,6 +230,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     ruby.gc_register_mark_object(ruby.obj_wrap(PendingRoot));
     class.define_singleton_method("_native_allocations_start", function!(native_start, 5))?;
     class.define_singleton_method("_native_allocations_stop", function!(native_stop, 0))?;
+    class.define_singleton_method("_native_own_allocations", function!(native_own, 1))?;
     class.define_singleton_method("_native_allocations_stats", function!(native_stats, 0))?;
     class.const_set("ALLOCATION_KEY", ALLOCATION_KEY)?;
     class.const_set("MAX_ALLOCATION_INTERVAL", MAX_INTERVAL)?;
@@ -344,6 +349,13 @@ fn native_start(
     })
 }
 
+/// `Profiler._native_own_allocations(on)`: whether the allocations of this thread are the
+/// profiler's own from now on (none is sampled: the sample waits for the next allocation
+/// that is not); returns what it was, for nesting.
+fn native_own(on: bool) -> bool {
+    OWN_HERE.with(|here| here.replace(on))
+}
+
 fn native_stop(ruby: &Ruby) -> Result<(), Error> {
     crate::errors::entry(ruby, || {
         stop();
@@ -396,6 +408,7 @@ fn newobj(tracepoint: rb_sys::VALUE) {
     // (Between samples, the fast path counts them: a few per sample, against `interval`.)
     if !ENABLED.load(Ordering::Relaxed)
         || JOB_HERE.with(Cell::get)
+        || OWN_HERE.with(Cell::get)
         || crate::sampling_job::in_job_here()
     {
         return;

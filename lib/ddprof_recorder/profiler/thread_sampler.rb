@@ -159,7 +159,7 @@ module DdprofRecorder
         # `[native id, CPU clock]` of the thread that started the profiler: its ticks and jobs
         # before that clock reading were inside Profiler#start (nil while it is under way);
         # and of the thread stopping it, after which they are inside Profiler#stop.
-        @start_cut = @stop_cut = nil
+        @start_cut = @stopping = nil
         # Threads accounted at their end, while Thread.list may still list them (see
         # #thread_ended), and per native id the labels and CPU clock of the thread that ended
         # there last, for its exit, with the prune count then (see #prune_ended).
@@ -200,35 +200,52 @@ module DdprofRecorder
 
       # At the end of Profiler#start, on the thread that called it (and #baseline): the CPU it
       # used since #baseline was the profiler's starting work (arming timers, installing hooks,
-      # the allocation calibration), so its account starts at `cpu_ns`, and a tick or a job of
-      # it until then records nothing: its stack was inside Profiler#start.
+      # the allocation calibration), so its account starts at its clock now, and a tick or a
+      # job of it until then records nothing: its stack was inside Profiler#start. The clock
+      # is read last, under the lock: a job that runs in here (at any C method's return)
+      # keeps its samples for later, when they are judged by that clock; a clock read before
+      # let through the samples taken after it, in here (CI: `started` frames in the profile).
       #
-      # @param cpu_ns [Integer] the calling thread's CPU clock now.
       # @return [void]
-      def started(cpu_ns)
+      def started
         @lock.synchronize do
           tid = @start_cut&.first
           state = @threads[Thread.current]
           next unless tid && state&.native_id == tid
 
+          cpu_ns = @clock.current_cpu_ns
           @counts[:start_cpu_ns] += uncharged_cpu(tid, cpu_ns)
           @charged_cpu[tid] = cpu_ns
-          @start_cut = [tid, cpu_ns]
           looked(state, cpu_ns)
+          @start_cut = [tid, cpu_ns]
         end
       end
 
-      # At the start of Profiler#stop, on the thread that called it: a tick or a job of it
-      # from `cpu_ns` on records nothing (its stack is inside Profiler#stop; #flush charges
-      # what it carries to where it called from).
+      # Profiler#stop's first step, on the thread that called it: a tick or a job of it records
+      # nothing from now on (its stack is inside Profiler#stop; #flush charges what it carries
+      # to where it called from). From now, not from a clock read, and before any method
+      # call: a method's return, C ones too (`vm_pop_frame`), runs the jobs, and the first
+      # one in stop recorded a tick taken on the way there (CI, 3.1.2 and 3.3.8, wall ticks
+      # at 999 Hz: Profiler#stop frames in record_spec's profile, one at its first line). So
+      # until this thread is known (`Thread.current` is such a call), no thread's tick
+      # records: theirs then stays to be charged at their next. No lock: the GVL makes each
+      # write one step.
       #
-      # @param cpu_ns [Integer] the calling thread's CPU clock now.
+      # @return [Integer, nil] what it replaced, for #not_stopping.
+      def stopping
+        previous = @stopping
+        @stopping = true
+        @stopping = @threads[Thread.current]&.native_id
+        previous
+      end
+
+      # Profiler#stop did not stop from this thread after all (a trap handler's call): what
+      # #stopping replaced is back.
+      #
+      # @param previous [Integer, nil] what #stopping returned.
       # @return [void]
-      def stopping(cpu_ns)
-        @lock.synchronize do
-          tid = @threads[Thread.current]&.native_id
-          @stop_cut = [tid, cpu_ns] if tid
-        end
+      def not_stopping(previous)
+        @stopping = previous
       end
 
       # The sampling job's handler, on the thread that holds the GVL.
@@ -469,8 +486,8 @@ module DdprofRecorder
       # lock), and dropping the cut at the first later sample let it through (seen with wall
       # ticks at 999 Hz under load: autostart.rb and recording.rb frames in the profile).
       def own_work?(tid, cpu_ns)
-        stop = @stop_cut
-        return true if stop && stop[0] == tid && cpu_ns >= stop[1]
+        stopping = @stopping
+        return true if stopping && (stopping == true || stopping == tid)
 
         start = @start_cut
         return false unless start && start[0] == tid
