@@ -492,10 +492,22 @@ fn run_job() {
     if let Ok(ruby) = Ruby::get() {
         // This thread's key for the stacks it names (another thread's job may run while
         // this one is switched out in its handler).
-        let key = ALLOCATION_KEY + i64::from(crate::sampling_job::own_tid().max(0));
+        let tid = crate::sampling_job::own_tid();
+        let key = ALLOCATION_KEY + i64::from(tid.max(0));
+        // A CPU tick in here is no sample: its stack would be the handler's, in the gem
+        // (seen at interval 1: AllocationRecorder#call frames with the program's CPU). Its
+        // CPU stays to be charged at the thread's next sample, as the hook's own cost is.
+        // Not when the sampling job runs here (its handler's end clears the mark).
+        let mark = !crate::sampling_job::in_job_here();
+        if mark {
+            crate::signal_sampler::set_in_job(tid, true);
+        }
         while let Some(taken) = take() {
             record(&ruby, &taken, key);
             done(taken.id);
+        }
+        if mark {
+            crate::signal_sampler::set_in_job(tid, false);
         }
         crate::stack_capture::forget(key);
     }

@@ -15,8 +15,15 @@
 //! the CPU they use, at `hz` samples per second of its CPU, past the kernel's tick. Except for
 //! one case: when the trigger wakes on the CPU a thread was running on, it has taken that CPU
 //! from the thread, which then reads as not running, and that tick is not a sample of it; on
-//! a loaded machine that is often (a busy thread at 999 Hz with the test suite running beside
-//! it got 92–640 wall ticks per CPU-second). Taking a thread ready to run on the trigger's own
+//! a loaded machine that is often, since the scheduler wakes the trigger where it last ran
+//! (a busy thread at 999 Hz with the test suite running beside it got 92–640 wall ticks per
+//! CPU-second, and with three busy processes beside, some profiles none). So after a tick that
+//! found a thread run since the last look, not running now, and none running, the trigger
+//! moves itself off its CPU for the next one ([`hop`]: its affinity, every CPU it may use but
+//! that one). That changes where the trigger runs, not where the signals land. Measured, a busy
+//! thread at 999 Hz, three busy processes beside, alternating runs: 0–283 wall ticks a
+//! profile without the hop, 221–268 with it (`stats[:signals][:trigger_hops]` 33–49 a
+//! second). Taking a thread ready to run on the trigger's own
 //! CPU for a displaced one (its state in `/proc`) was tried and left out: the scheduler
 //! (EEVDF, Linux 6.6+) lets the running thread go on to its next preemption point before the
 //! trigger runs, and a system call that updates the thread's runtime (`clock_gettime` of its
@@ -292,6 +299,8 @@ pub struct Counters {
     /// Wall ticks: signals the trigger sent to running threads, and sends the kernel refused.
     pub kicks: AtomicU64,
     pub kick_failures: AtomicU64,
+    /// Wall ticks after which the trigger moved off its CPU ([`hop`]).
+    pub hops: AtomicU64,
     /// Ticks left out by the draw (see "Which CPU ticks are samples").
     pub passed_over: AtomicU64,
     pub read_in_handler: AtomicU64,
@@ -317,6 +326,7 @@ pub static COUNTERS: Counters = Counters {
     signals: AtomicU64::new(0),
     kicks: AtomicU64::new(0),
     kick_failures: AtomicU64::new(0),
+    hops: AtomicU64::new(0),
     passed_over: AtomicU64::new(0),
     read_in_handler: AtomicU64::new(0),
     read_at_job: AtomicU64::new(0),
@@ -334,11 +344,12 @@ pub static COUNTERS: Counters = Counters {
 
 impl Counters {
     /// Every counter with its name in `stats` (the one list `clear` and the stats share).
-    pub fn named(&self) -> [(&'static str, &AtomicU64); 16] {
+    pub fn named(&self) -> [(&'static str, &AtomicU64); 17] {
         [
             ("signals", &self.signals),
             ("wall_ticks_sent", &self.kicks),
             ("wall_ticks_failed", &self.kick_failures),
+            ("trigger_hops", &self.hops),
             ("signals_passed_over", &self.passed_over),
             ("signals_read_in_handler", &self.read_in_handler),
             ("signals_read_at_job", &self.read_at_job),
@@ -849,6 +860,7 @@ pub fn kick() {
     let signo = SIGNO.load(Acquire);
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
+    let (mut sent, mut displaced) = (0, 0);
     for (index, slot) in SLOTS.iter().enumerate() {
         if slot.state.load(Acquire) == FREE || slot.kick_pending.load(Acquire) {
             continue;
@@ -869,6 +881,7 @@ pub fn kick() {
         if second <= first {
             // Not on a CPU between the two reads: gone to wait, or ready to run while another
             // thread has its CPU (this trigger itself, maybe: see "Wall ticks").
+            displaced += 1;
             continue;
         }
         if slot.generation.load(Acquire) != generation {
@@ -877,10 +890,57 @@ pub fn kick() {
         slot.kick_pending.store(true, Release);
         if send(pid, tid, signo, signal_value(index, generation) | KICK_BIT) {
             COUNTERS.kicks.fetch_add(1, Relaxed);
+            sent += 1;
         } else {
             slot.kick_pending.store(false, Release);
             COUNTERS.kick_failures.fetch_add(1, Relaxed);
         }
+    }
+    if sent == 0 && displaced > 0 {
+        hop();
+    }
+}
+
+thread_local! {
+    /// The trigger thread's CPUs when it first hopped (what it may run on).
+    static TRIGGER_CPUS: std::cell::Cell<Option<libc::cpu_set_t>> = const { std::cell::Cell::new(None) };
+}
+
+/// Wall ticks: a thread ran since the last look but not between the two reads, and none did:
+/// the trigger may have taken its CPU (the scheduler wakes the trigger where it last ran,
+/// often the busy thread's CPU: under load every tick was then lost, 0 wall ticks in a
+/// 1.5 s profile). So the trigger moves to its other CPUs for the next tick (its affinity:
+/// every CPU it may run on but this one). Each tick that finds the thread running keeps it
+/// where it is.
+fn hop() {
+    // SAFETY: sched_getcpu has no preconditions.
+    let here = unsafe { libc::sched_getcpu() };
+    if here < 0 || here as usize >= libc::CPU_SETSIZE as usize {
+        return;
+    }
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    let allowed = TRIGGER_CPUS.with(|cpus| {
+        cpus.get().or_else(|| {
+            // SAFETY: a zeroed cpu_set_t is an empty set; the kernel writes at most `size`
+            // bytes into it (pid 0: the calling thread).
+            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            let ok = unsafe { libc::sched_getaffinity(0, size, &mut set) } == 0;
+            let set = ok.then_some(set);
+            cpus.set(set);
+            set
+        })
+    });
+    let Some(mut set) = allowed else { return };
+    // SAFETY: `here` is below CPU_SETSIZE (checked above).
+    unsafe { libc::CPU_CLR(here as usize, &mut set) };
+    // SAFETY: reads the set only.
+    if unsafe { libc::CPU_COUNT(&set) } == 0 {
+        return; // one CPU: nowhere to go
+    }
+    // SAFETY: a valid set of `size` bytes; pid 0 is the calling thread (the trigger). A
+    // failure (a CPU taken away meanwhile) leaves the affinity as it was.
+    if unsafe { libc::sched_setaffinity(0, size, &set) } == 0 {
+        COUNTERS.hops.fetch_add(1, Relaxed);
     }
 }
 
