@@ -237,9 +237,10 @@ module DdprofRecorder
     #   mode, so a thread that is about to block never gets one; `:wall`, those and, besides,
     #   the trigger thread, `hz` times a second of wall time, to each thread that is on a CPU
     #   then (any rate, but a tick that wakes the trigger on a thread's CPU misses that
-    #   thread); `:auto` (the
-    #   default, unless the environment's {TICKS_ENV} says otherwise): `:wall` from
-    #   {WALL_TICKS_FROM_HZ} up, else `:cpu`.
+    #   thread); `:auto` (the default, unless the environment's {TICKS_ENV} says otherwise):
+    #   `:wall` from {WALL_TICKS_FROM_HZ} up, else `:cpu_plus_wall`, CPU ticks and, while they
+    #   come less often than `hz` (a loaded machine: a thread whose CPU slices end between two
+    #   scheduler ticks is missed by them), wall ticks too (see {#ticks}).
     # @raise [ArgumentError] on a bad option.
     def initialize(hz: DEFAULT_HZ, interval: nil, exporter: nil, max_frames: StackRecorder::DEFAULT_MAX_FRAMES,
                    compression: :gzip, allocations: false, allocation_interval: DEFAULT_ALLOCATION_INTERVAL,
@@ -363,11 +364,14 @@ module DdprofRecorder
       TICKS.find { |t| t.to_s == env[TICKS_ENV].to_s.strip.downcase } || :auto
     end
 
-    # The ticks a run uses: `ticks:`, with `:auto` resolved for `hz`.
+    # The ticks a run uses: `ticks:`, with `:auto` resolved for `hz`: `:cpu`, `:wall`, or
+    # `:cpu_plus_wall` (`:auto` below {WALL_TICKS_FROM_HZ}: CPU ticks, and wall ticks while
+    # the CPU ticks come less often than `hz`; `stats[:signals][:wall_ticks_sent]` says how
+    # many were sent).
     def ticks
       return @ticks unless @ticks == :auto
 
-      @hz >= WALL_TICKS_FROM_HZ ? :wall : :cpu
+      @hz >= WALL_TICKS_FROM_HZ ? :wall : :cpu_plus_wall
     end
 
     # The default of `signals:`: true unless {SIGNALS_ENV} says `0`, `false` or `off`.
@@ -708,7 +712,7 @@ module DdprofRecorder
       @interrupt_deferral = Profiler._native_interrupt_deferral_checked?
       begin
         @thread_ends_dropped_base = Profiler._native_sampling_stats[:thread_ends_dropped]
-        Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno, @sampling_mode, ticks == :wall, self,
+        Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno, @sampling_mode, ticks, self,
                                         defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? true : false)
       rescue StandardError
         @started = @running = false
@@ -728,7 +732,9 @@ module DdprofRecorder
     # The profile says how it was sampled (pprof's comments: `go tool pprof -comments`, and
     # `record`'s summary).
     def sampling_comment(signal)
-      tick = ticks == :wall ? "on a CPU at each wall tick" : "at each CPU tick"
+      tick = { wall: "on a CPU at each wall tick", cpu: "at each CPU tick",
+               cpu_plus_wall: "at each CPU tick, and on a CPU at wall ticks when CPU ticks fall below the rate" }
+             .fetch(ticks)
       how = case @sampling_mode
             when :handler then "each thread #{tick} (#{signal}), stacks read in the signal handler"
             when :safepoint

@@ -66,7 +66,7 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
   end
 
   it "chooses CPU ticks below #{DdprofRecorder::Profiler::WALL_TICKS_FROM_HZ} Hz and wall ticks from there, unless told" do
-    expect(described_class.new(hz: 99).ticks).to eq(:cpu)
+    expect(described_class.new(hz: 99).ticks).to eq(:cpu_plus_wall)
     expect(described_class.new(hz: 999).ticks).to eq(:wall)
     expect(described_class.new(hz: 99, ticks: :wall).ticks).to eq(:wall)
     expect(described_class.new(hz: 999, ticks: :cpu).ticks).to eq(:cpu)

@@ -141,12 +141,27 @@ fn signal_mode(ruby: &Ruby, mode: Symbol) -> Result<Option<signal_sampler::Mode>
     }
 }
 
-/// `Profiler._native_sampling_start(hz, handler, wake_fd, signals, wall_ticks, owner, yjit)`: calls
+/// Which ticks signal the threads: `:cpu` (their CPU-clock timers), `:wall` (the trigger's
+/// ticks too), or `:cpu_plus_wall` (the trigger's while the CPU ticks come too seldom for the
+/// rate). See `signal_sampler`, "Wall ticks".
+fn wall_ticks(ruby: &Ruby, ticks: Symbol) -> Result<signal_sampler::WallTicks, Error> {
+    match ticks.name()?.as_ref() {
+        "cpu" => Ok(signal_sampler::WallTicks::Off),
+        "wall" => Ok(signal_sampler::WallTicks::On),
+        "cpu_plus_wall" => Ok(signal_sampler::WallTicks::WhenShort),
+        other => Err(arg_error(
+            ruby,
+            format!("ticks must be :cpu, :wall or :cpu_plus_wall, got :{other}"),
+        )),
+    }
+}
+
+/// `Profiler._native_sampling_start(hz, handler, wake_fd, signals, ticks, owner, yjit)`: calls
 /// `handler.call(on_time, cpu_ns, now_ns)` from the sampling job, about `hz` times a second
 /// while any thread runs Ruby, and writes a byte to `wake_fd` (a non-blocking pipe) on ticks
 /// when none does. With `signals` `:handler` or `:safepoint`, installs the signal handler
-/// (threads are armed one by one, `_native_signal_arm`; with `wall_ticks` the trigger signals
-/// them, else their CPU-clock timers: see `signal_sampler`), whose samples go to
+/// (threads are armed one by one, `_native_signal_arm`; their CPU-clock timers signal them,
+/// and the trigger too as `ticks` says: see `wall_ticks`), whose samples go to
 /// `handler.signal_samples(samples, job_cpu_ns, now_ns)` (true when it made the wall pass,
 /// see `trigger::SIGNAL_PASS_NS`). Adds the thread-end hook (`thread_end`) unless `yjit` (on)
 /// rules it out on this Ruby. Returns the signal number (0 with `:off`).
@@ -160,7 +175,7 @@ fn native_sampling_start(
     handler: Value,
     wake_fd: i32,
     signals: Symbol,
-    wall_ticks: bool,
+    ticks: Symbol,
     owner: Value,
     yjit: bool,
 ) -> Result<i32, Error> {
@@ -169,6 +184,7 @@ fn native_sampling_start(
             return Err(arg_error(ruby, format!("hz must be in 1..10000, got {hz}")));
         }
         let mode = signal_mode(ruby, signals)?;
+        let wall = wall_ticks(ruby, ticks)?;
         let current = OWNER.load(Ordering::Acquire);
         if ENABLED.load(Ordering::Acquire)
             && trigger::is_running()
@@ -182,8 +198,9 @@ fn native_sampling_start(
         }
         stop();
         let signo = match mode {
-            Some(mode) => signal_sampler::start(mode, hz, wall_ticks, signal_job)
-                .map_err(|e| gem_error(ruby, e))?,
+            Some(mode) => {
+                signal_sampler::start(mode, hz, wall, signal_job).map_err(|e| gem_error(ruby, e))?
+            }
             None => 0,
         };
         HANDLER.store(handler.as_raw() as usize, Ordering::Release);

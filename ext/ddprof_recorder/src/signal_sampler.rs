@@ -260,8 +260,20 @@ static SLOTS: [Slot; MAX_SLOTS] = [const { Slot::new() }; MAX_SLOTS];
 static ENABLED: AtomicBool = AtomicBool::new(false);
 /// [`Mode::Handler`] if true.
 static IN_HANDLER: AtomicBool = AtomicBool::new(true);
-/// Wall ticks (see "Wall ticks"): the trigger also signals the threads that run.
-static WALL_TICKS: AtomicBool = AtomicBool::new(false);
+/// Whether the trigger also signals the threads that run (see "Wall ticks").
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum WallTicks {
+    /// CPU ticks only.
+    Off = 0,
+    /// At each of the trigger's ticks.
+    On = 1,
+    /// To a running thread whose last sample is more than a period of its CPU ago: the CPU
+    /// ticks fell short (on a loaded machine a thread's CPU slices often end between two
+    /// scheduler ticks, which then miss it).
+    WhenShort = 2,
+}
+/// A [`WallTicks`], as its number.
+static WALL_TICKS: AtomicU8 = AtomicU8::new(WallTicks::Off as u8);
 /// Set in a wall tick's signal value: the tick is a sample, with no draw.
 const KICK_BIT: usize = 1 << 15;
 /// The slot index in a signal value.
@@ -408,9 +420,11 @@ impl Drop for BlockedHere {
     }
 }
 
-/// Whether the trigger's wall ticks signal the threads (see "Wall ticks").
+/// Whether the trigger's wall ticks signal the threads at each of its ticks (see "Wall
+/// ticks"); not [`WallTicks::WhenShort`], whose ticks signal only the threads the CPU ticks
+/// left short.
 pub fn wall_ticks() -> bool {
-    ENABLED.load(Acquire) && WALL_TICKS.load(Acquire)
+    ENABLED.load(Acquire) && WALL_TICKS.load(Acquire) == WallTicks::On as u8
 }
 
 /// The kernel's tick as measured so far, in ns (0: not yet).
@@ -447,7 +461,7 @@ pub fn armed() -> usize {
 pub fn start(
     mode: Mode,
     hz: u32,
-    wall_ticks: bool,
+    wall_ticks: WallTicks,
     job: unsafe extern "C" fn(*mut c_void),
 ) -> Result<i32, String> {
     let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
@@ -457,7 +471,7 @@ pub fn start(
     HZ.store(hz, Release);
     JOB.store(job as *const () as usize, Release);
     IN_HANDLER.store(mode == Mode::Handler, Release);
-    WALL_TICKS.store(wall_ticks, Release);
+    WALL_TICKS.store(wall_ticks as u8, Release);
     let signo = install()?;
     ENABLED.store(true, Release);
     Ok(signo)
@@ -585,8 +599,11 @@ fn arm_locked(tid: i32) -> bool {
     slot.last_tick_cpu_ns.store(0, Release);
     let seed = (clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(1) as u64) ^ ((tid as u64) << 32);
     slot.random.store(seed | 1, Release);
-    // The trigger's first look can then tell whether the thread runs.
-    slot.kick_cpu_ns.store(clock_ns(cpu_clock_id(tid)).unwrap_or(0), Release);
+    // The trigger's first look can then tell whether the thread runs (and, for
+    // `WallTicks::WhenShort`, how long ago its last sample was: none yet, so from now).
+    let cpu_now = clock_ns(cpu_clock_id(tid)).unwrap_or(0);
+    slot.kick_cpu_ns.store(cpu_now, Release);
+    slot.cpu_ns.store(cpu_now, Release);
     slot.kick_pending.store(false, Release);
     slot.state.store(EMPTY, Release);
     let spec = libc::itimerspec {
@@ -854,9 +871,17 @@ fn drawn(slot: &Slot, cpu_ns: i64) -> bool {
 /// the trigger's previous look, and again between two reads a moment apart. A thread that
 /// waits (for I/O, a lock, the GVL, the scheduler) uses no CPU and is left alone.
 pub fn kick() {
-    if !ENABLED.load(Acquire) || !WALL_TICKS.load(Acquire) {
+    let wall = WALL_TICKS.load(Acquire);
+    if !ENABLED.load(Acquire) || wall == WallTicks::Off as u8 {
         return;
     }
+    // WhenShort: only a thread whose last sample is more than a period of its CPU ago. Which
+    // threads that picks depends on their clocks, not on what they run: no bias.
+    let short_of = if wall == WallTicks::WhenShort as u8 {
+        1_000_000_000 / i64::from(HZ.load(Acquire).max(1))
+    } else {
+        0
+    };
     let signo = SIGNO.load(Acquire);
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
@@ -883,6 +908,9 @@ pub fn kick() {
             // thread has its CPU (this trigger itself, maybe: see "Wall ticks").
             displaced += 1;
             continue;
+        }
+        if short_of > 0 && second - slot.cpu_ns.load(Acquire) < short_of {
+            continue; // sampled within the period: the CPU ticks keep up
         }
         if slot.generation.load(Acquire) != generation {
             continue; // disarmed (or armed anew) meanwhile

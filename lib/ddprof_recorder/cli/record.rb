@@ -70,7 +70,7 @@ module DdprofRecorder
           o.on("--ticks KIND", Profiler::TICKS, "what signals the threads: cpu (a timer on each thread's CPU clock:",
                "at most the kernel's tick rate, ~250/s, never a thread about to block), wall (those, and the",
                "trigger thread hz times a second to each thread on a CPU then), or auto (the default: wall from",
-               "#{Profiler::WALL_TICKS_FROM_HZ} Hz up, else cpu)") do |kind|
+               "#{Profiler::WALL_TICKS_FROM_HZ} Hz up, else cpu, with wall ticks too while the CPU ticks fall below hz)") do |kind|
             options.ticks = kind
           end
           o.separator ""
