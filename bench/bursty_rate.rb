@@ -3,13 +3,14 @@
 # The on-CPU sampling rate of a thread that works in bursts: it burns --burst ms of CPU, then
 # waits --wait ms in IO.select, --cycles times (a Unicorn or Puma worker's shape: a request's
 # work, then the wait for the next). A sampler that is right gets `hz` samples per second of
-# the thread's CPU, whatever the shape and the load. Each run is a fresh process; the two
-# ticks (`ticks: :wall`, the default, and `:cpu`, the CPU-clock timers) alternate, run after
-# run. With --load N, N busy processes (`yes`-like Ruby loops, niced 0) compete for the CPUs
-# during every run, so that the thread is preempted and waits for a CPU.
+# the thread's CPU, whatever the shape and the load. Each run is a fresh process; the kinds
+# of ticks (--ticks: `auto`, the default, which is `:cpu_plus_wall` below 250 Hz, see
+# Profiler#ticks; `wall`; `cpu`, the CPU-clock timers) take turns, run after run. With
+# --load N, N busy processes (`yes`-like Ruby loops, niced 0) compete for the CPUs during
+# every run, so that the thread is preempted and waits for a CPU.
 #
 #   ruby bench/bursty_rate.rb [--hz 99,999] [--runs 3] [--burst 10] [--wait 20] [--cycles 100]
-#                             [--load 2]
+#                             [--load 2] [--ticks auto,wall,cpu]
 #
 # Prints, per hz and ticks, each run's signal samples per CPU-second of the thread, and the
 # median; its last line is one JSON object.
@@ -17,7 +18,7 @@ require "json"
 require "optparse"
 require "rbconfig"
 
-options = { hz: [99, 999], runs: 3, burst: 10, wait: 20, cycles: 100, load: 0 }
+options = { hz: [99, 999], runs: 3, burst: 10, wait: 20, cycles: 100, load: 0, ticks: %i[auto wall cpu] }
 OptionParser.new do |o|
   o.on("--hz LIST", Array) { |v| options[:hz] = v.map { |h| Integer(h) } }
   o.on("--runs N", Integer) { |v| options[:runs] = v }
@@ -25,6 +26,7 @@ OptionParser.new do |o|
   o.on("--wait MS", Float) { |v| options[:wait] = v }
   o.on("--cycles N", Integer) { |v| options[:cycles] = v }
   o.on("--load N", Integer) { |v| options[:load] = v }
+  o.on("--ticks LIST", Array) { |v| options[:ticks] = v.map(&:to_sym) }
 end.parse!
 
 CHILD = <<~RUBY
@@ -52,7 +54,7 @@ results = {}
 begin
   options[:hz].each do |hz|
     options[:runs].times do |run|
-      order = run.even? ? %i[wall cpu] : %i[cpu wall]
+      order = options[:ticks].rotate(run)
       order.each do |ticks|
         out = IO.popen([RbConfig.ruby, "-I", lib, "-e", CHILD, "--", hz.to_s, options[:burst].to_s, options[:wait].to_s,
                         options[:cycles].to_s, ticks.to_s], &:read)

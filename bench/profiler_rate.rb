@@ -60,6 +60,7 @@ require "rbconfig"
 require "timeout"
 require "tmpdir"
 require_relative "support/measure"
+require_relative "support/pprof_threads"
 
 module RateBench
   ROOT = File.expand_path("..", __dir__)
@@ -70,6 +71,7 @@ module RateBench
   SERVER_TARGET_PCT = 1.0
 
   extend BenchMeasure
+  extend BenchPprofThreads
 
   module_function
 
@@ -298,41 +300,6 @@ module RateBench
     raise "child #{args.join(' ')} failed (#{status}): #{out}" unless status&.success?
 
     JSON.parse(out.lines.last, symbolize_names: true)
-  end
-
-  def load_profile_proto
-    require "google/protobuf"
-    dir = Dir.mktmpdir("ddprof_rate_proto")
-    at_exit { FileUtils.remove_entry(dir, true) }
-    ok = system("protoc", "--proto_path=#{File.join(ROOT, 'spec', 'support')}", "--ruby_out=#{dir}", "profile.proto")
-    raise "protoc failed on spec/support/profile.proto (apt-get install protobuf-compiler ruby-google-protobuf)" unless ok
-
-    require File.join(dir, "profile_pb")
-  rescue LoadError => e
-    raise "google-protobuf is needed to decode the pprof (apt-get install ruby-google-protobuf): #{e.message}"
-  end
-
-  # Per `thread name`: {wall_samples:, cpu_samples: (cpu-samples where cpu-time > 0), cpu_ns:}.
-  def per_thread(path)
-    require "zlib"
-    data = File.binread(path)
-    data = Zlib.gunzip(data) if data.start_with?("\x1f\x8b".b)
-    profile = Perftools::Profiles::Profile.decode(data)
-    strings = profile.string_table
-    types = profile.sample_type.map { |t| strings[t.type] }
-    cpu_i = types.index("cpu-time") or raise "no cpu-time in #{path}"
-    count_i = types.index("cpu-samples") or raise "no cpu-samples in #{path}"
-    name_key = strings.index("thread name")
-    out = Hash.new { |h, k| h[k] = { wall_samples: 0, cpu_samples: 0, cpu_ns: 0 } }
-    profile.sample.each do |sample|
-      label = sample.label.find { |l| l.key == name_key }
-      row = out[label ? strings[label.str] : "?"]
-      values = sample.value.to_a
-      row[:wall_samples] += values[count_i]
-      row[:cpu_ns] += values[cpu_i]
-      row[:cpu_samples] += values[count_i] if values[cpu_i].positive?
-    end
-    out
   end
 
   def rate_runs(o)

@@ -5,7 +5,9 @@
 # loaded by `wrk` on 127.0.0.1 (the CPU-heavy route `/cpu` and the sleeping one `/sleep` at
 # once), started plainly or under `ddprof-recorder record --hz 99`. Each round starts a fresh
 # server of each kind, alternating, warms it up, then measures; the ratio of each round is
-# paired (profiled / plain requests per second).
+# paired (profiled / plain requests per second). For profiled runs it also gives each worker's
+# on-CPU samples per second of its CPU (from its profile: the `cpu-samples` of the samples with
+# cpu-time, over its cpu-time; an upper bound, see bench/profiler_rate.rb) against `hz`.
 #
 #   ruby bench/server_throughput.rb [--server puma|unicorn] [--rounds 5] [--seconds 5] [--connections 8]
 #
@@ -16,6 +18,7 @@ require "optparse"
 require "rbconfig"
 require "socket"
 require "tmpdir"
+require_relative "support/pprof_threads"
 
 ROOT = File.expand_path("..", __dir__)
 APP = File.join(ROOT, "spec", "fixtures", "server_app")
@@ -77,6 +80,15 @@ def load(port, seconds, connections)
   end
 end
 
+# Per worker's profile (`server.pid<N>.pb.gz`): on-CPU samples per second of its CPU.
+def worker_rates(dir, profiles)
+  profiles.grep(/\.pid\d+\.pb\.gz\z/).sort.map do |name|
+    threads = BenchPprofThreads.per_thread(File.join(dir, name)).values
+    cpu_ns = threads.sum { |t| t[:cpu_ns] }
+    cpu_ns.positive? ? (threads.sum { |t| t[:cpu_samples] } * 1e9 / cpu_ns).round(1) : 0.0
+  end
+end
+
 def run(kind, options)
   Dir.mktmpdir("ddprof_recorder_throughput") do |dir|
     port = free_port
@@ -97,9 +109,9 @@ def run(kind, options)
       Process.kill("TERM", Integer(File.read(File.join(dir, "server.pid"))))
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
       sleep 0.05 until Process.wait2(group, Process::WNOHANG) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-      profiles = Dir.children(dir).grep(/\.pb\.gz\z/).size
+      profiles = Dir.children(dir).grep(/\.pb\.gz\z/)
       group = nil
-      [rps, profiles]
+      [rps, profiles.size, worker_rates(dir, profiles)]
     ensure
       if group
         begin
@@ -118,13 +130,16 @@ puts "server throughput: #{options[:server]}, #{options[:rounds]} rounds of #{op
      "profiled at #{options[:hz]} Hz, load average #{load_average}"
 ratios = []
 results = { "plain" => [], "profiled" => [] }
+rates = []
 options[:rounds].times do |round|
   kinds = round.even? ? %w[plain profiled] : %w[profiled plain]
   rps = kinds.to_h do |kind|
-    value, profiles = run(kind, options)
+    value, profiles, worker_rates = run(kind, options)
     results[kind] << value
+    rates.concat(worker_rates) if kind == "profiled"
     puts format("  round %d %-8s %8.1f requests/s%s", round + 1, kind, value,
-                kind == "profiled" ? " (#{profiles} profiles written)" : "")
+                kind == "profiled" ? " (#{profiles} profiles written; workers' on-CPU samples per CPU-second: " \
+                                     "#{worker_rates.join(', ')})" : "")
     [kind, value]
   end
   ratios << rps["profiled"] / rps["plain"]
@@ -133,7 +148,10 @@ median = ->(xs) { xs.sort[xs.size / 2] }
 puts format("median profiled/plain: %.3f (rounds: %s); plain %.1f, profiled %.1f requests/s (medians)",
             median.call(ratios), ratios.map { |r| format("%.3f", r) }.join(" "),
             median.call(results["plain"]), median.call(results["profiled"]))
+puts format("workers' on-CPU samples per CPU-second at %d Hz: %s (median %.1f)", options[:hz], rates.sort.join(", "),
+            median.call(rates) || 0)
 puts JSON.generate(bench: "server_throughput", server: options[:server], hz: options[:hz], rounds: options[:rounds],
                    connections: options[:connections],
                    seconds: options[:seconds], load_average: load_average, median_ratio: median.call(ratios).round(4),
-                   ratios: ratios.map { |r| r.round(4) }, plain_rps: results["plain"], profiled_rps: results["profiled"])
+                   ratios: ratios.map { |r| r.round(4) }, plain_rps: results["plain"], profiled_rps: results["profiled"],
+                   worker_on_cpu_per_cpu_second: rates)

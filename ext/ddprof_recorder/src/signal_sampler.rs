@@ -46,7 +46,14 @@
 //! For programs with such C code, CPU ticks (below) never signal a thread about to block, and
 //! `signals: false` sends no signal at all.
 //!
-//! # CPU ticks (`ticks: :cpu`, and `:auto` below 250 Hz)
+//! Below 250 Hz `:auto` is [`WallTicks::WhenShort`] (`ticks: :cpu_plus_wall`): the CPU ticks,
+//! and a wall tick only to a running thread whose last sample is more than a period of its
+//! CPU ago. Under load the CPU ticks fall short of `hz` (a thread's CPU slices end between two
+//! scheduler ticks, which then miss it: a thread working in bursts at 99 Hz, two busy
+//! processes beside, got 57–86 samples a CPU-second); these fill the gaps. Which thread gets
+//! one depends on its clock only, not on what it runs.
+//!
+//! # CPU ticks (`ticks: :cpu`, and `:auto` below 250 Hz with the wall ticks above)
 //!
 //! Each armed thread gets a POSIX timer on its own
 //! CPU clock (`timer_create` on the clock id `MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`, see
