@@ -17,13 +17,16 @@
 //! from the thread, which then reads as not running, and that tick is not a sample of it; on
 //! a loaded machine that is often, since the scheduler wakes the trigger where it last ran
 //! (a busy thread at 999 Hz with the test suite running beside it got 92–640 wall ticks per
-//! CPU-second, and with three busy processes beside, some profiles none). So after a tick that
-//! found a thread run since the last look, not running now, and none running, the trigger
-//! moves itself off its CPU for the next one ([`hop`]: its affinity, every CPU it may use but
-//! that one). That changes where the trigger runs, not where the signals land. Measured, a busy
-//! thread at 999 Hz, three busy processes beside, alternating runs: 0–283 wall ticks a
-//! profile without the hop, 221–268 with it (`stats[:signals][:trigger_hops]` 33–49 a
-//! second). Taking a thread ready to run on the trigger's own
+//! CPU-second, and with three busy processes beside, some profiles none). So after two ticks in
+//! a row that found a thread run since the last look, not running now, and none running, the
+//! trigger moves itself off its CPU for the next one ([`hop`]: its affinity, every CPU it may
+//! use but that one). That changes where the trigger runs, not where the signals land.
+//! Measured, alternating runs with and without the hop: a busy thread at 999 Hz, three busy
+//! processes beside, 0–283 wall ticks a profile without, 221–268 with (hopping at the first
+//! such tick); a thread that works 10 ms and waits 20 ms, two busy processes beside, 832–970
+//! samples a CPU-second without, 901–1,010 with (at the second: at the first it hopped at
+//! nearly every tick, the thread having just gone to wait, and got 698–710). Taking a thread
+//! ready to run on the trigger's own
 //! CPU for a displaced one (its state in `/proc`) was tried and left out: the scheduler
 //! (EEVDF, Linux 6.6+) lets the running thread go on to its next preemption point before the
 //! trigger runs, and a system call that updates the thread's runtime (`clock_gettime` of its
@@ -931,10 +934,24 @@ pub fn kick() {
             COUNTERS.kick_failures.fetch_add(1, Relaxed);
         }
     }
-    if sent == 0 && displaced > 0 {
+    // Twice in a row: a thread that has just gone to wait also reads as run-but-not-running,
+    // once (at the next tick its clock has not moved); one the trigger displaces, tick after
+    // tick. (Hopping at the first, a thread that works 10 ms and waits 20 ms at 999 Hz, two
+    // busy processes beside, made the trigger hop at nearly every tick: 698-710 samples a
+    // CPU-second against 815-973 without the hop.)
+    let streak =
+        if sent == 0 && displaced > 0 { DISPLACED_STREAK.fetch_add(1, Relaxed) + 1 } else { 0 };
+    if streak == 0 {
+        DISPLACED_STREAK.store(0, Relaxed);
+    } else if streak >= 2 {
+        DISPLACED_STREAK.store(0, Relaxed);
         hop();
     }
 }
+
+/// Wall ticks in a row that found a thread displaced and none running (only the trigger
+/// thread calls [`kick`]).
+static DISPLACED_STREAK: AtomicU32 = AtomicU32::new(0);
 
 thread_local! {
     /// The trigger thread's CPUs when it first hopped (what it may run on).
