@@ -148,7 +148,8 @@ median = ->(xs) { xs.sort[xs.size / 2] }
 puts format("median profiled/plain: %.3f (rounds: %s); plain %.1f, profiled %.1f requests/s (medians)",
             median.call(ratios), ratios.map { |r| format("%.3f", r) }.join(" "),
             median.call(results["plain"]), median.call(results["profiled"]))
-puts format("workers' on-CPU samples per CPU-second at %d Hz: %s (median %.1f)", options[:hz], rates.sort.join(", "),
+puts format("workers' on-CPU samples per CPU-second at %d Hz (an upper bound; with threads that share a stack, as " \
+            "Puma's, far above): %s (median %.1f)", options[:hz], rates.sort.join(", "),
             median.call(rates) || 0)
 puts JSON.generate(bench: "server_throughput", server: options[:server], hz: options[:hz], rounds: options[:rounds],
                    connections: options[:connections],
