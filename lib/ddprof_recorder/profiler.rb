@@ -238,9 +238,10 @@ module DdprofRecorder
     #   the trigger thread, `hz` times a second of wall time, to each thread that is on a CPU
     #   then (any rate, but a tick that wakes the trigger on a thread's CPU misses that
     #   thread); `:auto` (the default, unless the environment's {TICKS_ENV} says otherwise):
-    #   `:wall` from {WALL_TICKS_FROM_HZ} up, else `:cpu_plus_wall`, CPU ticks and, while they
-    #   come less often than `hz` (a loaded machine: a thread whose CPU slices end between two
-    #   scheduler ticks is missed by them), wall ticks too (see {#ticks}).
+    #   `:wall` from {WALL_TICKS_FROM_HZ} up, else `:cpu_plus_wall`: CPU ticks, and a wall tick
+    #   to a running thread whose last sample is more than a period of its CPU ago, where the
+    #   CPU ticks fell short (a loaded machine: a thread whose CPU slices end between two
+    #   scheduler ticks is missed by them).
     # @raise [ArgumentError] on a bad option.
     def initialize(hz: DEFAULT_HZ, interval: nil, exporter: nil, max_frames: StackRecorder::DEFAULT_MAX_FRAMES,
                    compression: :gzip, allocations: false, allocation_interval: DEFAULT_ALLOCATION_INTERVAL,
@@ -365,9 +366,9 @@ module DdprofRecorder
     end
 
     # The ticks a run uses: `ticks:`, with `:auto` resolved for `hz`: `:cpu`, `:wall`, or
-    # `:cpu_plus_wall` (`:auto` below {WALL_TICKS_FROM_HZ}: CPU ticks, and wall ticks while
-    # the CPU ticks come less often than `hz`; `stats[:signals][:wall_ticks_sent]` says how
-    # many were sent).
+    # `:cpu_plus_wall` (`:auto` below {WALL_TICKS_FROM_HZ}: CPU ticks, and a wall tick to a
+    # running thread whose last sample is more than a period of its CPU ago;
+    # `stats[:signals][:wall_ticks_sent]` says how many were sent).
     def ticks
       return @ticks unless @ticks == :auto
 
