@@ -142,8 +142,8 @@ fn signal_mode(ruby: &Ruby, mode: Symbol) -> Result<Option<signal_sampler::Mode>
 }
 
 /// Which ticks signal the threads: `:cpu` (their CPU-clock timers), `:wall` (the trigger's
-/// ticks too), or `:cpu_plus_wall` (the trigger's while the CPU ticks come too seldom for the
-/// rate). See `signal_sampler`, "Wall ticks".
+/// ticks too), or `:cpu_plus_wall` (the trigger's only to a running thread whose last sample
+/// is more than a period of its CPU ago). See `signal_sampler`, "Wall ticks".
 fn wall_ticks(ruby: &Ruby, ticks: Symbol) -> Result<signal_sampler::WallTicks, Error> {
     match ticks.name()?.as_ref() {
         "cpu" => Ok(signal_sampler::WallTicks::Off),

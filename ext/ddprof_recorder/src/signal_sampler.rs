@@ -26,8 +26,8 @@
 //! such tick); a thread that works 10 ms and waits 20 ms, two busy processes beside, 832–970
 //! samples a CPU-second without, 901–1,010 with (at the second: at the first it hopped at
 //! nearly every tick, the thread having just gone to wait, and got 698–710). Taking a thread
-//! ready to run on the trigger's own
-//! CPU for a displaced one (its state in `/proc`) was tried and left out: the scheduler
+//! ready to run on the trigger's own CPU for a displaced one (its state in `/proc`) was tried
+//! and left out: the scheduler
 //! (EEVDF, Linux 6.6+) lets the running thread go on to its next preemption point before the
 //! trigger runs, and a system call that updates the thread's runtime (`clock_gettime` of its
 //! CPU clock) is one, so those samples fell there (12% of bench/accuracy's `threads` on
@@ -939,11 +939,9 @@ pub fn kick() {
     // tick. (Hopping at the first, a thread that works 10 ms and waits 20 ms at 999 Hz, two
     // busy processes beside, made the trigger hop at nearly every tick: 698-710 samples a
     // CPU-second against 815-973 without the hop.)
-    let streak =
-        if sent == 0 && displaced > 0 { DISPLACED_STREAK.fetch_add(1, Relaxed) + 1 } else { 0 };
-    if streak == 0 {
+    if sent > 0 || displaced == 0 {
         DISPLACED_STREAK.store(0, Relaxed);
-    } else if streak >= 2 {
+    } else if DISPLACED_STREAK.fetch_add(1, Relaxed) + 1 >= 2 {
         DISPLACED_STREAK.store(0, Relaxed);
         hop();
     }
