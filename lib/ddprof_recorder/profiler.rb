@@ -239,7 +239,7 @@ module DdprofRecorder
     #   then (any rate, but a tick that wakes the trigger on a thread's CPU misses that
     #   thread); `:auto` (the default, unless the environment's {TICKS_ENV} says otherwise):
     #   `:wall` from {WALL_TICKS_FROM_HZ} up, else `:cpu_plus_wall`: CPU ticks, and a wall tick
-    #   to a running thread whose last sample is more than a period of its CPU ago, where the
+    #   to a running thread whose samples fall short of one per period of its CPU, where the
     #   CPU ticks fell short (a loaded machine: a thread whose CPU slices end between two
     #   scheduler ticks is missed by them).
     # @raise [ArgumentError] on a bad option.
@@ -367,7 +367,7 @@ module DdprofRecorder
 
     # The ticks a run uses: `ticks:`, with `:auto` resolved for `hz`: `:cpu`, `:wall`, or
     # `:cpu_plus_wall` (`:auto` below {WALL_TICKS_FROM_HZ}: CPU ticks, and a wall tick to a
-    # running thread whose last sample is more than a period of its CPU ago;
+    # running thread whose samples fall short of one per period of its CPU;
     # `stats[:signals][:wall_ticks_sent]` says how many were sent).
     def ticks
       return @ticks unless @ticks == :auto

@@ -50,11 +50,12 @@
 //! `signals: false` sends no signal at all.
 //!
 //! Below 250 Hz `:auto` is [`WallTicks::WhenShort`] (`ticks: :cpu_plus_wall`): the CPU ticks,
-//! and a wall tick only to a running thread whose last sample is more than a period of its
-//! CPU ago. Under load the CPU ticks fall short of `hz` (a thread's CPU slices end between two
-//! scheduler ticks, which then miss it: a thread working in bursts at 99 Hz, two busy
-//! processes beside, got 57–86 samples a CPU-second); these fill the gaps. Which thread gets
-//! one depends on its clock only, not on what it runs.
+//! and a wall tick only to a running thread whose samples fall short of one per period of its
+//! CPU ([`pay`]). Under load the CPU ticks fall short of `hz` (a thread's CPU slices end
+//! between two scheduler ticks, which then miss it); these fill the gaps. What a thread owes
+//! carries over to its next samples, so a look that finds it off its CPU is made up at a later
+//! one. Which thread gets one depends on its clock only, not on what it runs. Measured in
+//! bench/RESULTS.md, "Sampling rate".
 //!
 //! # CPU ticks (`ticks: :cpu`, and `:auto` below 250 Hz with the wall ticks above)
 //!
@@ -239,6 +240,9 @@ struct Slot {
     /// Wall ticks: a signal was sent that the handler has not taken yet (so a thread that
     /// blocks the signal has at most one queued).
     kick_pending: AtomicBool,
+    /// [`WallTicks::WhenShort`]: the thread's CPU clock up to which its samples pay for its
+    /// CPU, one period each ([`pay`]); a wall tick goes to it once its clock is past that.
+    paid_cpu_ns: AtomicI64,
     /// Allocated at the first arm, never freed (a handler may hold it).
     frames: AtomicPtr<Frames>,
 }
@@ -259,6 +263,7 @@ impl Slot {
             random: AtomicU64::new(0),
             kick_cpu_ns: AtomicI64::new(0),
             kick_pending: AtomicBool::new(false),
+            paid_cpu_ns: AtomicI64::new(0),
             frames: AtomicPtr::new(std::ptr::null_mut()),
         }
     }
@@ -277,9 +282,9 @@ pub enum WallTicks {
     Off = 0,
     /// At each of the trigger's ticks.
     On = 1,
-    /// To a running thread whose last sample is more than a period of its CPU ago: the CPU
-    /// ticks fell short (on a loaded machine a thread's CPU slices often end between two
-    /// scheduler ticks, which then miss it).
+    /// To a running thread whose samples fall short of one per period of its CPU ([`pay`]):
+    /// the CPU ticks fell short (on a loaded machine a thread's CPU slices often end between
+    /// two scheduler ticks, which then miss it).
     WhenShort = 2,
 }
 /// A [`WallTicks`], as its number.
@@ -610,10 +615,11 @@ fn arm_locked(tid: i32) -> bool {
     let seed = (clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(1) as u64) ^ ((tid as u64) << 32);
     slot.random.store(seed | 1, Release);
     // The trigger's first look can then tell whether the thread runs (and, for
-    // `WallTicks::WhenShort`, how long ago its last sample was: none yet, so from now).
+    // `WallTicks::WhenShort`, what its samples must pay for: its CPU from now, see `pay`).
     let cpu_now = clock_ns(cpu_clock_id(tid)).unwrap_or(0);
     slot.kick_cpu_ns.store(cpu_now, Release);
     slot.cpu_ns.store(cpu_now, Release);
+    slot.paid_cpu_ns.store(cpu_now.saturating_add(period_ns()), Release);
     slot.kick_pending.store(false, Release);
     slot.state.store(EMPTY, Release);
     let spec = libc::itimerspec {
@@ -843,8 +849,30 @@ fn handle(info: *mut libc::siginfo_t) {
         READ_AT_JOB
     };
     slot.depth.store(depth, Release);
+    pay(slot, cpu);
     slot.state.store(FULL, Release);
     trigger_job();
+}
+
+/// A period of CPU: `1/hz`, in ns.
+fn period_ns() -> i64 {
+    1_000_000_000 / i64::from(HZ.load(Acquire).max(1))
+}
+
+/// Samples a thread may owe, or be ahead by, in periods ([`pay`]).
+const CARRIED_PERIODS: i64 = 2;
+
+/// A sample of the thread whose CPU clock reads `cpu` pays for one period of its CPU. What it
+/// owes (its clock past what its samples paid for) or is ahead by is carried to its next
+/// samples up to [`CARRIED_PERIODS`], so that a wall tick can make up for a tick the CPU
+/// timer missed, while neither a long stretch without GVL nor a run of lucky CPU ticks
+/// decides its rate for long. Only its own handler writes it; atomics only
+/// (async-signal-safe).
+fn pay(slot: &Slot, cpu: i64) {
+    let period = period_ns();
+    let carried = CARRIED_PERIODS * period;
+    let paid = slot.paid_cpu_ns.load(Acquire).max(cpu - carried) + period;
+    slot.paid_cpu_ns.store(paid.min(cpu + carried), Release);
 }
 
 /// Whether this tick is a sample: each is, independently, with probability `hz * tick`
@@ -885,13 +913,9 @@ pub fn kick() {
     if !ENABLED.load(Acquire) || wall == WallTicks::Off as u8 {
         return;
     }
-    // WhenShort: only a thread whose last sample is more than a period of its CPU ago. Which
+    // WhenShort: only a thread whose samples have not paid for its CPU ([`pay`]). Which
     // threads that picks depends on their clocks, not on what they run: no bias.
-    let short_of = if wall == WallTicks::WhenShort as u8 {
-        1_000_000_000 / i64::from(HZ.load(Acquire).max(1))
-    } else {
-        0
-    };
+    let when_short = wall == WallTicks::WhenShort as u8;
     let signo = SIGNO.load(Acquire);
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
@@ -919,8 +943,8 @@ pub fn kick() {
             displaced += 1;
             continue;
         }
-        if short_of > 0 && second - slot.cpu_ns.load(Acquire) < short_of {
-            continue; // sampled within the period: the CPU ticks keep up
+        if when_short && second < slot.paid_cpu_ns.load(Acquire) {
+            continue; // its samples pay for its CPU: the CPU ticks keep up
         }
         if slot.generation.load(Acquire) != generation {
             continue; // disarmed (or armed anew) meanwhile

@@ -146,6 +146,12 @@ mod tests {
         assert!(used >= 30_000_000, "the worker spun 30 ms of CPU, clock says {used} ns");
         done_tx.send(()).unwrap();
         worker.join().unwrap();
+        // `join` returns once the thread cleared its tid (`CLONE_CHILD_CLEARTID`), a moment
+        // before the kernel releases the task, whose clock can be read until then.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while cpu_time_ns(tid).is_some() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert_eq!(cpu_time_ns(tid), None);
     }
 
