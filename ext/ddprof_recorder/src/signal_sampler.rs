@@ -330,6 +330,9 @@ pub struct Counters {
     pub hops: AtomicU64,
     /// Ticks left out by the draw (see "Which CPU ticks are samples").
     pub passed_over: AtomicU64,
+    /// [`WallTicks::WhenShort`]: CPU ticks drawn but left out, the thread's samples being a
+    /// period or more ahead of its CPU ([`ahead`]).
+    pub ahead: AtomicU64,
     pub read_in_handler: AtomicU64,
     pub read_at_job: AtomicU64,
     pub without_gvl: AtomicU64,
@@ -355,6 +358,7 @@ pub static COUNTERS: Counters = Counters {
     kick_failures: AtomicU64::new(0),
     hops: AtomicU64::new(0),
     passed_over: AtomicU64::new(0),
+    ahead: AtomicU64::new(0),
     read_in_handler: AtomicU64::new(0),
     read_at_job: AtomicU64::new(0),
     without_gvl: AtomicU64::new(0),
@@ -371,13 +375,14 @@ pub static COUNTERS: Counters = Counters {
 
 impl Counters {
     /// Every counter with its name in `stats` (the one list `clear` and the stats share).
-    pub fn named(&self) -> [(&'static str, &AtomicU64); 17] {
+    pub fn named(&self) -> [(&'static str, &AtomicU64); 18] {
         [
             ("signals", &self.signals),
             ("wall_ticks_sent", &self.kicks),
             ("wall_ticks_failed", &self.kick_failures),
             ("trigger_hops", &self.hops),
             ("signals_passed_over", &self.passed_over),
+            ("signals_ahead", &self.ahead),
             ("signals_read_in_handler", &self.read_in_handler),
             ("signals_read_at_job", &self.read_at_job),
             ("signals_without_gvl", &self.without_gvl),
@@ -804,6 +809,10 @@ fn handle(info: *mut libc::siginfo_t) {
         COUNTERS.passed_over.fetch_add(1, Relaxed);
         return;
     }
+    if !wall_tick && ahead(slot, cpu) {
+        COUNTERS.ahead.fetch_add(1, Relaxed);
+        return;
+    }
     if slot.in_job.load(Acquire) {
         COUNTERS.in_job.fetch_add(1, Relaxed);
         return;
@@ -852,6 +861,16 @@ fn handle(info: *mut libc::siginfo_t) {
     pay(slot, cpu);
     slot.state.store(FULL, Release);
     trigger_job();
+}
+
+/// [`WallTicks::WhenShort`]: whether the thread's samples pay for a period or more of CPU it
+/// has not used yet (CPU ticks drawn close together). Such a tick is left out: the wall ticks
+/// make up what the CPU ticks miss, so without this the CPU ticks' lucky runs would come on
+/// top (a thread would get well over `hz` quiet). Which ticks it leaves out depends on
+/// the thread's clock only, not on what it runs. Atomics only (async-signal-safe).
+fn ahead(slot: &Slot, cpu: i64) -> bool {
+    WALL_TICKS.load(Acquire) == WallTicks::WhenShort as u8
+        && slot.paid_cpu_ns.load(Acquire) - cpu > period_ns()
 }
 
 /// A period of CPU: `1/hz`, in ns.
