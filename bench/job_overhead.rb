@@ -54,7 +54,9 @@ options[:rounds].times do
     wake_reader, wake_writer = IO.pipe
     profiler = nil
     case how
-    when Integer then DdprofRecorder::Profiler._native_sampling_start(how, NopHandler.new, wake_writer.fileno, :off, owner)
+    when Integer
+      # hz, handler, wake fd, signal mode (:off: the trigger's jobs only), ticks, owner, yjit.
+      DdprofRecorder::Profiler._native_sampling_start(how, NopHandler.new, wake_writer.fileno, :off, :cpu, owner, false)
     when Hash then profiler = DdprofRecorder::Profiler.new(**how, compression: :none).start
     end
     started = cpu.call
