@@ -54,8 +54,9 @@
 //! CPU ([`pay`]). Under load the CPU ticks fall short of `hz` (a thread's CPU slices end
 //! between two scheduler ticks, which then miss it); these fill the gaps. What a thread owes
 //! carries over to its next samples, so a look that finds it off its CPU is made up at a later
-//! one. Which thread gets one depends on its clock only, not on what it runs. Measured in
-//! bench/RESULTS.md, "Sampling rate".
+//! one; a CPU tick that comes when its samples are a period or more ahead is left out
+//! ([`ahead`]). Which thread gets one, and which tick is left out, depends on its clock only,
+//! not on what it runs. Measured in bench/RESULTS.md, "Sampling rate".
 //!
 //! # CPU ticks (`ticks: :cpu`, and `:auto` below 250 Hz with the wall ticks above)
 //!
