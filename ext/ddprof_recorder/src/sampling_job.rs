@@ -288,6 +288,10 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
     entry(ruby, || {
         let hash = ruby.hash_new();
         hash.aset(ruby.to_symbol("ticks"), trigger::TICKS.load(Ordering::Relaxed))?;
+        hash.aset(
+            ruby.to_symbol("quiet_stretches"),
+            trigger::QUIET_STRETCHES.load(Ordering::Relaxed),
+        )?;
         hash.aset(ruby.to_symbol("jobs"), JOBS.load(Ordering::Relaxed))?;
         hash.aset(ruby.to_symbol("late_jobs"), LATE_JOBS.load(Ordering::Relaxed))?;
         hash.aset(ruby.to_symbol("trigger_running"), trigger::is_running())?;

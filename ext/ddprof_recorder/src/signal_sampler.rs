@@ -927,11 +927,13 @@ fn drawn(slot: &Slot, cpu_ns: i64) -> bool {
 /// Wall ticks: called by the trigger thread at each of its ticks (no GVL, no Ruby). Sends
 /// the sampling signal to each armed thread that is on a CPU now: its CPU clock moved since
 /// the trigger's previous look, and again between two reads a moment apart. A thread that
-/// waits (for I/O, a lock, the GVL, the scheduler) uses no CPU and is left alone.
-pub fn kick() {
+/// waits (for I/O, a lock, the GVL, the scheduler) uses no CPU and is left alone. Returns
+/// whether the trigger has work at this rate: it sent a signal, or found a thread that ran but
+/// is off its CPU now (a loaded machine, where the looks make up what the CPU ticks miss).
+pub fn kick() -> bool {
     let wall = WALL_TICKS.load(Acquire);
     if !ENABLED.load(Acquire) || wall == WallTicks::Off as u8 {
-        return;
+        return false;
     }
     // WhenShort: only a thread whose samples have not paid for its CPU ([`pay`]). Which
     // threads that picks depends on their clocks, not on what they run: no bias.
@@ -989,6 +991,7 @@ pub fn kick() {
         DISPLACED_STREAK.store(0, Relaxed);
         hop();
     }
+    sent > 0 || displaced > 0
 }
 
 /// Wall ticks in a row that found a thread displaced and none running (only the trigger

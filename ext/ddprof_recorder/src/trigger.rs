@@ -44,6 +44,18 @@
 //! a non-blocking descriptor: async-signal-safe, no Ruby involved). While jobs run, the Ruby
 //! thread is never woken and costs nothing.
 //!
+//! # Quiet ticks
+//!
+//! When the signal jobs make the wall passes (a busy thread sampled at its CPU ticks) and no
+//! thread needs a wall tick, a tick has nothing to do. After two such ticks in a row the next
+//! intervals are stretched to two and then [`MAX_STRETCH`] periods (still drawn around that
+//! mean), and the first tick with work brings them back to one. Each wake-up of the trigger
+//! costs more than its own CPU: a busy thread on another CPU runs slower while it happens
+//! (bench/RESULTS.md, "Overhead": a process that only slept 10 ms in a loop, pinned to the
+//! other CPU, slowed examples/hot_spot's work by 15–30%). A program that stops running Ruby
+//! gets the full rate back at once: its ticks register the job (no signal pass is recent), and
+//! a machine under load too: its ticks find threads off their CPU.
+//!
 //! # Lifecycle
 //!
 //! The thread is a [`NativeThread`]: started and stopped by Ruby threads with the GVL held,
@@ -96,6 +108,13 @@ static LAST_THREAD_CPU_NS: AtomicI64 = AtomicI64::new(0);
 
 /// Ticks without a job after which the Ruby sampler thread is woken (see the module doc).
 const JOBLESS_TICKS: u32 = 2;
+
+/// The longest interval between two quiet ticks, in periods (a power of two; see "Quiet
+/// ticks").
+const MAX_STRETCH: u32 = 4;
+
+/// Intervals stretched past a period, for stats.
+pub static QUIET_STRETCHES: AtomicU64 = AtomicU64::new(0);
 
 /// What one trigger thread works with.
 pub struct Setup {
@@ -217,6 +236,7 @@ fn run_ticks(setup: &Setup, stop: &AtomicBool) {
     let mut deadline = Instant::now() + jitter.around(period);
     let mut jobs_before = setup.jobs_run.load(Ordering::Relaxed);
     let mut jobless_ticks = 0u32;
+    let mut quiet = 0u32;
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         if now < deadline {
@@ -233,8 +253,13 @@ fn run_ticks(setup: &Setup, stop: &AtomicBool) {
             // fail (EBADF, EAGAIN), which is fine: the Ruby thread is stopping or already woken.
             unsafe { libc::write(setup.wake_fd, b"!".as_ptr().cast(), 1) };
         }
-        tick(setup.job, period);
-        deadline += jitter.around(period);
+        // Ticks with nothing to do (the signal jobs make the passes, and no thread needs a
+        // wall tick) stretch the next interval, up to [`MAX_STRETCH`] periods: see "Quiet
+        // ticks".
+        quiet = if tick(setup.job, period) { 0 } else { quiet.saturating_add(1) };
+        let stretch = if quiet >= 2 { 1 << (quiet - 1).min(MAX_STRETCH.ilog2()) } else { 1 };
+        QUIET_STRETCHES.fetch_add(u64::from(stretch > 1), Ordering::Relaxed);
+        deadline += jitter.around(period * stretch);
         let now = Instant::now();
         if deadline < now {
             // Far behind (the machine was busy): start again from now rather than burst.
@@ -243,8 +268,10 @@ fn run_ticks(setup: &Setup, stop: &AtomicBool) {
     }
 }
 
-fn tick(job: unsafe extern "C" fn(*mut c_void), period: Duration) {
-    crate::signal_sampler::kick();
+/// One tick; returns whether it had work: a wall tick to send (or a thread off its CPU that
+/// may need one), or the job to register.
+fn tick(job: unsafe extern "C" fn(*mut c_void), period: Duration) -> bool {
+    let kicked = crate::signal_sampler::kick();
     let tid = LAST_JOB_TID.load(Ordering::Relaxed);
     let cpu_ns = if tid > 0 { cpu_time_ns(tid).unwrap_or(-1) } else { -1 };
     let at_ns = monotonic_ns();
@@ -254,11 +281,12 @@ fn tick(job: unsafe extern "C" fn(*mut c_void), period: Duration) {
     // periods apart: the trigger's own job waits for two periods without one.
     let spared = if crate::signal_sampler::wall_ticks() { 2 * period_ns } else { period_ns };
     if at_ns.saturating_sub(SIGNAL_PASS_NS.load(Ordering::Relaxed)) < spared {
-        return;
+        return kicked;
     }
     // Callable from a thread Ruby does not know (module doc, and `postponed`).
     crate::postponed::trigger(job);
     TICKS.fetch_add(1, Ordering::Relaxed);
+    true
 }
 
 #[cfg(test)]
