@@ -1,5 +1,5 @@
-//! The sampling trigger: a plain native thread that ticks `hz` times a second and, on each
-//! tick, asks Ruby to run the sampling job ([`crate::sampling_job`]) on whichever thread holds
+//! The sampling trigger: a plain native thread that ticks `hz` times a second (fewer while it
+//! has nothing to do: "Quiet ticks") and, on each tick, asks Ruby to run the sampling job ([`crate::sampling_job`]) on whichever thread holds
 //! the GVL. No signal is involved, and the thread holds no Ruby object and never the GVL.
 //!
 //! # Why calling Ruby from this thread is sound (Ruby 3.1)
