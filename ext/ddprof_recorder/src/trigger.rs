@@ -1,6 +1,7 @@
 //! The sampling trigger: a plain native thread that ticks `hz` times a second (fewer while it
-//! has nothing to do: "Quiet ticks") and, on each tick, asks Ruby to run the sampling job ([`crate::sampling_job`]) on whichever thread holds
-//! the GVL. No signal is involved, and the thread holds no Ruby object and never the GVL.
+//! has nothing to do: "Quiet ticks") and, on each tick, asks Ruby to run the sampling job
+//! ([`crate::sampling_job`]) on whichever thread holds the GVL. No signal is involved, and the
+//! thread holds no Ruby object and never the GVL.
 //!
 //! # Why calling Ruby from this thread is sound (Ruby 3.1)
 //!
@@ -52,7 +53,7 @@
 //! mean), and the first tick with work brings them back to one. Each wake-up of the trigger
 //! costs more than its own CPU: a busy thread on another CPU runs slower while it happens
 //! (bench/RESULTS.md, "Overhead": a process that only slept 10 ms in a loop, pinned to the
-//! other CPU, slowed examples/hot_spot's work by 15–30%). A program that stops running Ruby
+//! other CPU, slowed examples/hot_spot's work by up to a third on this project's VM). A program that stops running Ruby
 //! gets the full rate back at once: its ticks register the job (no signal pass is recent), and
 //! a machine under load too: its ticks find threads off their CPU.
 //!
