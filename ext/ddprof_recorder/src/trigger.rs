@@ -52,10 +52,10 @@
 //! intervals are stretched to two and then [`MAX_STRETCH`] periods (still drawn around that
 //! mean), and the first tick with work brings them back to one. Each wake-up of the trigger
 //! costs more than its own CPU: a busy thread on another CPU runs slower while it happens
-//! (bench/RESULTS.md, "Overhead": a process that only slept 10 ms in a loop, pinned to the
-//! other CPU, slowed examples/hot_spot's work by up to a third on this project's VM). A program that stops running Ruby
-//! gets the full rate back at once: its ticks register the job (no signal pass is recent), and
-//! a machine under load too: its ticks find threads off their CPU.
+//! (bench/RESULTS.md, "Overhead": a process that only slept 10 ms in a loop, pinned to the other
+//! CPU, slowed examples/hot_spot's work by up to a third on this project's VM). A program that
+//! stops running Ruby gets the full rate back at once: its ticks register the job (no signal pass
+//! is recent), and a machine under load too: its ticks find threads off their CPU.
 //!
 //! # Lifecycle
 //!
