@@ -77,6 +77,9 @@ RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
     starting.call(true, 3_000_000, clock.now_ns += 10_000_000) # a job inside start: nothing
     clock.set_cpu(me, 4_000_000)
     starting.started # start returns: 4 ms were its own
+    slack = described_class::START_SLACK_NS
+    clock.set_cpu(me, 4_000_000 + slack - 1)
+    starting.call(true, 4_000_000 + slack - 1, clock.now_ns += 10_000) # on start's way out: nothing
     clock.set_cpu(me, 9_000_000)
     starting.call(true, 9_000_000, clock.now_ns += 10_000_000) # the program's 5 ms
     clock.set_cpu(me, 10_000_000)

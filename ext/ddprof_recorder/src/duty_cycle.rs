@@ -78,6 +78,13 @@ const MAX_OVERHEAD: f64 = 2.0;
 /// Weight of the newest block in the smoothed overhead, and of the newest on-slot in the
 /// smoothed lateness of its end.
 const SMOOTHING: f64 = 0.2;
+/// The most the hook's cost may lengthen an on-slot: [`MAX_OVERHEAD`] slots, the slowdown it
+/// stands for. Each wake-up lengthens the slot by what the hook cost since the last, so a cost
+/// that grows as fast as the clock never lets it end: a calibration of 228 ns an allocation
+/// (CI, Ruby 3.4.5, a loaded machine) against a loop that allocates every 200 ns or so kept
+/// the hook on for the whole run (`hook_on_share` 0.0: no on-slot ever ended). A block may be
+/// lengthened by twice this: its on-slot's, and a C method's that keeps the hook on after it.
+const MAX_LENGTHENING: Duration = Duration::from_millis(2 * MAX_OVERHEAD as u64);
 
 /// What the hook should be: 0 for off, else the `every` of the block whose slot put it on.
 /// Written by the thread, read by the job.
@@ -296,26 +303,30 @@ fn cost_since(per_alloc_ns: f64, from: (u64, u64)) -> f64 {
 }
 
 /// Sleeps until `base + nominal`, lengthened by what the hook cost since the counters were
-/// `from` (read again at each wake-up until it stops growing) and ended `early`. Returns that
-/// cost, in nanoseconds, and how late the last wake-up was; None once stopped.
+/// `from` (read again at each wake-up until it stops growing, or reaches `most`) and ended
+/// `early`. Returns that cost, in nanoseconds (all of it, beyond `most` too), and how late the
+/// last wake-up was; None once stopped.
 fn sleep_lengthened(
     base: Instant,
     nominal: Duration,
+    most: Duration,
     early: Duration,
     from: (u64, u64),
     per_alloc_ns: f64,
     stop: &AtomicBool,
 ) -> Option<(f64, Duration)> {
-    let mut cost = 0.0;
+    let most_ns = most.as_nanos() as f64;
+    let mut cost: f64 = 0.0;
     loop {
-        let deadline = (base + nominal + Duration::from_nanos(cost as u64)).checked_sub(early);
+        let lengthening = Duration::from_nanos(cost.min(most_ns) as u64);
+        let deadline = (base + nominal + lengthening).checked_sub(early);
         let deadline = deadline.unwrap_or(base).max(base);
         if !sleep_until(deadline, stop) {
             return None;
         }
         let woke = Instant::now();
         let now_cost = cost_since(per_alloc_ns, from);
-        let settled = now_cost <= cost + 1_000.0;
+        let settled = now_cost <= cost + 1_000.0 || cost >= most_ns;
         cost = now_cost;
         if settled {
             return Some((cost, woke.saturating_duration_since(deadline)));
@@ -337,7 +348,8 @@ fn on_slot(
     want(every, setup.job);
     let start = Instant::now();
     let early = Duration::from_nanos(late_ns.max(0.0) as u64);
-    let (_, late) = sleep_lengthened(start, SLOT, early, counters(), per_alloc_ns, stop)?;
+    let (_, late) =
+        sleep_lengthened(start, SLOT, MAX_LENGTHENING, early, counters(), per_alloc_ns, stop)?;
     *late_ns += SMOOTHING * (late.as_nanos() as f64 - *late_ns);
     ON_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     Some(())
@@ -394,7 +406,8 @@ fn run_blocks(setup: &Setup, stop: &AtomicBool) {
         }
         let nominal = SLOT * every as u32;
         let cost = if every > 1 {
-            match sleep_lengthened(block, nominal, Duration::ZERO, from, per_alloc_ns, stop) {
+            let most = MAX_LENGTHENING * 2;
+            match sleep_lengthened(block, nominal, most, Duration::ZERO, from, per_alloc_ns, stop) {
                 Some((cost, _)) => cost,
                 None => return,
             }
@@ -420,6 +433,38 @@ fn run_blocks(setup: &Setup, stop: &AtomicBool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cost that grows faster than the clock (here 1 ms an allocation, a thousand an ms)
+    /// lengthens the slot by [`MAX_LENGTHENING`] at most: the sleep ends.
+    #[test]
+    fn a_cost_that_outruns_the_clock_lengthens_a_slot_by_the_most_only() {
+        let stop = AtomicBool::new(false);
+        let done = AtomicBool::new(false);
+        let started = Instant::now();
+        let slept = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !done.load(Ordering::Acquire) && started.elapsed() < Duration::from_secs(5) {
+                    SEEN.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_micros(1));
+                }
+            });
+            let slept = sleep_lengthened(
+                started,
+                SLOT,
+                MAX_LENGTHENING,
+                Duration::ZERO,
+                counters(),
+                1e6,
+                &stop,
+            );
+            done.store(true, Ordering::Release);
+            slept
+        });
+        let (cost, _) = slept.expect("not stopped");
+        assert!(cost >= MAX_LENGTHENING.as_nanos() as f64, "cost {cost}");
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "slept {took:?}");
+    }
 
     #[test]
     fn every_keeps_the_target_within_bounds() {
