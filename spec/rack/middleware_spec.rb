@@ -171,6 +171,7 @@ RSpec.describe DdprofRecorder::Rack do
       holding = described_class.new(lambda do |_env|
         inside << true
         go_on.pop
+        self.class.rack_spec_render_page(0.02) # its own samples: the wait alone can last under a tick
         page
       end, authorize: authorize)
       first = Thread.new { holding.call(env("ddprof=pprof", token: token, path: "/hold")) }
