@@ -302,17 +302,16 @@ fn cost_since(per_alloc_ns: f64, from: (u64, u64)) -> f64 {
     seen.wrapping_sub(from.0) as f64 * per_alloc_ns + job_ns.wrapping_sub(from.1) as f64
 }
 
-/// Sleeps until `base + nominal`, lengthened by what the hook cost since the counters were
-/// `from` (read again at each wake-up until it stops growing, or reaches `most`) and ended
-/// `early`. Returns that cost, in nanoseconds (all of it, beyond `most` too), and how late the
-/// last wake-up was; None once stopped.
+/// Sleeps until `base + nominal`, lengthened by what the hook cost meanwhile, `cost()` in
+/// nanoseconds (read again at each wake-up until it stops growing, or reaches `most`), and
+/// ended `early`. Returns that cost (all of it, beyond `most` too), and how late the last
+/// wake-up was; None once stopped.
 fn sleep_lengthened(
     base: Instant,
     nominal: Duration,
     most: Duration,
     early: Duration,
-    from: (u64, u64),
-    per_alloc_ns: f64,
+    cost_now: impl Fn() -> f64,
     stop: &AtomicBool,
 ) -> Option<(f64, Duration)> {
     let most_ns = most.as_nanos() as f64;
@@ -325,7 +324,7 @@ fn sleep_lengthened(
             return None;
         }
         let woke = Instant::now();
-        let now_cost = cost_since(per_alloc_ns, from);
+        let now_cost = cost_now();
         let settled = now_cost <= cost + 1_000.0 || cost >= most_ns;
         cost = now_cost;
         if settled {
@@ -348,8 +347,9 @@ fn on_slot(
     want(every, setup.job);
     let start = Instant::now();
     let early = Duration::from_nanos(late_ns.max(0.0) as u64);
-    let (_, late) =
-        sleep_lengthened(start, SLOT, MAX_LENGTHENING, early, counters(), per_alloc_ns, stop)?;
+    let from = counters();
+    let cost_now = || cost_since(per_alloc_ns, from);
+    let (_, late) = sleep_lengthened(start, SLOT, MAX_LENGTHENING, early, cost_now, stop)?;
     *late_ns += SMOOTHING * (late.as_nanos() as f64 - *late_ns);
     ON_NS.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     Some(())
@@ -407,7 +407,8 @@ fn run_blocks(setup: &Setup, stop: &AtomicBool) {
         let nominal = SLOT * every as u32;
         let cost = if every > 1 {
             let most = MAX_LENGTHENING * 2;
-            match sleep_lengthened(block, nominal, most, Duration::ZERO, from, per_alloc_ns, stop) {
+            let cost_now = || cost_since(per_alloc_ns, from);
+            match sleep_lengthened(block, nominal, most, Duration::ZERO, cost_now, stop) {
                 Some((cost, _)) => cost,
                 None => return,
             }
@@ -434,35 +435,19 @@ fn run_blocks(setup: &Setup, stop: &AtomicBool) {
 mod tests {
     use super::*;
 
-    /// A cost that grows faster than the clock (here 1 ms an allocation, a thousand an ms)
-    /// lengthens the slot by [`MAX_LENGTHENING`] at most: the sleep ends.
+    /// A cost that grows faster than the clock (here twice as fast) lengthens the slot by
+    /// [`MAX_LENGTHENING`] at most: the sleep ends, with all of the cost.
     #[test]
     fn a_cost_that_outruns_the_clock_lengthens_a_slot_by_the_most_only() {
         let stop = AtomicBool::new(false);
-        let done = AtomicBool::new(false);
         let started = Instant::now();
-        let slept = std::thread::scope(|scope| {
-            scope.spawn(|| {
-                while !done.load(Ordering::Acquire) && started.elapsed() < Duration::from_secs(5) {
-                    SEEN.fetch_add(1, Ordering::Relaxed);
-                    std::thread::sleep(Duration::from_micros(1));
-                }
-            });
-            let slept = sleep_lengthened(
-                started,
-                SLOT,
-                MAX_LENGTHENING,
-                Duration::ZERO,
-                counters(),
-                1e6,
-                &stop,
-            );
-            done.store(true, Ordering::Release);
-            slept
-        });
-        let (cost, _) = slept.expect("not stopped");
-        assert!(cost >= MAX_LENGTHENING.as_nanos() as f64, "cost {cost}");
+        let cost_now = || started.elapsed().as_nanos() as f64 * 2.0;
+        let (cost, _) =
+            sleep_lengthened(started, SLOT, MAX_LENGTHENING, Duration::ZERO, cost_now, &stop)
+                .expect("not stopped");
         let took = started.elapsed();
+        assert!(cost >= MAX_LENGTHENING.as_nanos() as f64, "cost {cost}");
+        assert!(took >= SLOT + MAX_LENGTHENING, "slept {took:?}");
         assert!(took < Duration::from_secs(2), "slept {took:?}");
     }
 
