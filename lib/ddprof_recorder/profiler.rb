@@ -228,6 +228,13 @@ module DdprofRecorder
     #   may cost, in (0, 1]; 1.0 (the default) keeps it always on, below 1 a duty cycle.
     # @param heap [Boolean] report the live heap at each window (samples allocations too).
     # @param gc [Boolean] charge GC time to a `(garbage collection)` frame.
+    # @param timeline [Boolean] give each thread sample its time: a numeric label
+    #   `"end_timestamp_ns"` (Unix nanoseconds: when its on-CPU tick or its pass was), which
+    #   keeps it apart in the pprof rather than aggregated (see {StackRecorder#record_sample}),
+    #   so that a timeline can place it. A thread's idle passes in a row are still one sample
+    #   (its wall time is how long they lasted, its time the last one's), and CPU carried to a
+    #   thread's end or a window's close has no time of its own: those stay aggregated, as do
+    #   allocation and heap samples.
     # @param signals [Boolean] read on-CPU stacks at each thread's CPU tick, from a signal
     #   (the default, unless the environment's {SIGNALS_ENV} says `0`); false: at the VM's
     #   interrupt checks, with no signal (for programs whose C extensions cannot take one).
@@ -245,12 +252,12 @@ module DdprofRecorder
     # @raise [ArgumentError] on a bad option.
     def initialize(hz: DEFAULT_HZ, interval: nil, exporter: nil, max_frames: StackRecorder::DEFAULT_MAX_FRAMES,
                    compression: :gzip, allocations: false, allocation_interval: DEFAULT_ALLOCATION_INTERVAL,
-                   allocation_overhead: DEFAULT_ALLOCATION_OVERHEAD, heap: false, gc: false,
+                   allocation_overhead: DEFAULT_ALLOCATION_OVERHEAD, heap: false, gc: false, timeline: false,
                    signals: Profiler.signals_default, ticks: Profiler.ticks_default, max_queued_windows: DEFAULT_MAX_QUEUED_WINDOWS,
                    export_timeout: EXPORT_TIMEOUT, &block)
       raise ArgumentError, "hz must be an Integer in #{HZ_RANGE}, got #{hz.inspect}" unless hz.is_a?(Integer) && HZ_RANGE.cover?(hz)
 
-      { allocations: allocations, heap: heap, gc: gc, signals: signals }.each do |name, value|
+      { allocations: allocations, heap: heap, gc: gc, signals: signals, timeline: timeline }.each do |name, value|
         raise ArgumentError, "#{name} must be true or false, got #{shown(value)}" unless [true, false].include?(value)
       end
       raise ArgumentError, "ticks must be one of #{TICKS.map(&:inspect).join(', ')}, got #{shown(ticks)}" unless TICKS.include?(ticks)
@@ -287,6 +294,7 @@ module DdprofRecorder
       @allocation_overhead = allocation_overhead.to_f
       @heap = heap
       @gc = gc
+      @timeline = timeline
       @signals = signals
       @ticks = ticks
       @max_queued_windows = max_queued_windows
@@ -327,7 +335,8 @@ module DdprofRecorder
         @sampler = ThreadSampler.new(@recorder, internal: method(:internal_thread?),
                                                 extra_labels: [[PROCESS_ID_LABEL, @pid]],
                                                 forked_thread: @forked_thread,
-                                                extra_values: value_types.size - VALUE_TYPES.size, gc: @gc)
+                                                extra_values: value_types.size - VALUE_TYPES.size, gc: @gc,
+                                                timeline: @timeline)
         @exporting = @exporter && Exporter.new(@exporter, max_queued: @max_queued_windows).start
         @started = @running = true
         wake, @wake_writer = IO.pipe

@@ -7,8 +7,9 @@ module DdprofRecorder
   # environment where to write the pprof (`DDPROF_RECORDER_OUT`), at which rate
   # (`DDPROF_RECORDER_HZ`) and, optionally, every how many seconds to write a window of its own
   # (`DDPROF_RECORDER_INTERVAL`); `DDPROF_RECORDER_ALLOCATIONS` (an allocation interval),
-  # `DDPROF_RECORDER_HEAP` and `DDPROF_RECORDER_GC` (`1`) turn on the memory options, and
-  # `DDPROF_RECORDER_ALLOCATION_OVERHEAD` sets `allocation_overhead:`.
+  # `DDPROF_RECORDER_HEAP` and `DDPROF_RECORDER_GC` (`1`) turn on the memory options,
+  # `DDPROF_RECORDER_ALLOCATION_OVERHEAD` sets `allocation_overhead:`, and
+  # `DDPROF_RECORDER_TIMELINE` (`1`) turns on `timeline:`.
   #
   # Without `DDPROF_RECORDER_OUT` it does nothing. The first Ruby process to load it claims the
   # profile (`DDPROF_RECORDER_OWNER`, inherited by its children), so that Ruby programs it
@@ -48,6 +49,7 @@ module DdprofRecorder
     ALLOCATIONS = "DDPROF_RECORDER_ALLOCATIONS"
     HEAP = "DDPROF_RECORDER_HEAP"
     GC = "DDPROF_RECORDER_GC"
+    TIMELINE = "DDPROF_RECORDER_TIMELINE"
     ALLOCATION_OVERHEAD = "DDPROF_RECORDER_ALLOCATION_OVERHEAD"
     STARTED = "DDPROF_RECORDER_STARTED"
     WRITTEN = "DDPROF_RECORDER_WRITTEN"
@@ -301,7 +303,8 @@ module DdprofRecorder
         v = Float(text)
         v if v.finite? && v >= Profiler::MIN_INTERVAL
       end
-      options = { hz: hz || Profiler::DEFAULT_HZ, compression: out.end_with?(".gz") ? :gzip : :none }
+      options = { hz: hz || Profiler::DEFAULT_HZ, compression: out.end_with?(".gz") ? :gzip : :none,
+                  timeline: env[TIMELINE] == "1" }
       options.merge!(memory_options(env))
       interval ? options.merge(interval: interval, exporter: WindowWriter.new(out)) : options
     end

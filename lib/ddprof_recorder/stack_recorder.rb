@@ -30,28 +30,37 @@ module DdprofRecorder
     # @param max_label_sets [Integer] most distinct label sets one profile keeps; also its most
     #   endpoints.
     # @param max_samples [Integer] most distinct (stack, label set) pairs one profile keeps.
+    # @param max_timed_samples [Integer] most timed samples (see {#record_sample}) one profile
+    #   keeps apart; one more is aggregated without its time (`stats[:timestamps_dropped]`).
     #
-    # The four limits (each 1..MAX_LIMIT; the defaults, DEFAULT_MAX_*, are generous) bound the
-    # memory a profile can take. A sample that would go over one is folded into a single
-    # placeholder sample whose one frame is named `"(dropped: profile limits reached)"`, so
-    # value totals stay exact; `stats[:samples_dropped]` counts them. An endpoint over the
-    # limits is ignored (`stats[:endpoints_dropped]`).
+    # The five limits (each 1..MAX_LIMIT; the defaults, DEFAULT_MAX_*, are generous) bound the
+    # memory a profile can take. A sample that would go over one of the first four is folded
+    # into a single placeholder sample whose one frame is named
+    # `"(dropped: profile limits reached)"`, so value totals stay exact; `stats[:samples_dropped]`
+    # counts them. An endpoint over the limits is ignored (`stats[:endpoints_dropped]`).
     # @raise [ArgumentError, TypeError, RangeError] on a bad option (naming it).
     def self.new(value_types: DEFAULT_VALUE_TYPES, max_frames: DEFAULT_MAX_FRAMES, compression: :none,
                  max_stacks: DEFAULT_MAX_STACKS, max_strings: DEFAULT_MAX_STRINGS,
-                 max_label_sets: DEFAULT_MAX_LABEL_SETS, max_samples: DEFAULT_MAX_SAMPLES)
-      _native_new(value_types, max_frames, compression, max_stacks, max_strings, max_label_sets, max_samples)
+                 max_label_sets: DEFAULT_MAX_LABEL_SETS, max_samples: DEFAULT_MAX_SAMPLES,
+                 max_timed_samples: DEFAULT_MAX_TIMED_SAMPLES)
+      _native_new(value_types, max_frames, compression, max_stacks, max_strings, max_label_sets, max_samples,
+                  max_timed_samples)
     end
 
     # Records one sample in the current window. Samples with the same stack and labels are
     # aggregated (values summed). Never blocks on a serialization in progress.
+    #
+    # A sample with a numeric `"end_timestamp_ns"` label (its end time, in nanoseconds since the
+    # Unix epoch, as dd-trace-rb's timeline samples have) is a timed sample: it is kept apart,
+    # not aggregated, and comes out as one pprof sample with that label, after the aggregated
+    # ones. Up to `max_timed_samples` per window; past that it is aggregated without its time.
     #
     # @param locations [Array<Thread::Backtrace::Location, Array(String, String, Integer)>]
     #   the stack, leaf first; `[function_name, filename, line]` arrays or backtrace locations.
     # @param values [Array<Integer>, Hash{String, Symbol => Integer}] one Integer per value
     #   type in order, or a Hash by value type name (missing ones are 0).
     # @param labels [Hash, Array<Array(String|Symbol, String|Integer)>, nil] string or numeric
-    #   labels; `"trace endpoint"` is reserved.
+    #   labels; `"trace endpoint"` is reserved, `"end_timestamp_ns"` must be an Integer >= 0.
     # @return [nil]
     # @raise [ArgumentError, TypeError] on bad input, naming the argument; nothing is recorded.
     def record_sample(locations, values, labels = nil)
@@ -166,8 +175,9 @@ module DdprofRecorder
     #
     # @return [Hash{Symbol => Integer}] `:samples_recorded`, `:samples_rejected`,
     #   `:samples_dropped` (recorded, but folded into the placeholder by the limits),
-    #   `:endpoints_dropped`, `:samples_lost`, `:serializations`, `:last_serialization_ns`,
-    #   `:last_serialization_bytes`.
+    #   `:endpoints_dropped`, `:timestamps_dropped` (timed samples aggregated without their
+    #   time: over `max_timed_samples`), `:samples_lost`, `:serializations`,
+    #   `:last_serialization_ns`, `:last_serialization_bytes`.
     def stats
       _native_stats
     end

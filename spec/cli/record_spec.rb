@@ -232,6 +232,24 @@ RSpec.describe "ddprof-recorder record" do
     expect(samples.map { |s| s[:frames].last&.first }).to include("(garbage collection)")
   end
 
+  it "dates each thread sample with --timeline, and the views still read the file" do
+    key = DdprofRecorder::StackRecorder::END_TIMESTAMP_LABEL
+    before = Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond)
+    out, err, status = run_cli("record", "-o", "t.pb", "--timeline", "--hz", "200", "--",
+                               RbConfig.ruby, "-e", "x = 0; 3_000_000.times { x += 1 }")
+    after = Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond)
+    expect([err, status]).to eq(["", 0])
+    expect(out).to include("hottest")
+    pprof = File.binread(File.join(@dir, "t.pb"))
+    samples = samples_from(decode_pprof(pprof))
+    on_cpu = samples.select { |s| s[:values]["cpu-samples"].positive? }
+    expect(on_cpu.size).to be >= 5
+    expect(on_cpu.map { |s| s[:labels][key] }).to all(be_between(before, after))
+    # The summary's reader adds up the timed samples as google-protobuf's decoding does.
+    expect(Integer(out[/^  samples +(\d+)/, 1])).to eq(value_totals(samples)["cpu-samples"])
+    expect(DdprofRecorder.summary(pprof)[:samples]).to eq(samples.size)
+  end
+
   it "says how a signal ended the program, and names windows" do
     windows = %w[w.0001.pb w.0002.pb].map { |name| write_profile(name, CliHelpers::HOT_SAMPLES) }
     options = DdprofRecorder::CLI::Record::Options.new(command: ["ruby", "it's.rb"], out: "w.pb", hz: 99, interval: 0.5)

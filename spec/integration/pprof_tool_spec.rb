@@ -55,7 +55,7 @@ RSpec.describe "go tool pprof on the recorder's output" do
   end
 
   # A recording with shared frames, deep and truncated stacks, string and numeric labels,
-  # endpoints and aggregated samples. Every stack is non-empty: pprof drops samples without
+  # endpoints, aggregated samples and timed ones (a third of them). Every stack is non-empty: pprof drops samples without
   # locations.
   def record_workload(recorder)
     expected = Hash.new(0)
@@ -66,6 +66,7 @@ RSpec.describe "go tool pprof on the recorder's output" do
       stack = caller_locations(0) + stack if (i % 50).zero?
       values = [1000 * (i + 1), 1 + (i % 3), 2000 * (i + 1)]
       labels = { "thread id" => i % 4, "thread name" => "worker-#{i % 4}", "local root span id" => i % 10 }
+      labels[DdprofRecorder::StackRecorder::END_TIMESTAMP_LABEL] = 1_764_000_000_000_000_000 + i if (i % 3).zero?
       recorder.record_sample(stack, values, labels)
       %w[cpu-time cpu-samples wall-time].zip(values).each { |type, value| expected[type] += value }
     end
@@ -92,6 +93,7 @@ RSpec.describe "go tool pprof on the recorder's output" do
     expect(gzip_status.exitstatus).to eq(0), "go tool pprof -raw #{gzip_file} failed:\n#{gzip_err}"
     expect(raw_totals(raw_out)).to eq expected
     expect(raw_totals(gzip_out)).to eq raw_totals(raw_out)
+    expect(raw_out.scan("end_timestamp_ns:[").size).to eq(100) # the timed samples, one each
   end
 
   it "reads a merged profile (DdprofRecorder.merge, raw and gzip) with the totals of its inputs" do

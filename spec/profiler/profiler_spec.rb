@@ -124,9 +124,55 @@ RSpec.describe DdprofRecorder::Profiler do
     end
   end
 
+  describe "timeline: true" do
+    key = DdprofRecorder::StackRecorder::END_TIMESTAMP_LABEL
+
+    def realtime_ns = Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond)
+
+    it "dates each thread sample with when it was taken, within the thread's life" do
+      profiler = described_class.new(hz: 99, compression: :none, timeline: true)
+      profiler.start
+      busy_from = realtime_ns
+      busy = Thread.new { burn_cpu(300_000_000) }
+      busy.name = "busy"
+      busy.join
+      busy_to = realtime_ns
+      napper = Thread.new { sleep 0.2 }
+      napper.name = "napper"
+      napper.join
+      start, finish, pprof = profiler.stop
+      samples = samples_from(decode_pprof(pprof))
+      busy_samples = samples.select { |s| s[:labels]["thread name"] == "busy" && s[:values]["cpu-samples"].positive? }
+      times = busy_samples.map { |s| s[:labels][key] }
+      expect(times).to all(be_a(Integer))
+      expect(times.size).to be >= 10 # 0.3 s of CPU at 99 Hz: about 30
+      # Within the thread's life (a tick is read before its job runs: 50 ms of slack after),
+      # and spread over it, not bunched at one end.
+      expect(times.min).to be >= busy_from - 5_000_000
+      expect(times.max).to be <= busy_to + 50_000_000
+      expect(times.max - times.min).to be > 0.5 * (busy_to - busy_from)
+      naps = samples.select { |s| s[:labels]["thread name"] == "napper" && s[:values]["wall-time"].positive? }
+      expect(naps).not_to be_empty
+      expect(naps.map { |s| s[:labels][key] }).to all(be_between(busy_to - 5_000_000, unix_ns(finish)))
+      expect(samples.filter_map { |s| s[:labels][key] }).to all(be_between(unix_ns(start), unix_ns(finish)))
+      # Nothing lost or counted twice for being kept apart.
+      expect(profiler.stats[:samples]).to eq(value_totals(samples)["cpu-samples"])
+    end
+
+    it "is off by default: no sample has a time" do
+      profiler = described_class.new(hz: 99, compression: :none)
+      profiler.start
+      burn_cpu(100_000_000)
+      samples = samples_from(decode_pprof(profiler.stop.last))
+      expect(samples).not_to be_empty
+      expect(samples.map { |s| s[:labels] }).to all(satisfy { |labels| !labels.key?(key) })
+    end
+  end
+
   describe "options" do
     it "rejects a bad rate, interval or exporter" do
       expect { described_class.new(hz: 0) }.to raise_error(ArgumentError, /hz/)
+      expect { described_class.new(timeline: 1) }.to raise_error(ArgumentError, /timeline must be true or false/)
       expect { described_class.new(hz: 1001) }.to raise_error(ArgumentError, /hz/)
       expect { described_class.new(hz: 9.5) }.to raise_error(ArgumentError, /hz/)
       expect { described_class.new(interval: 1) }.to raise_error(ArgumentError, /exporter/)

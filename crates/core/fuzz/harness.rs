@@ -444,6 +444,8 @@ fn with_limits(config: Config, limits: Option<Limits>) -> Config {
                 max_strings: l.max_strings,
                 max_label_sets: l.max_label_sets,
                 max_samples: l.max_samples,
+                // The model has no timed samples: its label keys never name one.
+                ..ddprof_recorder_core::Limits::DEFAULT
             })
             .expect("valid limits"),
     }

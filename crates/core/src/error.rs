@@ -72,6 +72,9 @@ pub enum RecordError {
     EmptyLabelKey,
     ReservedLabelKey,
     DuplicateLabelKey(String),
+    /// The [`END_TIMESTAMP_LABEL`](crate::END_TIMESTAMP_LABEL) label is not a number of
+    /// nanoseconds since the Unix epoch (a string, or negative).
+    BadEndTimestamp,
     /// Both slots were taken twice in a row: never expected with one sampler at a time.
     SlotsBusy,
 }
@@ -89,6 +92,12 @@ impl fmt::Display for RecordError {
                 crate::TRACE_ENDPOINT_LABEL
             ),
             Self::DuplicateLabelKey(k) => write!(f, "labels: key {k:?} appears more than once"),
+            Self::BadEndTimestamp => write!(
+                f,
+                "labels: {:?} must be an Integer, the sample's end time in nanoseconds since the \
+                 Unix epoch (0 or more)",
+                crate::END_TIMESTAMP_LABEL
+            ),
             Self::SlotsBusy => write!(f, "failed to grab either slot: sample not recorded"),
         }
     }

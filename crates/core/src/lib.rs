@@ -29,6 +29,9 @@ pub use time::Timestamp;
 pub const DROPPED_FRAME: &str = "(dropped: profile limits reached)";
 /// Label key set on samples by [`Recorder::record_endpoint`]; callers may not use it.
 pub const TRACE_ENDPOINT_LABEL: &str = "trace endpoint";
+/// Numeric label key that makes a sample a timed one: kept apart, with its end time (Unix
+/// nanoseconds), not aggregated (see [`Profile`]). The name dd-trace-rb's profiles use.
+pub const END_TIMESTAMP_LABEL: &str = "end_timestamp_ns";
 /// Label key whose value links a sample to an endpoint.
 pub const LOCAL_ROOT_SPAN_ID_LABEL: &str = "local root span id";
 /// Most value types a profile may have.

@@ -173,6 +173,9 @@ pub struct StatsSnapshot {
     pub samples_dropped: u64,
     /// `record_endpoint` calls ignored because the profile was at its limits.
     pub endpoints_dropped: u64,
+    /// Timed samples aggregated without their time: the profile held
+    /// [`Limits::max_timed_samples`] already.
+    pub timestamps_dropped: u64,
     pub samples_lost: u64,
     pub serializations: u64,
     pub last_serialization_ns: u64,
@@ -185,6 +188,7 @@ struct Stats {
     samples_rejected: AtomicU64,
     samples_dropped: AtomicU64,
     endpoints_dropped: AtomicU64,
+    timestamps_dropped: AtomicU64,
     samples_lost: AtomicU64,
     serializations: AtomicU64,
     last_serialization_ns: AtomicU64,
@@ -200,6 +204,7 @@ impl Stats {
             samples_rejected: copy(&self.samples_rejected),
             samples_dropped: copy(&self.samples_dropped),
             endpoints_dropped: copy(&self.endpoints_dropped),
+            timestamps_dropped: copy(&self.timestamps_dropped),
             samples_lost: copy(&self.samples_lost),
             serializations: copy(&self.serializations),
             last_serialization_ns: copy(&self.last_serialization_ns),
@@ -338,19 +343,23 @@ impl Recorder {
             return Err(e);
         }
         let max_frames = self.config.max_frames;
-        let stored = self.with_active_profile(|profile, heap| {
-            let distinct = profile.sample_count();
+        let (stored, untimed) = self.with_active_profile(|profile, heap| {
+            let distinct = (profile.sample_count(), profile.timed_sample_count());
+            let untimed = profile.timestamps_dropped();
             let stored = profile.add_validated(sample, max_frames);
-            // Only a new distinct sample can have grown the profile (a new string, location,
-            // stack or label set always makes one): the common case skips the recount.
-            if profile.sample_count() != distinct {
+            // Only a new distinct or timed sample can have grown the profile (a new string,
+            // location, stack or label set always makes one): the common case skips the recount.
+            if (profile.sample_count(), profile.timed_sample_count()) != distinct {
                 heap.store(profile.heap_bytes(), Relaxed);
             }
-            stored
+            (stored, profile.timestamps_dropped() != untimed)
         })?;
         self.stats.samples_recorded.fetch_add(1, Relaxed);
         if !stored {
             self.stats.samples_dropped.fetch_add(1, Relaxed);
+        }
+        if untimed {
+            self.stats.timestamps_dropped.fetch_add(1, Relaxed);
         }
         Ok(())
     }
@@ -510,6 +519,7 @@ impl Recorder {
             samples_rejected: s.samples_rejected.load(Relaxed),
             samples_dropped: s.samples_dropped.load(Relaxed),
             endpoints_dropped: s.endpoints_dropped.load(Relaxed),
+            timestamps_dropped: s.timestamps_dropped.load(Relaxed),
             samples_lost: s.samples_lost.load(Relaxed),
             serializations: s.serializations.load(Relaxed),
             last_serialization_ns: s.last_serialization_ns.load(Relaxed),

@@ -91,7 +91,13 @@ fn varied() -> Recorder {
 
 /// Samples over the limits fold into the placeholder sample; one endpoint is over them too.
 fn over_limits() -> Recorder {
-    let limits = Limits { max_stacks: 3, max_strings: 16, max_label_sets: 3, max_samples: 4 };
+    let limits = Limits {
+        max_stacks: 3,
+        max_strings: 16,
+        max_label_sets: 3,
+        max_samples: 4,
+        ..Limits::DEFAULT
+    };
     let r = recorder(&[("wall-time", "nanoseconds")], 64, limits);
     let names = ["a", "b", "c", "d", "e", "f"];
     for (i, name) in names.iter().enumerate() {

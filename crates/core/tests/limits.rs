@@ -11,7 +11,7 @@ fn limits(
     max_label_sets: usize,
     max_samples: usize,
 ) -> Limits {
-    Limits { max_stacks, max_strings, max_label_sets, max_samples }
+    Limits { max_stacks, max_strings, max_label_sets, max_samples, ..Limits::DEFAULT }
 }
 
 fn add(p: &mut Profile, name: &str, labels: &[Label<'_>], value: i64) {

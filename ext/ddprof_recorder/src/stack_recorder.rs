@@ -171,13 +171,17 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("StackRecorder", ruby.class_object())?;
     // Instances only come from `_native_new`: a bare `allocate` would have no recorder.
     class.undef_default_alloc_func();
-    class.define_singleton_method("_native_new", method!(native_new, 7))?;
+    class.define_singleton_method("_native_new", method!(native_new, 8))?;
     // The core's limits, so that the Ruby keywords' defaults cannot drift from them.
     class.const_set("MAX_LIMIT", Limits::MAX)?;
     class.const_set("DEFAULT_MAX_STACKS", Limits::DEFAULT.max_stacks)?;
     class.const_set("DEFAULT_MAX_STRINGS", Limits::DEFAULT.max_strings)?;
     class.const_set("DEFAULT_MAX_LABEL_SETS", Limits::DEFAULT.max_label_sets)?;
     class.const_set("DEFAULT_MAX_SAMPLES", Limits::DEFAULT.max_samples)?;
+    class.const_set("DEFAULT_MAX_TIMED_SAMPLES", Limits::DEFAULT.max_timed_samples)?;
+    let end_timestamp_label = ruby.str_new(ddprof_recorder_core::END_TIMESTAMP_LABEL);
+    end_timestamp_label.freeze();
+    class.const_set("END_TIMESTAMP_LABEL", end_timestamp_label)?;
     class.const_set("MAX_COMMENTS", ddprof_recorder_core::MAX_COMMENTS)?;
     class.const_set("MAX_COMMENT_BYTES", ddprof_recorder_core::MAX_COMMENT_BYTES)?;
     class.define_singleton_method("_native_serialize", function!(native_serialize, 1))?;
@@ -212,7 +216,7 @@ fn size_option(ruby: &Ruby, v: Value, name: &str) -> Result<i64, Error> {
 }
 
 /// `StackRecorder._native_new(value_types, max_frames, compression, max_stacks, max_strings,
-/// max_label_sets, max_samples)`, on the class or a subclass.
+/// max_label_sets, max_samples, max_timed_samples)`, on the class or a subclass.
 #[allow(clippy::too_many_arguments)] // one per Ruby keyword
 fn native_new(
     ruby: &Ruby,
@@ -224,6 +228,7 @@ fn native_new(
     max_strings: Value,
     max_label_sets: Value,
     max_samples: Value,
+    max_timed_samples: Value,
 ) -> Result<Obj<StackRecorder>, Error> {
     entry(ruby, || {
         let value_types = convert::value_types(ruby, value_types)?;
@@ -237,6 +242,7 @@ fn native_new(
             max_strings: limit(max_strings, "max_strings")?,
             max_label_sets: limit(max_label_sets, "max_label_sets")?,
             max_samples: limit(max_samples, "max_samples")?,
+            max_timed_samples: limit(max_timed_samples, "max_timed_samples")?,
         };
         let compression = match Symbol::from_value(compression).map(|s| s.name()) {
             Some(Ok(name)) if name == "none" => Compression::None,
@@ -530,6 +536,7 @@ fn native_stats(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RHash, Error> {
             ("samples_rejected", s.samples_rejected),
             ("samples_dropped", s.samples_dropped),
             ("endpoints_dropped", s.endpoints_dropped),
+            ("timestamps_dropped", s.timestamps_dropped),
             ("samples_lost", s.samples_lost),
             ("serializations", s.serializations),
             ("last_serialization_ns", s.last_serialization_ns),

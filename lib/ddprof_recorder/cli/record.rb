@@ -25,15 +25,16 @@ module DdprofRecorder
       # @!attribute allocation_overhead [Float] the share of time the allocation hook may cost.
       # @!attribute heap [Boolean] report the live heap (--heap).
       # @!attribute gc [Boolean] GC time on its own frame (--gc).
+      # @!attribute timeline [Boolean] each thread sample with its time (--timeline).
       # @!attribute signals [Boolean] read stacks in a signal handler (--no-signals: false).
       # @!attribute ticks [Symbol, nil] what sends the signals (--ticks; nil: the default).
       Options = Struct.new(:command, :out, :hz, :interval, :allocations, :allocation_interval, :allocation_overhead,
-                           :heap, :gc, :signals, :ticks, keyword_init: true)
+                           :heap, :gc, :timeline, :signals, :ticks, keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new(out: DEFAULT_OUT, hz: Profiler::DEFAULT_HZ, allocations: false, heap: false, gc: false,
-                              signals: true,
+                              timeline: false, signals: true,
                               allocation_interval: Profiler::DEFAULT_ALLOCATION_INTERVAL,
                               allocation_overhead: Profiler::DEFAULT_ALLOCATION_OVERHEAD)
         parser = OptionParser.new do |o|
@@ -63,6 +64,8 @@ module DdprofRecorder
             options.heap = options.allocations = true
           end
           o.on("--gc", "charge GC time to a (garbage collection) frame") { options.gc = true }
+          o.on("--timeline", "give each thread sample its time (label end_timestamp_ns): kept apart, not",
+               "aggregated, so that a timeline can place it") { options.timeline = true }
           o.on("--no-signals", "read stacks at the VM's interrupt checks, with no signal (for C extensions",
                "that cannot take one; cheap C methods then get the CPU of the Ruby code around them)") do
             options.signals = false
@@ -182,6 +185,7 @@ module DdprofRecorder
           Recording::ALLOCATION_OVERHEAD => options.allocations ? options.allocation_overhead.to_s : nil,
           Recording::HEAP => options.heap ? "1" : nil,
           Recording::GC => options.gc ? "1" : nil,
+          Recording::TIMELINE => options.timeline ? "1" : nil,
           Recording::OWNER => nil,
         ).merge(options.signals ? {} : { Profiler::SIGNALS_ENV => "0" })
          .merge(options.ticks ? { Profiler::TICKS_ENV => options.ticks.to_s } : {})

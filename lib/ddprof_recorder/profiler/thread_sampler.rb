@@ -68,6 +68,8 @@ module DdprofRecorder
       # Where the CPU of a thread's last moments goes when no on-CPU stack of it is known: at
       # its end hook no Ruby frame is left (its block has returned).
       THREAD_EXIT_STACK = [["(thread exit)", "", 0].freeze].freeze
+      # The label that dates a sample (see #timed).
+      END_TIMESTAMP_LABEL = StackRecorder::END_TIMESTAMP_LABEL
       # A native thread that exited with CPU no thread account holds: on Ruby 3.1, a thread
       # that ended with an exception or was killed (its end hook did not fire) before any pass
       # saw it.
@@ -140,11 +142,15 @@ module DdprofRecorder
       #   (they get 0).
       # @param gc [Boolean] charge the GC time that ext/ddprof_recorder/src/gc_events.rs
       #   measures to a `(garbage collection)` frame, out of the thread's CPU.
+      # @param timeline [Boolean] samples of a time (on-CPU, wall, idle, GC) carry it as an
+      #   {END_TIMESTAMP_LABEL} (see #timed).
       def initialize(recorder, internal:, clock: Clock, extra_labels: [], forked_thread: nil,
-                     logger: DdprofRecorder.logger, extra_values: 0, gc: false)
+                     logger: DdprofRecorder.logger, extra_values: 0, gc: false, timeline: false)
         @forked_thread = forked_thread || ThreadSampler.forked_thread
         @padding = Array.new(extra_values, 0).freeze
         @gc = gc
+        # Unix time minus the clock's monotonic time, to date the samples (nil: no timeline).
+        @unix_offset_ns = (Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond) - clock.now_ns if timeline)
         @recorder = recorder
         @internal = internal
         @clock = clock
@@ -641,10 +647,18 @@ module DdprofRecorder
             wall = wall.clamp(0, [now_ns - state.wall_ns, 0].max)
             state.wall_ns += wall
           end
-          @recorder.record_sample(stack, values(cpu, 0, now_ns ? wall : 0), [*state.labels, kind])
+          @recorder.record_sample(stack, values(cpu, 0, now_ns ? wall : 0), timed([*state.labels, kind], now_ns))
           gc_cpu += cpu
         end
         @charged_cpu[tid] = (@charged_cpu[tid] || 0) + gc_cpu
+      end
+
+      # `labels`, and with the timeline on, the time of a sample taken at monotonic `at_ns`
+      # (nil: none): a timed sample (StackRecorder#record_sample).
+      def timed(labels, at_ns)
+        return labels unless @unix_offset_ns && at_ns
+
+        [*labels, [END_TIMESTAMP_LABEL, at_ns + @unix_offset_ns]]
       end
 
       # CPU the native thread `tid` used since it was last charged, given its clock `cpu`.
@@ -661,7 +675,7 @@ module DdprofRecorder
       def record(state, stack, cpu_ns, count, now_ns)
         wall = now_ns - state.wall_ns
         wall = 0 if wall.negative?
-        record_stack(stack, values(cpu_ns, count, wall), state.labels)
+        record_stack(stack, values(cpu_ns, count, wall), timed(state.labels, now_ns))
         # A signal sample can come after a pass that looked later (its job ran late).
         state.wall_ns = now_ns if now_ns > state.wall_ns
         state.locations = stack.is_a?(Integer) ? nil : stack
@@ -688,7 +702,7 @@ module DdprofRecorder
 
         wall = @last_pass_ns - state.wall_ns
         wall = 0 if wall.negative?
-        @recorder.record_sample(state.locations, values(0, idle, wall), state.labels)
+        @recorder.record_sample(state.locations, values(0, idle, wall), timed(state.labels, @last_pass_ns))
         @counts[:samples] += idle
         state.wall_ns += wall
         state.sample_mark = @counts[:passes]

@@ -314,6 +314,68 @@ mod tests {
     }
 
     #[test]
+    fn timed_samples_come_one_each_with_their_end_time_after_the_aggregated_ones() {
+        let mut p = Profile::new(2, Timestamp::default());
+        let frames = [Frame { function_name: "work", filename: "a.rb", line: 3 }];
+        let add = |p: &mut Profile, labels: &[Label<'_>], values: &[i64]| {
+            p.add(&Sample { frames: &frames, omitted_frames: 0, values, labels }, 10).unwrap();
+        };
+        let span = Label { key: "local root span id", value: LabelValue::Num(9) };
+        let at = |ns| Label { key: crate::END_TIMESTAMP_LABEL, value: LabelValue::Num(ns) };
+        add(&mut p, &[span], &[1, 1]);
+        add(&mut p, &[span, at(2_000)], &[5, 6]);
+        add(&mut p, &[at(1_000), span], &[7, 8]);
+        add(&mut p, &[span], &[1, 1]);
+        p.record_endpoint(SpanId::Num(9), "GET /");
+        assert_eq!((p.sample_count(), p.timed_sample_count()), (1, 2));
+        let d = decode(&encode(&mut p, &vts(), &[], Timestamp { secs: 1, nanos: 0 }));
+        let s = |i: i64| d.string_table[i as usize].as_str();
+        let labels = |i: usize| -> Vec<String> {
+            d.sample[i]
+                .label
+                .iter()
+                .map(|l| {
+                    if l.str != 0 {
+                        format!("{}={}", s(l.key), s(l.str))
+                    } else {
+                        format!("{}={}", s(l.key), l.num)
+                    }
+                })
+                .collect()
+        };
+        assert_eq!(d.sample.len(), 3);
+        assert_eq!(
+            d.sample.iter().map(|x| x.value.clone()).collect::<Vec<_>>(),
+            [[2, 2], [5, 6], [7, 8]]
+        );
+        assert!(d.sample.iter().all(|x| x.location_id == [1]), "one stack, stored once");
+        assert_eq!(labels(0), ["local root span id=9", "trace endpoint=GET /"]);
+        assert_eq!(
+            labels(1),
+            ["local root span id=9", "trace endpoint=GET /", "end_timestamp_ns=2000"]
+        );
+        assert_eq!(
+            labels(2),
+            ["local root span id=9", "trace endpoint=GET /", "end_timestamp_ns=1000"]
+        );
+        assert_eq!(d.mapping.len(), 1);
+    }
+
+    #[test]
+    fn timed_samples_alone_have_the_mapping_and_no_key_without_them() {
+        let mut p = Profile::new(2, Timestamp::default());
+        let frames = [Frame { function_name: "work", filename: "a.rb", line: 3 }];
+        let labels = [Label { key: crate::END_TIMESTAMP_LABEL, value: LabelValue::Num(5) }];
+        p.add(&Sample { frames: &frames, omitted_frames: 0, values: &[1, 2], labels: &labels }, 10)
+            .unwrap();
+        let d = decode(&encode(&mut p, &vts(), &[], Timestamp::default()));
+        assert_eq!((d.sample.len(), d.mapping.len()), (1, 1));
+        p.reset(Timestamp::default());
+        let d = decode(&encode(&mut p, &vts(), &[], Timestamp::default()));
+        assert!(!d.string_table.iter().any(|s| s == crate::END_TIMESTAMP_LABEL));
+    }
+
+    #[test]
     fn comments_are_strings_of_the_table_in_order_and_absent_when_none() {
         let frames = [Frame { function_name: "leaf", filename: "a.rb", line: 3 }];
         let fill = || {

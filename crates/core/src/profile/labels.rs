@@ -24,7 +24,7 @@ impl Profile {
     pub(super) fn intern_labels(&mut self, labels: &[Label<'_>]) -> u32 {
         let mut ids = std::mem::take(&mut self.scratch_labels);
         ids.clear();
-        for label in labels {
+        for label in labels.iter().filter(|l| !super::timed::is_end_timestamp(l)) {
             let value = match label.value {
                 LabelValue::Str(s) => StoredValue::Str(self.strings.intern(s)),
                 LabelValue::Num(n) => StoredValue::Num(n),

@@ -1,10 +1,10 @@
 //! One profile's storage. Strings, functions, locations, labels, stacks and label sets are each
 //! stored once and named by dense ids; samples are aggregated by (stack, label set) with their
-//! values summed. Every lookup is one hash probe in a table of ids, so the cost of adding a
+//! values summed, except timed samples (`timed.rs`), kept one by one. Every lookup is one hash probe in a table of ids, so the cost of adding a
 //! sample depends on its size, not on how many samples the profile already holds.
 //!
 //! One file per entity: `frames.rs` (functions and locations), `stacks.rs`, `labels.rs` (labels
-//! and label sets), `endpoints.rs` and `limits.rs`; `arena.rs` stores the interned slices of
+//! and label sets), `timed.rs`, `endpoints.rs` and `limits.rs`; `arena.rs` stores the interned slices of
 //! stacks and label sets. This file holds the profile itself and its samples.
 use hashbrown::{HashMap, HashTable};
 use rustc_hash::FxBuildHasher;
@@ -14,7 +14,7 @@ use crate::hash::fx_hash;
 use crate::sample::{Frame, Label, LabelValue, Sample};
 use crate::strings::{StringId, StringTable};
 use crate::time::Timestamp;
-use crate::TRACE_ENDPOINT_LABEL;
+use crate::{END_TIMESTAMP_LABEL, TRACE_ENDPOINT_LABEL};
 
 mod arena;
 mod endpoints;
@@ -22,6 +22,7 @@ mod frames;
 mod labels;
 mod limits;
 mod stacks;
+mod timed;
 
 use arena::Arena;
 use endpoints::SpanKey;
@@ -30,6 +31,7 @@ pub(crate) use frames::{Function, Location};
 pub(crate) use labels::{StoredLabel, StoredValue};
 pub use limits::Limits;
 use stacks::decode_varints;
+pub(crate) use timed::TimedSample;
 
 fn hash_sample(key: (u32, u32)) -> u64 {
     fx_hash(&key)
@@ -47,6 +49,10 @@ pub(crate) fn validate(sample: &Sample<'_>, num_values: usize) -> Result<(), Rec
         }
         if label.key == TRACE_ENDPOINT_LABEL {
             return Err(RecordError::ReservedLabelKey);
+        }
+        if label.key == END_TIMESTAMP_LABEL && !matches!(label.value, LabelValue::Num(n) if n >= 0)
+        {
+            return Err(RecordError::BadEndTimestamp);
         }
         // Label lists are short (a handful of keys); quadratic beats sorting a copy.
         if sample.labels[..i].iter().any(|other| other.key == label.key) {
@@ -80,6 +86,11 @@ pub struct Profile {
     pub(crate) values: Vec<i64>,
     /// Sample ids by their `(stack, label set)`.
     sample_index: HashTable<u32>,
+    /// Timed samples, in the order they were added, and their values (`num_values` each).
+    pub(crate) timed: Vec<TimedSample>,
+    timed_values: Vec<i64>,
+    /// Timed samples aggregated without their time (over the limit) since the last reset.
+    timestamps_dropped: u64,
     endpoints: HashMap<SpanKey, StringId, FxBuildHasher>,
     /// Samples added (before aggregation) since the last reset.
     samples_added: u64,
@@ -113,6 +124,9 @@ impl Profile {
             samples: Vec::new(),
             values: Vec::new(),
             sample_index: HashTable::new(),
+            timed: Vec::new(),
+            timed_values: Vec::new(),
+            timestamps_dropped: 0,
             endpoints: HashMap::default(),
             samples_added: 0,
             samples_dropped: 0,
@@ -177,6 +191,9 @@ impl Profile {
         self.samples.clear();
         self.values.clear();
         self.sample_index.clear();
+        self.timed.clear();
+        self.timed_values.clear();
+        self.timestamps_dropped = 0;
         self.endpoints.clear();
         self.samples_added = 0;
         self.samples_dropped = 0;
@@ -204,19 +221,28 @@ impl Profile {
         // The limit check on the hot path: integer compares against an upper bound of what the
         // sample can add (each frame and label at most two new strings, one new stack, label
         // set and sample). Only a profile close to a limit pays for the exact check.
+        // A timed sample kept apart needs no aggregated sample.
+        let end_ns = timed::end_timestamp(sample.labels);
+        let timed = self.keeps_timed(end_ns);
         let worst_strings = 2 * (kept + 1) + 2 * sample.labels.len();
         let limits = &self.limits;
         let surely_fits = self.strings.len() + worst_strings <= limits.max_strings
             && self.stacks.len() < limits.max_stacks
             && self.label_sets.len() < limits.max_label_sets
-            && self.samples.len() < limits.max_samples;
-        if !surely_fits && !self.fits(sample, kept, total) {
+            && (timed || self.samples.len() < limits.max_samples);
+        if !surely_fits && !self.fits(sample, kept, total, timed) {
             self.add_dropped(sample.values);
             return false;
         }
         let stack_id = self.intern_stack(&sample.frames[..kept], total);
         let label_set = self.intern_labels(sample.labels);
-        self.add_values(stack_id, label_set, sample.values);
+        match end_ns {
+            Some(end_ns) if timed => self.push_timed(stack_id, label_set, end_ns, sample.values),
+            _ => {
+                self.timestamps_dropped += u64::from(end_ns.is_some());
+                self.add_values(stack_id, label_set, sample.values);
+            }
+        }
         self.samples_added += 1;
         true
     }
@@ -261,18 +287,30 @@ impl Profile {
             + self.samples.capacity() * std::mem::size_of::<(u32, u32)>()
             + self.values.capacity() * std::mem::size_of::<i64>()
             + self.sample_index.allocation_size()
+            + self.timed.capacity() * std::mem::size_of::<TimedSample>()
+            + self.timed_values.capacity() * std::mem::size_of::<i64>()
             + self.endpoints.allocation_size()
             + self.scratch_stack.capacity()
             + self.scratch_labels.capacity() * 4
             + self.scratch_string.capacity()
     }
 
-    /// Iterates samples as `(frames leaf first, values, labels)`, resolved to strings; for
-    /// callers that want the data without pprof (tests, folded stacks).
+    /// Iterates samples as `(frames leaf first, values, labels)`, resolved to strings, the
+    /// aggregated ones first, then the timed ones in the order they were added, each with its
+    /// [`END_TIMESTAMP_LABEL`] last; for callers that want the data without pprof (tests,
+    /// folded stacks).
     pub fn for_each_sample(&self, mut f: impl FnMut(&[Frame<'_>], &[i64], &[Label<'_>])) {
         let mut frames = Vec::new();
         let mut labels = Vec::new();
-        for (i, &(stack, set)) in self.samples.iter().enumerate() {
+        let aggregated = self.samples.iter().enumerate().map(|(i, &(stack, set))| {
+            (stack, set, &self.values[i * self.num_values..(i + 1) * self.num_values], None)
+        });
+        let timed = self
+            .timed
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.stack, t.label_set, self.timed_values(i), Some(t.end_ns)));
+        for (stack, set, values, end_ns) in aggregated.chain(timed) {
             frames.clear();
             frames.extend(decode_varints(self.stack_bytes(stack)).map(|id| {
                 let location = self.locations[id as usize - 1];
@@ -294,7 +332,9 @@ impl Profile {
                     },
                 }
             }));
-            let values = &self.values[i * self.num_values..(i + 1) * self.num_values];
+            labels.extend(
+                end_ns.map(|n| Label { key: END_TIMESTAMP_LABEL, value: LabelValue::Num(n) }),
+            );
             f(&frames, values, &labels);
         }
     }

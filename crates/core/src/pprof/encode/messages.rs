@@ -6,6 +6,7 @@ use crate::profile::{self as stored, Profile, StoredLabel, StoredValue};
 use crate::sample::ValueType as InputValueType;
 use crate::strings::StringId;
 use crate::time::Timestamp;
+use crate::END_TIMESTAMP_LABEL;
 
 /// `Profile`, the top-level message, resolved from a [`Profile`]'s storage.
 pub(super) struct ProfileMessage<'a> {
@@ -16,6 +17,8 @@ pub(super) struct ProfileMessage<'a> {
     endpoints: Vec<Option<StringId>>,
     /// The `"trace endpoint"` key, interned only when some label set has an endpoint.
     endpoint_key: Option<StringId>,
+    /// The [`END_TIMESTAMP_LABEL`] key, interned only when the profile has timed samples.
+    end_timestamp_key: Option<StringId>,
     labels: EncodedLabels,
     finish: Timestamp,
     /// String ids of the comments, in order (empty: no `comment` field).
@@ -51,9 +54,20 @@ impl<'a> ProfileMessage<'a> {
             .collect();
         let comments = comments.iter().map(|c| i64::from(profile.strings.intern(c))).collect();
         let (endpoints, endpoint_key) = profile.resolve_endpoints();
+        let end_timestamp_key =
+            (!profile.timed.is_empty()).then(|| profile.strings.intern(END_TIMESTAMP_LABEL));
         let profile = &*profile;
         let labels = EncodedLabels::new(&profile.labels);
-        Self { profile, value_types, endpoints, endpoint_key, labels, finish, comments }
+        Self {
+            profile,
+            value_types,
+            endpoints,
+            endpoint_key,
+            end_timestamp_key,
+            labels,
+            finish,
+            comments,
+        }
     }
 
     /// The `"trace endpoint"` label of label set `set`, if it has an endpoint.
@@ -82,11 +96,28 @@ impl Message for ProfileMessage<'_> {
                 labels: profile.label_set(set),
                 encoded_labels: &self.labels,
                 endpoint: self.endpoint_label(set),
+                end_timestamp: None,
             };
             sink.message(Self::SAMPLE, &sample);
             sink.between_entries();
         }
-        if !profile.samples.is_empty() {
+        // Timed samples after the aggregated ones, one each, in the order they were added.
+        for (i, timed) in profile.timed.iter().enumerate() {
+            let end_timestamp = self
+                .end_timestamp_key
+                .map(|key| Label::from(StoredLabel { key, value: StoredValue::Num(timed.end_ns) }));
+            let sample = Sample {
+                location_ids: profile.stack_bytes(timed.stack),
+                values: profile.timed_values(i),
+                labels: profile.label_set(timed.label_set),
+                encoded_labels: &self.labels,
+                endpoint: self.endpoint_label(timed.label_set),
+                end_timestamp,
+            };
+            sink.message(Self::SAMPLE, &sample);
+            sink.between_entries();
+        }
+        if !profile.samples.is_empty() || !profile.timed.is_empty() {
             // The one mapping every location points at: id 1, every other field zero.
             sink.message(Self::MAPPING, &Mapping { id: MAPPING_ID });
         }
@@ -145,6 +176,8 @@ struct Sample<'a> {
     labels: &'a [u32],
     encoded_labels: &'a EncodedLabels,
     endpoint: Option<Label>,
+    /// A timed sample's end time.
+    end_timestamp: Option<Label>,
 }
 
 impl Sample<'_> {
@@ -161,8 +194,8 @@ impl Message for Sample<'_> {
         for &label in self.labels {
             sink.bytes(self.encoded_labels.field(label));
         }
-        if let Some(endpoint) = &self.endpoint {
-            sink.message(Self::LABEL, endpoint);
+        for label in [&self.endpoint, &self.end_timestamp].into_iter().flatten() {
+            sink.message(Self::LABEL, label);
         }
     }
 }
