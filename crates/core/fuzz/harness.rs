@@ -129,6 +129,19 @@ pub struct Limits {
     pub max_strings: usize,
     pub max_label_sets: usize,
     pub max_samples: usize,
+    /// Timed samples (an [`END`] label) kept apart.
+    pub max_timed_samples: usize,
+}
+
+/// The label key that makes a sample a timed one.
+const END: &str = ddprof_recorder_core::END_TIMESTAMP_LABEL;
+
+/// A sample's time, if its labels give it one.
+fn time_of(labels: &ModelLabels) -> Option<i64> {
+    labels.iter().find(|(k, _)| k == END).and_then(|(_, v)| match v {
+        ModelLabelValue::Num(n) => Some(*n),
+        ModelLabelValue::Str(_) => None,
+    })
 }
 
 /// What one window should hold.
@@ -141,6 +154,9 @@ struct Window {
     strings: HashSet<String>,
     stacks: HashSet<Vec<ModelFrame>>,
     label_sets: HashSet<ModelLabels>,
+    /// Timed samples kept apart (each is one pprof sample; `samples` sums those with the same
+    /// stack, labels and time, as `decode` does).
+    timed: usize,
 }
 
 struct Model {
@@ -152,6 +168,9 @@ struct Model {
     rejected: u64,
     dropped: u64,
     endpoints_dropped: u64,
+    timestamps_dropped: u64,
+    /// Timed samples kept apart, over every window.
+    timed_samples: u64,
     windows: u64,
 }
 
@@ -177,12 +196,19 @@ impl Model {
         stack
     }
 
-    /// Adds an accepted sample, folding it into the placeholder when it does not fit.
+    /// Adds an accepted sample, folding it into the placeholder when it does not fit. A timed
+    /// one is kept apart while the window has room for it, else aggregated without its time.
     fn add(&mut self, stack: Vec<ModelFrame>, labels: ModelLabels, values: &[i64]) {
         self.recorded += 1;
-        let mut labels = labels;
+        let time = time_of(&labels);
+        let max_timed =
+            self.limits.map_or(ddprof_recorder_core::Limits::DEFAULT.max_timed_samples, |l| {
+                l.max_timed_samples
+            });
+        let timed = time.is_some() && self.window.timed < max_timed;
+        let mut labels: ModelLabels = labels.into_iter().filter(|(k, _)| k != END).collect();
         labels.sort();
-        let (stack, labels) = if self.fits(&stack, &labels) {
+        let (stack, labels) = if self.fits(&stack, &labels, timed) {
             for (name, file, _) in &stack {
                 self.window.strings.insert(name.clone());
                 self.window.strings.insert(file.clone());
@@ -195,6 +221,16 @@ impl Model {
             }
             self.window.stacks.insert(stack.clone());
             self.window.label_sets.insert(labels.clone());
+            match time {
+                Some(time) if timed => {
+                    self.window.timed += 1;
+                    self.timed_samples += 1;
+                    labels.push((END.to_string(), ModelLabelValue::Num(time)));
+                    labels.sort();
+                }
+                Some(_) => self.timestamps_dropped += 1,
+                None => {}
+            }
             (stack, labels)
         } else {
             // The placeholder is stored whatever the limits: at most one more of each.
@@ -212,7 +248,9 @@ impl Model {
         }
     }
 
-    fn fits(&self, stack: &[ModelFrame], labels: &ModelLabels) -> bool {
+    /// Whether the sample fits the limits (`labels` without its time; `timed`: it needs no
+    /// aggregated sample).
+    fn fits(&self, stack: &[ModelFrame], labels: &ModelLabels, timed: bool) -> bool {
         let Some(limits) = self.limits else { return true };
         let w = &self.window;
         let mut new_strings = HashSet::new();
@@ -229,12 +267,14 @@ impl Model {
         new_strings.retain(|s| !w.strings.contains(*s));
         let new_stack = usize::from(!w.stacks.contains(stack));
         let new_label_set = usize::from(!w.label_sets.contains(labels));
-        let new_sample = usize::from(!w.samples.contains_key(&(stack.to_vec(), labels.clone())));
+        let new_sample =
+            usize::from(!timed && !w.samples.contains_key(&(stack.to_vec(), labels.clone())));
+        let aggregated = w.samples.keys().filter(|(_, labels)| time_of(labels).is_none()).count();
         let room = |len: usize, new: usize, max: usize| new == 0 || len + new <= max;
         room(w.strings.len(), new_strings.len(), limits.max_strings)
             && room(w.stacks.len(), new_stack, limits.max_stacks)
             && room(w.label_sets.len(), new_label_set, limits.max_label_sets)
-            && room(w.samples.len(), new_sample, limits.max_samples)
+            && room(aggregated, new_sample, limits.max_samples)
     }
 
     /// Links `span` to `endpoint`, unless that needs more strings or endpoints than the limits
@@ -349,9 +389,10 @@ fn decode(bytes: &[u8], gzip: bool, value_types: &[ValueType]) -> (PprofProfile,
             std::collections::btree_map::Entry::Occupied(mut e) => {
                 // Only a string label `""` (encoded `str: 0`) and a numeric label 0 read back
                 // alike: the recorder rightly keeps them apart, pprof cannot tell them apart.
-                // Any other repeat means the recorder failed to aggregate.
+                // Timed samples are kept apart whatever their time. Any other repeat means the
+                // recorder failed to aggregate.
                 assert!(
-                    e.key().1.iter().any(|(_, v)| *v == ModelLabelValue::Num(0)),
+                    e.key().1.iter().any(|(k, v)| *v == ModelLabelValue::Num(0) || k == END),
                     "samples with one stack and label set are aggregated"
                 );
                 for (sum, v) in e.get_mut().iter_mut().zip(&sample.value) {
@@ -397,6 +438,7 @@ fn check_stats(r: &Recorder, m: &Model) {
     assert_eq!(s.samples_rejected, m.rejected, "samples_rejected");
     assert_eq!(s.samples_dropped, m.dropped, "samples_dropped");
     assert_eq!(s.endpoints_dropped, m.endpoints_dropped, "endpoints_dropped");
+    assert_eq!(s.timestamps_dropped, m.timestamps_dropped, "timestamps_dropped");
     assert_eq!(s.samples_lost, 0, "samples_lost");
 }
 
@@ -412,7 +454,9 @@ fn setup(input: &mut Input<'_>) -> (Recorder, Model, Vec<ValueType>) {
             max_strings: 1 + usize::from(input.u8() % 24),
             max_label_sets: 1 + usize::from(input.u8() % 8),
             max_samples: 1 + usize::from(input.u8() % 12),
-        }),
+            max_timed_samples: 0,
+        })
+        .map(|l| Limits { max_timed_samples: l.max_samples, ..l }),
         _ => None,
     };
     let config = Config::new(value_types.clone(), max_frames).expect("valid config");
@@ -428,6 +472,8 @@ fn setup(input: &mut Input<'_>) -> (Recorder, Model, Vec<ValueType>) {
         rejected: 0,
         dropped: 0,
         endpoints_dropped: 0,
+        timestamps_dropped: 0,
+        timed_samples: 0,
         windows: 0,
     };
     model.reset_window(start);
@@ -444,8 +490,7 @@ fn with_limits(config: Config, limits: Option<Limits>) -> Config {
                 max_strings: l.max_strings,
                 max_label_sets: l.max_label_sets,
                 max_samples: l.max_samples,
-                // The model has no timed samples: its label keys never name one.
-                ..ddprof_recorder_core::Limits::DEFAULT
+                max_timed_samples: l.max_timed_samples,
             })
             .expect("valid limits"),
     }
@@ -461,11 +506,16 @@ fn add_sample(input: &mut Input<'_>, r: &Recorder, m: &mut Model) {
     let labels: ModelLabels = (0..label_count)
         .map(|_| {
             let key = input.pick(TEXTS).to_string();
-            let value = if input.u8().is_multiple_of(2) {
+            let choice = input.u8();
+            let value = if choice.is_multiple_of(2) {
                 ModelLabelValue::Str(input.pick(TEXTS).to_string())
             } else {
                 ModelLabelValue::Num(input.pick(NUMS))
             };
+            // One label in four is a time: a string or a negative one is rejected. From the
+            // value's byte, so that the inputs kept in fuzz/regressions/ read as they did
+            // otherwise.
+            let key = if choice % 8 >= 6 { END.to_string() } else { key };
             (key, value)
         })
         .collect();
@@ -505,6 +555,8 @@ fn add_sample(input: &mut Input<'_>, r: &Recorder, m: &mut Model) {
                 Some(RecordError::EmptyLabelKey)
             } else if key == "trace endpoint" {
                 Some(RecordError::ReservedLabelKey)
+            } else if key == END && !matches!(labels[i].1, ModelLabelValue::Num(n) if n >= 0) {
+                Some(RecordError::BadEndTimestamp)
             } else if labels[..i].iter().any(|(other, _)| other == key) {
                 Some(RecordError::DuplicateLabelKey(key.clone()))
             } else {
@@ -581,6 +633,8 @@ pub struct Summary {
     pub samples_rejected: u64,
     pub samples_dropped: u64,
     pub endpoints_dropped: u64,
+    pub timestamps_dropped: u64,
+    pub timed_samples: u64,
     pub windows_checked: u64,
 }
 
@@ -618,6 +672,8 @@ pub fn run(data: &[u8]) -> Summary {
         samples_rejected: model.rejected,
         samples_dropped: model.dropped,
         endpoints_dropped: model.endpoints_dropped,
+        timestamps_dropped: model.timestamps_dropped,
+        timed_samples: model.timed_samples,
         windows_checked: model.windows,
     }
 }

@@ -28,6 +28,8 @@ fn pseudo_random_inputs_hold_every_property() {
         total.samples_rejected += s.samples_rejected;
         total.samples_dropped += s.samples_dropped;
         total.endpoints_dropped += s.endpoints_dropped;
+        total.timestamps_dropped += s.timestamps_dropped;
+        total.timed_samples += s.timed_samples;
         total.windows_checked += s.windows_checked;
     });
     eprintln!("pseudo-random fuzz driver: {ran} inputs, seed {seed}: {total:?}");
