@@ -77,6 +77,9 @@ module DdprofRecorder
     VALUE_TYPES = StackRecorder::DEFAULT_VALUE_TYPES
     ALLOCATION_VALUE_TYPES = [%w[alloc-samples count], %w[alloc-count count]].map { |t| t.map(&:freeze).freeze }.freeze
     HEAP_VALUE_TYPES = [%w[heap-live-samples count], %w[heap-live-size bytes]].map { |t| t.map(&:freeze).freeze }.freeze
+    # With `timeline: true` on a Ruby with GVL events ({GVL_EVENTS}, 3.3+): the time each
+    # thread waited for the GVL, on the stack it ran once it had it.
+    GVL_VALUE_TYPES = [%w[gvl-wait-time nanoseconds]].map { |t| t.map(&:freeze).freeze }.freeze
     # One allocation sampled in about this many. Measured on bench/allocations.rb (see
     # bench/RESULTS.md): the cost of a sample is a few microseconds, so this keeps the
     # slowdown of an allocation-heavy program small.
@@ -234,7 +237,10 @@ module DdprofRecorder
     #   so that a timeline can place it. A thread's idle passes in a row are still one sample
     #   (its wall time is how long they lasted, its time the last one's), and CPU carried to a
     #   thread's end or a window's close has no time of its own: those stay aggregated, as do
-    #   allocation and heap samples.
+    #   allocation and heap samples. On Ruby 3.3+ ({GVL_EVENTS}) it also measures, with a
+    #   thread event hook, how long each thread waited for the GVL: value `gvl-wait-time`,
+    #   charged to the thread's next sample (the stack it runs once it has the lock). Ruby
+    #   3.1 has no such events: no `gvl-wait-time` there.
     # @param signals [Boolean] read on-CPU stacks at each thread's CPU tick, from a signal
     #   (the default, unless the environment's {SIGNALS_ENV} says `0`); false: at the VM's
     #   interrupt checks, with no signal (for programs whose C extensions cannot take one).
@@ -295,6 +301,7 @@ module DdprofRecorder
       @heap = heap
       @gc = gc
       @timeline = timeline
+      @gvl = timeline && GVL_EVENTS
       @signals = signals
       @ticks = ticks
       @max_queued_windows = max_queued_windows
@@ -336,7 +343,8 @@ module DdprofRecorder
                                                 extra_labels: [[PROCESS_ID_LABEL, @pid]],
                                                 forked_thread: @forked_thread,
                                                 extra_values: value_types.size - VALUE_TYPES.size, gc: @gc,
-                                                timeline: @timeline)
+                                                timeline: @timeline,
+                                                gvl_index: (value_types.size - 1 if @gvl))
         @exporting = @exporter && Exporter.new(@exporter, max_queued: @max_queued_windows).start
         @started = @running = true
         wake, @wake_writer = IO.pipe
@@ -346,6 +354,7 @@ module DdprofRecorder
         @sampler_thread.report_on_exception = false
         @sampler.baseline(Profiler._native_task_ids, Thread.list, starting: true)
         start_sampling(run)
+        Profiler._native_gvl_start if @gvl
         start_memory
         @sampler.started
       end
@@ -394,6 +403,7 @@ module DdprofRecorder
       types = VALUE_TYPES
       types += ALLOCATION_VALUE_TYPES if @allocations
       types += HEAP_VALUE_TYPES if @heap
+      types += GVL_VALUE_TYPES if @gvl
       types
     end
 
@@ -431,6 +441,7 @@ module DdprofRecorder
         return nil unless Process.pid == @pid
 
         Profiler._native_sampling_stop(self)
+        Profiler._native_gvl_stop if @gvl
         stop_memory
         { thread: @sampler_thread, wake: @wake_writer, exporting: @exporting, sampler: @sampler,
           recorder: @recorder }

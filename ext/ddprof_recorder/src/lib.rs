@@ -7,6 +7,7 @@ mod convert;
 mod duty_cycle;
 mod errors;
 mod gc_events;
+mod gvl_events;
 mod heap_tracker;
 mod internal_hook;
 mod interrupt_mask;
@@ -37,5 +38,6 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     stack_capture::init(ruby, module)?;
     allocation_sampler::init(ruby, module)?;
     heap_tracker::init(ruby, module)?;
-    gc_events::init(ruby, module)
+    gc_events::init(ruby, module)?;
+    gvl_events::init(ruby, module)
 }

@@ -144,10 +144,13 @@ module DdprofRecorder
       #   measures to a `(garbage collection)` frame, out of the thread's CPU.
       # @param timeline [Boolean] samples of a time (on-CPU, wall, idle, GC) carry it as an
       #   {END_TIMESTAMP_LABEL} (see #timed).
+      # @param gvl_index [Integer, nil] where `gvl-wait-time` is in the values: each thread's
+      #   GVL waits (Profiler._native_gvl_take) go there on its next sample.
       def initialize(recorder, internal:, clock: Clock, extra_labels: [], forked_thread: nil,
-                     logger: DdprofRecorder.logger, extra_values: 0, gc: false, timeline: false)
+                     logger: DdprofRecorder.logger, extra_values: 0, gc: false, timeline: false, gvl_index: nil)
         @forked_thread = forked_thread || ThreadSampler.forked_thread
         @padding = Array.new(extra_values, 0).freeze
+        @gvl_index = gvl_index
         @gc = gc
         # Unix time minus the clock's monotonic time, to date the samples (nil: no timeline).
         @unix_offset_ns = (Process.clock_gettime(Process::CLOCK_REALTIME, :nanosecond) - clock.now_ns if timeline)
@@ -627,6 +630,17 @@ module DdprofRecorder
         @padding.empty? ? values : values.concat(@padding)
       end
 
+      # `values` with the GVL waits of `thread` since its last sample, when they are measured.
+      def with_gvl_wait(values, thread)
+        waited = @gvl_index && Profiler._native_gvl_take(thread)
+        values[@gvl_index] = waited if waited
+        values
+      end
+
+      def gvl_wait?(values)
+        @gvl_index ? values[@gvl_index].positive? : false
+      end
+
       # Before the thread's CPU is charged: the GC time it spent since, on the GC's frames
       # (its CPU then no longer counts as the thread's own; its wall time, up to `now_ns`,
       # neither).
@@ -675,7 +689,7 @@ module DdprofRecorder
       def record(state, stack, cpu_ns, count, now_ns)
         wall = now_ns - state.wall_ns
         wall = 0 if wall.negative?
-        record_stack(stack, values(cpu_ns, count, wall), timed(state.labels, now_ns))
+        record_stack(stack, with_gvl_wait(values(cpu_ns, count, wall), state.thread), timed(state.labels, now_ns))
         # A signal sample can come after a pass that looked later (its job ran late).
         state.wall_ns = now_ns if now_ns > state.wall_ns
         state.locations = stack.is_a?(Integer) ? nil : stack
@@ -717,7 +731,8 @@ module DdprofRecorder
         cpu ||= @clock.thread_cpu_ns(tid) || state.seen_cpu_ns
         take_gc(state, nil)
         carried = uncharged_cpu(tid, cpu)
-        return unless carried.positive?
+        carried_values = with_gvl_wait(values(carried, 0, 0), thread)
+        return unless carried.positive? || gvl_wait?(carried_values)
 
         # An armed thread's carried CPU is mostly the reserve its signal samples keep
         # (#signal_charge): its last signal sample's stack is a fair draw for it, the stack
@@ -728,11 +743,11 @@ module DdprofRecorder
         stack = state.locations if no_stack?(stack)
         return if no_stack?(stack)
 
-        unless record_stack(stack, values(carried, 0, 0), state.labels)
+        unless record_stack(stack, carried_values, state.labels)
           stack = no_stack?(state.locations) ? (THREAD_EXIT_STACK unless thread.alive?) : state.locations
           return unless stack
 
-          record_stack(stack, values(carried, 0, 0), state.labels)
+          record_stack(stack, carried_values, state.labels)
         end
         @charged_cpu[tid] = cpu
       end
@@ -816,11 +831,12 @@ module DdprofRecorder
         end
         @counts[:thread_ends] += 1
         carried = uncharged_cpu(tid, cpu_ns)
-        if carried.positive?
+        carried_values = with_gvl_wait(values(carried, 0, 0), thread)
+        if carried.positive? || gvl_wait?(carried_values)
           stack = state&.on_cpu_locations
           stack = state&.locations if no_stack?(stack)
           stack = THREAD_EXIT_STACK if no_stack?(stack)
-          record_stack(stack, values(carried, 0, 0), labels) || record_stack(THREAD_EXIT_STACK, values(carried, 0, 0), labels)
+          record_stack(stack, carried_values, labels) || record_stack(THREAD_EXIT_STACK, carried_values, labels)
           @charged_cpu[tid] = cpu_ns
           @counts[:thread_end_cpu_ns] += carried
         end
