@@ -70,6 +70,24 @@ RSpec.describe DdprofRecorder::Profiler, "gvl-wait-time" do
       expect(samples.sum { |s| s[:values]["gvl-wait-time"] }).to be_positive
     end
 
+    it "measures in a forked child too: the parent's hook goes and a new one comes" do
+      reader, writer = IO.pipe
+      described_class.start(hz: 99, timeline: true, compression: :none)
+      pid = fork do
+        reader.close
+        Array.new(2) { Thread.new { busy_for(150_000_000) } }.each(&:join)
+        writer.write(DdprofRecorder.summary(described_class.stop.last)[:totals]["gvl-wait-time"].to_s)
+        exit!(0)
+      end
+      writer.close
+      Process.wait(pid)
+      described_class.stop
+      # Two threads of 150 ms each sharing the lock: each waits most of the other's time.
+      expect([$?.exitstatus, Integer(reader.read)]).to match([0, be > 50_000_000])
+    ensure
+      described_class.stop
+    end
+
     it "removes its hook at stop: a take after it reads what was left, then nothing" do
       profiler = described_class.new(hz: 99, compression: :none, timeline: true)
       profiler.start

@@ -129,6 +129,7 @@ fn native_start(ruby: &Ruby) -> Result<bool, Error> {
         let generation = crate::stack_recorder::fork_generation() as usize;
         if GENERATION.swap(generation, Ordering::AcqRel) != generation {
             imp::remove_hook();
+            HOOKED.store(false, Ordering::Release);
             for slot in &TABLE {
                 slot.owner.store(0, Ordering::Relaxed);
                 slot.ready_at.store(0, Ordering::Relaxed);
