@@ -66,7 +66,8 @@ static HOOKED: AtomicBool = AtomicBool::new(false);
 static HOOK: AtomicUsize = AtomicUsize::new(0);
 /// The thread-specific key, once made (-1: not yet).
 static KEY: AtomicI64 = AtomicI64::new(-1);
-/// Events of threads that had no slot (the table full).
+/// Events of threads that had no slot (the table full); `Profiler._native_sampling_stats`'s
+/// `:gvl_untracked_events`.
 pub static UNTRACKED: AtomicU64 = AtomicU64::new(0);
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
@@ -159,9 +160,9 @@ fn native_take(ruby: &Ruby, thread: Value) -> Result<Option<u64>, Error> {
         if !thread.is_kind_of(ruby.class_thread()) {
             return Err(Error::new(ruby.exception_type_error(), "expected a Thread"));
         }
-        let Some(slot) = imp::slot(thread.as_raw() as usize, false) else { return Ok(None) };
-        let mut waited = slot.waited.swap(0, Ordering::AcqRel);
         let thread = thread.as_raw() as usize;
+        let Some(slot) = imp::slot(thread, false) else { return Ok(None) };
+        let mut waited = slot.waited.swap(0, Ordering::AcqRel);
         // An ended thread's last take: its slot is free again.
         if slot
             .owner

@@ -334,6 +334,10 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
             ruby.to_symbol("thread_ends_dropped"),
             crate::thread_end::DROPPED.load(Ordering::Relaxed),
         )?;
+        hash.aset(
+            ruby.to_symbol("gvl_untracked_events"),
+            crate::gvl_events::UNTRACKED.load(Ordering::Relaxed),
+        )?;
         Ok(hash)
     })
 }

@@ -625,20 +625,19 @@ module DdprofRecorder
         looked(state, cpu)
       end
 
-      def values(cpu_ns, count, wall_ns)
+      # `gvl_ns`: the `gvl-wait-time` (see #gvl_waited), where the recorder has one.
+      def values(cpu_ns, count, wall_ns, gvl_ns = 0)
         values = [cpu_ns, count, wall_ns]
-        @padding.empty? ? values : values.concat(@padding)
-      end
+        return values if @padding.empty?
 
-      # `values` with the GVL waits of `thread` since its last sample, when they are measured.
-      def with_gvl_wait(values, thread)
-        waited = @gvl_index && Profiler._native_gvl_take(thread)
-        values[@gvl_index] = waited if waited
+        values.concat(@padding)
+        values[@gvl_index] = gvl_ns if @gvl_index
         values
       end
 
-      def gvl_wait?(values)
-        @gvl_index ? values[@gvl_index].positive? : false
+      # Ns `thread` waited for the GVL since its last sample (0 when not measured).
+      def gvl_waited(thread)
+        (@gvl_index && Profiler._native_gvl_take(thread)) || 0
       end
 
       # Before the thread's CPU is charged: the GC time it spent since, on the GC's frames
@@ -689,7 +688,7 @@ module DdprofRecorder
       def record(state, stack, cpu_ns, count, now_ns)
         wall = now_ns - state.wall_ns
         wall = 0 if wall.negative?
-        record_stack(stack, with_gvl_wait(values(cpu_ns, count, wall), state.thread), timed(state.labels, now_ns))
+        record_stack(stack, values(cpu_ns, count, wall, gvl_waited(state.thread)), timed(state.labels, now_ns))
         # A signal sample can come after a pass that looked later (its job ran late).
         state.wall_ns = now_ns if now_ns > state.wall_ns
         state.locations = stack.is_a?(Integer) ? nil : stack
@@ -731,8 +730,8 @@ module DdprofRecorder
         cpu ||= @clock.thread_cpu_ns(tid) || state.seen_cpu_ns
         take_gc(state, nil)
         carried = uncharged_cpu(tid, cpu)
-        carried_values = with_gvl_wait(values(carried, 0, 0), thread)
-        return unless carried.positive? || gvl_wait?(carried_values)
+        waited = gvl_waited(thread)
+        return unless carried.positive? || waited.positive?
 
         # An armed thread's carried CPU is mostly the reserve its signal samples keep
         # (#signal_charge): its last signal sample's stack is a fair draw for it, the stack
@@ -743,6 +742,7 @@ module DdprofRecorder
         stack = state.locations if no_stack?(stack)
         return if no_stack?(stack)
 
+        carried_values = values(carried, 0, 0, waited)
         unless record_stack(stack, carried_values, state.labels)
           stack = no_stack?(state.locations) ? (THREAD_EXIT_STACK unless thread.alive?) : state.locations
           return unless stack
@@ -831,11 +831,12 @@ module DdprofRecorder
         end
         @counts[:thread_ends] += 1
         carried = uncharged_cpu(tid, cpu_ns)
-        carried_values = with_gvl_wait(values(carried, 0, 0), thread)
-        if carried.positive? || gvl_wait?(carried_values)
+        waited = gvl_waited(thread)
+        if carried.positive? || waited.positive?
           stack = state&.on_cpu_locations
           stack = state&.locations if no_stack?(stack)
           stack = THREAD_EXIT_STACK if no_stack?(stack)
+          carried_values = values(carried, 0, 0, waited)
           record_stack(stack, carried_values, labels) || record_stack(THREAD_EXIT_STACK, carried_values, labels)
           @charged_cpu[tid] = cpu_ns
           @counts[:thread_end_cpu_ns] += carried
