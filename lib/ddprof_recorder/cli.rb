@@ -21,13 +21,14 @@ require_relative "cli/record"
 require_relative "cli/top"
 require_relative "cli/flamegraph"
 require_relative "cli/speedscope"
+require_relative "cli/timeline"
 require_relative "cli/folded"
 require_relative "cli/merge"
 
 module DdprofRecorder
   class CLI
     # The commands by name, in the order the usage text lists them.
-    COMMANDS = [Record, Top, Flamegraph, Speedscope, Folded, Merge].to_h { |c| [c::NAME, c] }.freeze
+    COMMANDS = [Record, Top, Flamegraph, Speedscope, Timeline, Folded, Merge].to_h { |c| [c::NAME, c] }.freeze
 
     # @param argv [Array<String>]
     # @param out [IO] the commands' output.
@@ -100,9 +101,10 @@ module DdprofRecorder
           ddprof-recorder top profile.pb.gz --value cpu-time -n 10
           ddprof-recorder flamegraph profile.pb.gz -o profile.svg
           ddprof-recorder speedscope profile.pb.gz -o profile.speedscope.json
+          ddprof-recorder record --timeline -o t.pb.gz -- ruby app.rb && ddprof-recorder timeline t.pb.gz
           ddprof-recorder merge -o all.pb.gz profile.pb.gz profile.pid*.pb.gz
 
-        The views (top, flamegraph, speedscope, folded) take one FILE or several, which they merge.
+        The views (top, flamegraph, speedscope, timeline, folded) take one FILE or several, which they merge.
 
         Run `ddprof-recorder COMMAND --help` for a command's options.
       TEXT

@@ -78,22 +78,54 @@ module DdprofRecorder
     #   (cpu-time, cpu-samples, wall-time for the profiler's).
     # @param group_by [String, Symbol, nil] a label key (e.g. `"thread name"`): one profile per
     #   value of it.
+    # @param timeline [Boolean] instead, the samples that carry their time (the profiler's
+    #   `timeline: true`): one `wall-time` profile per thread, its samples in time order, each
+    #   weighted by its wall time and under a root frame naming the thread's state then
+    #   (`[running]`, `[waiting for GVL]`, `[blocked]`, `[gc]`), so that "Time Order" shows
+    #   what each thread did when. Not with `value` or `group_by`.
     # @param name [String] the file's name in speedscope's title bar.
     # @param max_decompressed_bytes [Integer] see {.folded}.
     # @return [String] the JSON document (UTF-8).
     # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type.
     # @raise [DdprofRecorder::Error] if no sample has a positive value of the value types
-    #   (nothing to draw), several pprofs have different value types, or a pprof is over the
-    #   read limits.
-    def speedscope(pprof, value: nil, group_by: nil, name: "ddprof_recorder profile",
+    #   (nothing to draw), or with `timeline` none has a time; if several pprofs have
+    #   different value types, or a pprof is over the read limits.
+    def speedscope(pprof, value: nil, group_by: nil, timeline: false, name: "ddprof_recorder profile",
                    max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
       raise TypeError, "name must be a String, got #{name.class}" unless name.is_a?(String)
 
       values = value.nil? ? nil : Array(value).map { |v| value_name(v) }
       raise ArgumentError, "value must name at least one value type" if values&.empty?
+      raise ArgumentError, "timeline: true takes no value: or group_by:" if timeline && (values || group_by)
 
-      _native_speedscope(pprof, values, label_key(group_by), name, "ddprof_recorder #{VERSION}",
-                         read_limit(max_decompressed_bytes))
+      exporter = "ddprof_recorder #{VERSION}"
+      limit = read_limit(max_decompressed_bytes)
+      return _native_speedscope_timeline(pprof, name, exporter, limit) if timeline
+
+      _native_speedscope(pprof, values, label_key(group_by), name, exporter, limit)
+    end
+
+    # What each thread was doing, and when: a timeline of the samples that carry their time
+    # (the profiler's `timeline: true`), one lane per thread (per process and thread for
+    # several processes' pprofs), each sample a span colored by the thread's state (running,
+    # waiting for GVL, blocked, gc), with its stack and values on hover, under a time axis.
+    # Each lane's name gives the thread's shares of wall time ({.summary}'s `:threads`).
+    # Details: crates/core/src/views/timeline.rs.
+    #
+    # @param pprof [String, Array<String>] a pprof, raw or gzip-compressed, or several.
+    # @param format [Symbol] `:svg`, or `:html` (the SVG in a page with a table of the shares).
+    # @param title [String]
+    # @param max_decompressed_bytes [Integer] see {.folded}.
+    # @return [String] the document (UTF-8).
+    # @raise [ArgumentError] if `pprof` is not a pprof, or has no wall-time, or `format` is
+    #   neither.
+    # @raise [DdprofRecorder::Error] if no sample has a time, or as {.folded}.
+    def timeline(pprof, format: :svg, title: "ddprof_recorder timeline",
+                 max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
+      raise TypeError, "title must be a String, got #{title.class}" unless title.is_a?(String)
+      raise ArgumentError, "format must be :svg or :html, got #{format.inspect}" unless %i[svg html].include?(format)
+
+      _native_timeline(pprof, format, title, read_limit(max_decompressed_bytes))
     end
 
     # The pprof with only the samples that have every label of `labels` (the same key with the
@@ -159,7 +191,13 @@ module DdprofRecorder
     #   pprof samples), `:functions`, `:thread_ids`, `:thread_names` and `:process_ids`
     #   (distinct values of the profiler's `"thread id"` / `"thread name"` / `"process id"`
     #   labels), `:comments` (the pprof's `comment` strings, e.g. StackRecorder#comments=;
-    #   each distinct one once, in the order they first appear, over all the pprofs given).
+    #   each distinct one once, in the order they first appear, over all the pprofs given),
+    #   `:threads`: per thread (`"thread id"` label, and `"process id"`), by process then the
+    #   longest first, a Hash of `:process_id`, `:thread_id`, `:name`, and its wall time and
+    #   how it was spent, in ns: `:wall`, `:running` (its cpu-time outside the GC),
+    #   `:waiting` (its gvl-wait-time; without that value, Ruby 3.1, estimated from the
+    #   samples' states, and `:waiting_estimated` is true; nil with neither), `:gc` (the wall
+    #   time of its GC samples), `:blocked` (the rest).
     # @param max_decompressed_bytes [Integer] see {.folded}.
     # @raise [ArgumentError] if `pprof` is not a pprof.
     # @raise [DdprofRecorder::Error] if several pprofs have different value types, or a pprof
@@ -179,6 +217,10 @@ module DdprofRecorder
         thread_names: s[:thread_names],
         process_ids: s[:process_ids],
         comments: s[:comments],
+        threads: s[:threads].map do |pid, tid, name, wall, running, waiting, gc, blocked, estimated|
+          { process_id: pid, thread_id: tid, name: name, wall: wall, running: running, waiting: waiting, gc: gc,
+            blocked: blocked, waiting_estimated: estimated }
+        end,
       }
     end
 

@@ -250,6 +250,25 @@ RSpec.describe "ddprof-recorder record" do
     expect(DdprofRecorder.summary(pprof)[:samples]).to eq(samples.size)
   end
 
+  it "prints each thread's states with --timeline, and names the timeline view" do
+    out, err, status = run_cli("record", "-o", "s.pb", "--timeline", "--hz", "200", "--", RbConfig.ruby, "-e", <<~RUBY)
+      t = Thread.new { sleep 0.2 }
+      t.name = "napper"
+      x = "x" * 200 while t.alive? # allocates: the GC runs
+    RUBY
+    expect([err, status]).to eq(["", 0])
+    rows = out.lines.grep(/running .* waiting for GVL.* blocked .* gc /)
+    expect(rows.first).to start_with("  states    ")
+    napper = rows.find { |l| l.include?("napper") }
+    main = rows.find { |l| l.include?("main") }
+    # The napper sleeps: blocked for most of its life; main counts while it sleeps: running.
+    expect(Float(napper[/blocked +([\d.]+)%/, 1])).to be > 50
+    expect(Float(main[/running +([\d.]+)%/, 1])).to be > 50
+    expect(out).to include("ddprof-recorder timeline s.pb -o s.timeline.html")
+    # --timeline implies --gc: the GC's frames are there.
+    expect(DdprofRecorder.folded(File.binread(File.join(@dir, "s.pb")), value: "wall-time")).to include("(garbage collection)")
+  end
+
   it "says how a signal ended the program, and names windows" do
     windows = %w[w.0001.pb w.0002.pb].map { |name| write_profile(name, CliHelpers::HOT_SAMPLES) }
     options = DdprofRecorder::CLI::Record::Options.new(command: ["ruby", "it's.rb"], out: "w.pb", hz: 99, interval: 0.5)

@@ -26,7 +26,7 @@ RSpec.describe "DdprofRecorder::CLI.run" do
   it "reports an unknown command or option with status 2, in one line" do
     _, err, status = run_cli("frobnicate")
     expect(status).to eq(2)
-    expect_one_line(err, /\Addprof-recorder: unknown command "frobnicate" \(commands: record, top, flamegraph, speedscope, folded, merge\)$/)
+    expect_one_line(err, /\Addprof-recorder: unknown command "frobnicate" \(commands: record, top, flamegraph, speedscope, timeline, folded, merge\)$/)
     _, err, status = run_cli("folded", "x.pb", "--bogus")
     expect(status).to eq(2)
     expect_one_line(err, /\Addprof-recorder: folded: invalid option: --bogus \(see `ddprof-recorder folded --help`\)$/)

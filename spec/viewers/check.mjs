@@ -14,6 +14,11 @@
 //   node check.mjs svg FILE PNG
 //     opens an SVG (a flamegraph) in headless Chromium and reports its <text> contents after
 //     its own script ran, the share of coloured pixels, page errors, and a screenshot.
+//   node check.mjs timeline FILE PNG
+//     opens a timeline (`ddprof-recorder timeline`, SVG or HTML) in headless Chromium and
+//     reports its lanes (each lane's <title>: thread and shares), its spans by fill colour, the
+//     share of coloured pixels, and, in the HTML page, what its hover panel shows once the
+//     pointer is on a span of each state; page errors, and a screenshot.
 //
 // Chromium: CHROMIUM (default /usr/bin/chromium), started as this machine needs (README of
 // the project's environment: no background networking, a fresh profile directory).
@@ -156,12 +161,54 @@ async function svg(file, png) {
   }
 }
 
+async function timeline(file, png) {
+  const { context, refused, close } = await launch()
+  try {
+    const page = await context.newPage()
+    const errors = []
+    page.on("pageerror", e => errors.push(String(e)))
+    await page.goto(pathToFileURL(path.resolve(file)).href)
+    await page.waitForLoadState("load")
+    const lanes = await page.evaluate(() => [...document.querySelectorAll("g.lane > title")].map(t => t.textContent))
+    const spans = await page.evaluate(() => {
+      const counts = {}
+      for (const r of document.querySelectorAll("rect")) {
+        if (!r.querySelector("title")) continue
+        const fill = r.getAttribute("fill")
+        counts[fill] = (counts[fill] || 0) + 1
+      }
+      return counts
+    })
+    // Hover the widest span of each colour: what the page's panel says then.
+    const hovered = {}
+    if (await page.$("#hover")) {
+      const fills = Object.keys(spans)
+      for (const fill of fills) {
+        const box = await page.evaluate(fill => {
+          const rects = [...document.querySelectorAll(`rect[fill="${fill}"]`)].filter(r => r.querySelector("title"))
+          rects.sort((a, b) => b.getBoundingClientRect().width - a.getBoundingClientRect().width)
+          const b = rects[0].getBoundingClientRect()
+          return { x: b.x + b.width / 2, y: b.y + b.height / 2 }
+        }, fill)
+        await page.mouse.move(box.x, box.y)
+        hovered[fill] = await page.evaluate(() => document.getElementById("hover").textContent)
+      }
+    }
+    const shot = await page.screenshot({ path: png })
+    const coloured = colouredShare(PNG.sync.read(shot), { x: 0, y: 0, width: VIEWPORT.width, height: VIEWPORT.height })
+    print({ lanes, spans, hovered, coloured_share: coloured, errors, refused, screenshot: png })
+  } finally {
+    await close()
+  }
+}
+
 const [command, ...args] = process.argv.slice(2)
 try {
   if (command === "schema") schema(args)
   else if (command === "speedscope") await speedscope(args[0], args[1])
   else if (command === "svg") await svg(args[0], args[1])
-  else throw new Error(`unknown command ${command}: schema FILE..., speedscope FILE PNG, svg FILE PNG`)
+  else if (command === "timeline") await timeline(args[0], args[1])
+  else throw new Error(`unknown command ${command}: schema FILE..., speedscope FILE PNG, svg FILE PNG, timeline FILE PNG`)
 } catch (e) {
   print({ failure: String(e && e.stack || e) })
   process.exitCode = 1

@@ -83,6 +83,7 @@ impl IntoRubyError for ViewError {
                 arg_error(ruby, self.to_string())
             }
             ViewError::NothingToDraw(_)
+            | ViewError::NoTimeline
             | ViewError::Render(_)
             | ViewError::TooLarge { .. }
             | ViewError::OverBudget { .. }

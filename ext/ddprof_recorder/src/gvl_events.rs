@@ -83,6 +83,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.define_singleton_method("_native_gvl_start", function!(native_start, 0))?;
     class.define_singleton_method("_native_gvl_stop", function!(native_stop, 0))?;
     class.define_singleton_method("_native_gvl_take", function!(native_take, 1))?;
+    class.define_singleton_method("_native_gvl_waiting", function!(native_waiting, 1))?;
     Ok(())
 }
 
@@ -186,6 +187,22 @@ fn native_take(ruby: &Ruby, thread: Value) -> Result<Option<u64>, Error> {
             }
         }
         Ok(Some(waited))
+    })
+}
+
+/// `Profiler._native_gvl_waiting(thread)`: whether `thread` is ready to run but without the
+/// GVL now (between its READY and its RESUMED); nil if its waits are not measured. With the
+/// GVL, so `thread` is not the caller.
+fn native_waiting(ruby: &Ruby, thread: Value) -> Result<Option<bool>, Error> {
+    entry(ruby, || {
+        if !thread.is_kind_of(ruby.class_thread()) {
+            return Err(Error::new(ruby.exception_type_error(), "expected a Thread"));
+        }
+        if !HOOKED.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let Some(slot) = imp::slot(thread.as_raw() as usize, false) else { return Ok(None) };
+        Ok(Some(slot.ready_at.load(Ordering::Acquire) > 0))
     })
 }
 

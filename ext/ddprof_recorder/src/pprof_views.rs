@@ -1,5 +1,6 @@
-//! `DdprofRecorder._native_folded`, `_native_flamegraph`, `_native_speedscope`, `_native_top`,
-//! `_native_summary`, `_native_merge` and `_native_filter`: views of pprof profiles (raw or
+//! `DdprofRecorder._native_folded`, `_native_flamegraph`, `_native_speedscope`,
+//! `_native_speedscope_timeline`, `_native_top`,
+//! `_native_summary`, `_native_timeline`, `_native_merge` and `_native_filter`: views of pprof profiles (raw or
 //! gzip) for people, computed by the core's [`views`](ddprof_recorder_core::views) module,
 //! their merge ([`merge`](ddprof_recorder_core::views::merge)) and the samples of some label
 //! values ([`filter`](ddprof_recorder_core::views::filter)). The Ruby methods with keywords and
@@ -14,6 +15,7 @@
 //! plain Rust data once the GVL is back.
 use ddprof_recorder_core::views::merge::{self, MergeError};
 use ddprof_recorder_core::views::speedscope::SpeedscopeOptions;
+use ddprof_recorder_core::views::timeline::{ThreadTimes, TimelineFormat};
 use ddprof_recorder_core::views::{
     filter, FoldOptions, ReadLimits, ResolvedLabelValue as LabelValue, StackProfile, TopSort,
     ViewError as CoreError,
@@ -37,6 +39,11 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
     module.define_singleton_method("_native_summary", function!(native_summary, 2))?;
     module.define_singleton_method("_native_merge", function!(native_merge, 3))?;
     module.define_singleton_method("_native_speedscope", function!(native_speedscope, 6))?;
+    module.define_singleton_method(
+        "_native_speedscope_timeline",
+        function!(native_speedscope_timeline, 4),
+    )?;
+    module.define_singleton_method("_native_timeline", function!(native_timeline, 4))?;
     module.define_singleton_method("_native_filter", function!(native_filter, 5))?;
     Ok(())
 }
@@ -199,6 +206,46 @@ fn native_speedscope(
     })
 }
 
+/// `_native_speedscope_timeline(pprof, name, exporter, max_decompressed_bytes)` → the
+/// speedscope JSON String of the dated samples: one time-ordered profile per thread.
+fn native_speedscope_timeline(
+    ruby: &Ruby,
+    pprof: Value,
+    name: String,
+    exporter: String,
+    max_decompressed_bytes: u64,
+) -> Result<RString, Error> {
+    entry(ruby, || {
+        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
+        let options = SpeedscopeOptions { name, exporter, group_by: None };
+        let json = with_whole_profile(ruby, inputs, move |p| p.speedscope_timeline(&options))?;
+        Ok(ruby.str_new(&json))
+    })
+}
+
+/// `_native_timeline(pprof, format, title, max_decompressed_bytes)` → the timeline of the
+/// dated samples, an SVG (`format` `:svg`) or HTML (`:html`) String.
+fn native_timeline(
+    ruby: &Ruby,
+    pprof: Value,
+    format: Symbol,
+    title: String,
+    max_decompressed_bytes: u64,
+) -> Result<RString, Error> {
+    entry(ruby, || {
+        let format = match format.name()?.as_ref() {
+            "svg" => TimelineFormat::Svg,
+            "html" => TimelineFormat::Html,
+            other => {
+                return Err(arg_error(ruby, format!("format must be :svg or :html, got :{other}")))
+            }
+        };
+        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
+        let out = with_whole_profile(ruby, inputs, move |p| p.timeline(format, &title))?;
+        Ok(ruby.str_new(&out))
+    })
+}
+
 /// `_native_filter(pprof, string_labels, number_labels, compression, max_decompressed_bytes)`
 /// → one pprof String (`:gzip` or `:none`) with the samples that have every `[key, value]`
 /// label of both Arrays.
@@ -283,12 +330,16 @@ struct Summary {
     thread_names: Vec<LabelValue>,
     process_ids: Vec<LabelValue>,
     comments: Vec<String>,
+    threads: Vec<ThreadTimes>,
 }
 
 /// `_native_summary(pprof, max_decompressed_bytes)` → Hash with Symbol keys: `:value_types` (`[[type, unit], ...]`),
 /// `:totals` (one per value type), `:time_nanos`, `:duration_nanos`, `:samples` (distinct
 /// pprof samples), `:functions`, `:thread_ids`, `:thread_names` and `:process_ids` (distinct
-/// label values), `:comments` (each distinct comment once, in order).
+/// label values), `:comments` (each distinct comment once, in order), `:threads` (per thread
+/// `[process id or nil, thread id, name, wall, running, waiting or nil, gc, blocked,
+/// waiting_estimated]`, ns:
+/// `ThreadTimes`).
 fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Result<RHash, Error> {
     entry(ruby, || {
         let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
@@ -304,6 +355,7 @@ fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Res
                 thread_names: p.label_values(THREAD_NAME_LABEL),
                 process_ids: p.label_values(PROCESS_ID_LABEL),
                 comments: p.distinct_comments(),
+                threads: p.thread_times(),
             })
         })?;
 
@@ -324,6 +376,20 @@ fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Res
         hash.aset(ruby.to_symbol("thread_names"), labels(summary.thread_names))?;
         hash.aset(ruby.to_symbol("process_ids"), labels(summary.process_ids))?;
         hash.aset(ruby.to_symbol("comments"), summary.comments)?;
+        let threads = ruby.ary_from_iter(summary.threads.into_iter().map(|t| {
+            (
+                t.process,
+                t.thread_id,
+                t.name,
+                t.wall_ns,
+                t.running_ns,
+                t.waiting_ns,
+                t.gc_ns,
+                t.blocked_ns,
+                t.waiting_estimated,
+            )
+        }));
+        hash.aset(ruby.to_symbol("threads"), threads)?;
         Ok(hash)
     })
 }

@@ -64,8 +64,11 @@ module DdprofRecorder
             options.heap = options.allocations = true
           end
           o.on("--gc", "charge GC time to a (garbage collection) frame") { options.gc = true }
-          o.on("--timeline", "give each thread sample its time (label end_timestamp_ns): kept apart, not",
-               "aggregated, so that a timeline can place it") { options.timeline = true }
+          o.on("--timeline", "give each thread sample its time (label end_timestamp_ns) and state (implies --gc):",
+               "kept apart, not aggregated; see `ddprof-recorder timeline`") do
+            options.timeline = true
+            options.gc = true
+          end
           o.on("--no-signals", "read stacks at the VM's interrupt checks, with no signal (for C extensions",
                "that cannot take one; cheap C methods then get the CPU of the Ruby code around them)") do
             options.signals = false

@@ -13,6 +13,8 @@ module DdprofRecorder
       MAX_PROCESS_LINES = 8
       # The lines about the files from before the run name this many.
       MAX_NAMED_FILES = 3
+      # With --timeline, the shares of this many threads (the longest first), one per line.
+      MAX_THREAD_LINES = 8
 
       # A pprof comment that starts with this says how the profile was sampled (the profiler
       # sets it, through StackRecorder#comments=); the summary's `sampling` line shows the rest.
@@ -62,6 +64,7 @@ module DdprofRecorder
         lines << row("samples", samples_text(samples, thread_ids.size, duration))
         lines.concat(sampling_lines(summaries))
         lines << row("threads", threads_text(thread_ids.size))
+        lines.concat(state_lines(summaries)) if @options.timeline
         lines << row("cpu-time", format("%.2f s   wall-time %.2f s", totals["cpu-time"] / 1e9, totals["wall-time"] / 1e9))
         # Without a sample, the cpu-time is only what the threads used before the profiler
         # stopped, charged where they were then: no hottest function to name.
@@ -126,6 +129,39 @@ module DdprofRecorder
         lines = texts.each_with_index.map { |text, i| row(i.zero? ? "sampling" : "", text) }
         lines + summaries.flat_map { |s| s[:comments] }.select { |c| c.start_with?(ALLOCATIONS_COMMENT) }.uniq
                          .map { |c| row("", c) }
+      end
+
+      # With --timeline: each thread's share of its wall time running, waiting for the GVL
+      # (`~`: estimated from the thread states, Ruby 3.1), blocked and in the GC, over every file
+      # (DdprofRecorder.summary's `:threads`), the longest first.
+      def state_lines(summaries)
+        threads = {}
+        summaries.each do |s|
+          s[:threads].each do |t|
+            sum = threads[[t[:process_id], t[:thread_id]]] ||= t.merge(wall: 0, running: 0, waiting: t[:waiting] && 0,
+                                                                       gc: 0, blocked: 0)
+            sum[:name] = t[:name]
+            %i[wall running gc blocked].each { |k| sum[k] += t[k] }
+            sum[:waiting] += t[:waiting] if sum[:waiting] && t[:waiting]
+          end
+        end
+        shown = threads.values.sort_by { |t| -t[:wall] }
+        width = shown.first(MAX_THREAD_LINES).map { |t| thread_title(t).size }.max || 0
+        lines = shown.first(MAX_THREAD_LINES).each_with_index.map do |t, i|
+          share = ->(v) { v ? format("%5.1f%%", t[:wall].positive? ? 100.0 * v / t[:wall] : 0) : "  n/a " }
+          waiting = "#{t[:waiting_estimated] ? '~' : ' '}#{share.call(t[:waiting])}"
+          row(i.zero? ? "states" : "",
+              format("%-*s  running %s  waiting for GVL%s  blocked %s  gc %s", width, thread_title(t),
+                     share.call(t[:running]), waiting, share.call(t[:blocked]), share.call(t[:gc])))
+        end
+        rest = shown.size - MAX_THREAD_LINES
+        lines << row("", "... and #{rest} more (ddprof-recorder timeline draws them all)") if rest.positive?
+        lines
+      end
+
+      def thread_title(thread)
+        pid = thread[:process_id] && @processes.size > 1 ? "pid #{thread[:process_id]} " : ""
+        "#{pid}#{thread[:name]}"
       end
 
       # The function with the most cpu-time as a leaf, over every file.
@@ -219,7 +255,7 @@ module DdprofRecorder
         out = display_path(first)
         if pids == [nil]
           shown = out.shellescape
-          svg = view_name(out, ".svg").shellescape
+          stem = out
           by = ""
         else
           base = display_path(File.expand_path(@options.out))
@@ -228,12 +264,16 @@ module DdprofRecorder
                   else
                     @files.values.flatten.map { |path| display_path(path).shellescape }.join(" ")
                   end
-          svg = view_name(base, ".svg").shellescape
+          stem = base
           by = " --by-process"
         end
-        [row("view it", "ddprof-recorder top #{shown}"),
-         row("", "ddprof-recorder flamegraph#{by} #{shown} -o #{svg}"),
-         row("", "go tool pprof -top #{shown}")]
+        svg = view_name(stem, ".svg").shellescape
+        lines = [row("view it", "ddprof-recorder top #{shown}"),
+                 row("", "ddprof-recorder flamegraph#{by} #{shown} -o #{svg}")]
+        if @options.timeline
+          lines << row("", "ddprof-recorder timeline #{shown} -o #{view_name(stem, '.timeline.html').shellescape}")
+        end
+        lines << row("", "go tool pprof -top #{shown}")
       end
     end
   end

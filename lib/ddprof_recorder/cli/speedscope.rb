@@ -13,14 +13,16 @@ module DdprofRecorder
       # @!attribute out [String, nil] the JSON's path, "-" for @out; nil: after the first FILE.
       # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
       # @!attribute max_input [Integer] how many bytes of each FILE may be read.
-      Options = Struct.new(:paths, :values, :out, :group_by, :max_decompressed, :max_input, keyword_init: true)
+      # @!attribute timeline [Boolean] one time-ordered profile per thread (--timeline).
+      Options = Struct.new(:paths, :values, :out, :group_by, :timeline, :max_decompressed, :max_input,
+                           keyword_init: true)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
-        options = Options.new(values: [])
+        options = Options.new(values: [], timeline: false)
         parser = OptionParser.new do |o|
           o.banner = "Usage: ddprof-recorder speedscope FILE... [-o out.speedscope.json] [--value TYPE]... " \
-                     "[--by-thread|--by-process]"
+                     "[--by-thread|--by-process|--timeline]"
           o.separator ""
           o.separator "Writes a pprof (raw or gzip) as a speedscope file: open it at https://www.speedscope.app"
           o.separator "or with `speedscope FILE` (npm install -g speedscope). One profile per value type"
@@ -33,15 +35,28 @@ module DdprofRecorder
           o.on("--value TYPE", "only this sample type (again for more; default: all of them)") { |v| options.values << v }
           group_options(o, options, "one profile per value type and \"thread name\" label",
                         "one profile per value type and \"process id\" label")
+          o.on("--timeline", "of a pprof recorded with --timeline: one wall-time profile per thread, its samples",
+               "in time order under a root frame naming the thread's state ([running], [waiting for",
+               "GVL], [blocked], [gc]): speedscope's Time Order view shows what each did when") do
+            options.timeline = true
+          end
           read_limit_options(o, options)
         end
-        parse_with_files(parser, argv, options)
+        parse_with_files(parser, argv, options) do
+          if options.timeline && (!options.values.empty? || options.group_by)
+            raise usage_error("speedscope: --timeline takes no --value, --by-thread or --by-process")
+          end
+        end
       end
 
       # @return [Integer] the exit status.
       def run(options)
-        json = view(:speedscope, options, value: options.values.empty? ? nil : options.values,
-                                          group_by: options.group_by, name: File.basename(options.paths.first))
+        keywords = if options.timeline
+                     { timeline: true }
+                   else
+                     { value: options.values.empty? ? nil : options.values, group_by: options.group_by }
+                   end
+        json = view(:speedscope, options, **keywords, name: File.basename(options.paths.first))
         write_view(options.out || view_name(options.paths.first, ".speedscope.json"), json) do
           profiles = json.scan('"type":"sampled"').size
           "#{profiles} profile#{profiles == 1 ? '' : 's'}"

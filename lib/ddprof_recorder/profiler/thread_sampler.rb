@@ -70,6 +70,13 @@ module DdprofRecorder
       THREAD_EXIT_STACK = [["(thread exit)", "", 0].freeze].freeze
       # The label that dates a sample (see #timed).
       END_TIMESTAMP_LABEL = StackRecorder::END_TIMESTAMP_LABEL
+      # With the timeline, what a dated sample's thread was doing at its time (see #timed):
+      # running on the CPU, ready to run but without the GVL, blocked (sleep, I/O, a lock, a
+      # queue), or in the GC.
+      THREAD_STATE_LABEL = "thread state"
+      RUNNING, WAITING, BLOCKED, IN_GC = ["running", "waiting for GVL", "blocked", "gc"].map do |state|
+        [THREAD_STATE_LABEL, state].freeze
+      end
       # A native thread that exited with CPU no thread account holds: on Ruby 3.1, a thread
       # that ended with an exception or was killed (its end hook did not fire) before any pass
       # saw it.
@@ -115,10 +122,11 @@ module DdprofRecorder
       # count after which its passes are idle ones not recorded yet (see #flush_idle);
       # `armed`, the native id its CPU-time timer was armed for (see #start_signals);
       # `signal_pass`, the pass count at its latest signal sample; `signal_cpu_ns`, its CPU
-      # clock then; `signal_average`, its CPU per signal sample (see #signal_charge).
+      # clock then; `signal_average`, its CPU per signal sample (see #signal_charge); with the
+      # timeline, `last_state`, the thread state of its last sample (see #flush_idle).
       ThreadState = Struct.new(:thread, :wall_ns, :seen_cpu_ns, :native_id, :name, :labels, :locations,
                                :on_cpu_locations, :index, :sample_mark, :armed, :signal_pass, :signal_cpu_ns,
-                               :signal_average)
+                               :signal_average, :last_state)
       private_constant :ThreadState
 
       # @return [Hash{Symbol => Integer}] counters: `:passes`, `:samples` (thread samples
@@ -432,7 +440,7 @@ module DdprofRecorder
 
       def new_state(thread, wall_ns)
         state = ThreadState.new(thread, wall_ns, nil, nil, nil, nil, nil, nil, @scan_states.size,
-                                @counts[:passes] + 1, nil, nil, nil, nil)
+                                @counts[:passes] + 1, nil, nil, nil, nil, nil)
         @scan_states << state
         @scan_tids << nil
         @scan_seen << nil
@@ -491,7 +499,7 @@ module DdprofRecorder
         state.on_cpu_locations = key
         @counts[:on_cpu_samples] += 1
         @counts[:signal_samples] += 1
-        record(state, key, cpu_used, 1, at_ns)
+        record(state, key, cpu_used, 1, at_ns, RUNNING)
         state.signal_pass = @counts[:passes]
         looked(state, cpu_ns)
       end
@@ -545,7 +553,7 @@ module DdprofRecorder
         else
           @counts[:carried_cpu_samples] += 1
         end
-        record(state, stack, cpu_used, 1, now_ns)
+        record(state, stack, cpu_used, 1, now_ns, on_time ? RUNNING : BLOCKED)
         looked(state, cpu_ns)
       end
 
@@ -621,8 +629,33 @@ module DdprofRecorder
           @charged_cpu[state.native_id] = cpu
           state.on_cpu_locations = locations
         end
-        record(state, locations, cpu_used, 1, now_ns)
+        record(state, locations, cpu_used, 1, now_ns, thread_state(thread, status))
         looked(state, cpu)
+      end
+
+      # Without GVL events, what a thread did in a run of idle passes (it did not run): a
+      # thread cannot block without running, so one last seen waiting was still waiting, and
+      # one last seen blocked is taken to have stayed so (a wake-up then a wait is missed).
+      # After an on-CPU sample it was preempted or blocked: its status now tells, if another
+      # thread is looking (the caller's own is "run").
+      def idle_state(state)
+        last = state.last_state
+        return last unless last.nil? || last.equal?(RUNNING)
+
+        thread = state.thread
+        !thread.equal?(Thread.current) && thread.status == "run" ? WAITING : BLOCKED
+      end
+
+      # What a thread a pass found (so not the one running the pass: it holds the GVL) is
+      # doing: with GVL events, waiting for the GVL while it is ready without it (also on its
+      # way back from a blocking call), else runnable ("run": preempted, or woken and not
+      # running yet) is waiting, the rest ("sleep") blocked. Only with the timeline.
+      def thread_state(thread, status)
+        return unless @unix_offset_ns
+
+        waiting = Profiler._native_gvl_waiting(thread) if @gvl_index
+        waiting = status == "run" if waiting.nil?
+        waiting ? WAITING : BLOCKED
       end
 
       # `gvl_ns`: the `gvl-wait-time` (see #gvl_waited), where the recorder has one.
@@ -641,8 +674,11 @@ module DdprofRecorder
       end
 
       # Before the thread's CPU is charged: the GC time it spent since, on the GC's frames
-      # (its CPU then no longer counts as the thread's own; its wall time, up to `now_ns`,
-      # neither).
+      # (its CPU then no longer counts as the thread's own; its wall time neither). The GC's
+      # wall time moves the thread's wall clock on, even past `now_ns`: a signal sample's time
+      # is its tick, and the GC it takes may have run after the tick, before the job (cut at
+      # `now_ns`, as it was, a GC-heavy program lost a tenth of its wall time under load). The
+      # sample then gets what is left (see #record), so the thread's wall time adds up.
       def take_gc(state, now_ns)
         tid = state.native_id
         return unless @gc && tid
@@ -656,22 +692,23 @@ module DdprofRecorder
           wall = times[(2 * i) + 1]
           next unless cpu.positive? || wall.positive?
 
-          if now_ns
-            wall = wall.clamp(0, [now_ns - state.wall_ns, 0].max)
-            state.wall_ns += wall
-          end
-          @recorder.record_sample(stack, values(cpu, 0, now_ns ? wall : 0), timed([*state.labels, kind], now_ns))
+          state.wall_ns += wall if now_ns
+          # Dated at the end of its wall time counted from the thread's previous sample: the
+          # GC's spans come first in the time up to this sample.
+          @recorder.record_sample(stack, values(cpu, 0, now_ns ? wall : 0),
+                                  timed([*state.labels, kind], now_ns && state.wall_ns, IN_GC))
           gc_cpu += cpu
         end
         @charged_cpu[tid] = (@charged_cpu[tid] || 0) + gc_cpu
       end
 
       # `labels`, and with the timeline on, the time of a sample taken at monotonic `at_ns`
-      # (nil: none): a timed sample (StackRecorder#record_sample).
-      def timed(labels, at_ns)
+      # (nil: none), a timed sample (StackRecorder#record_sample), with `thread_state` (one of
+      # RUNNING, WAITING, BLOCKED, IN_GC).
+      def timed(labels, at_ns, thread_state)
         return labels unless @unix_offset_ns && at_ns
 
-        [*labels, [END_TIMESTAMP_LABEL, at_ns + @unix_offset_ns]]
+        [*labels, thread_state, [END_TIMESTAMP_LABEL, at_ns + @unix_offset_ns]]
       end
 
       # CPU the native thread `tid` used since it was last charged, given its clock `cpu`.
@@ -684,11 +721,12 @@ module DdprofRecorder
 
       # `stack`: frames (see #sample_running), or the key of a natively captured stack. A
       # captured stack is not kept as the thread's `locations` (the idle path needs frames it can
-      # record again).
-      def record(state, stack, cpu_ns, count, now_ns)
+      # record again). `thread_state`: see #timed.
+      def record(state, stack, cpu_ns, count, now_ns, thread_state)
         wall = now_ns - state.wall_ns
         wall = 0 if wall.negative?
-        record_stack(stack, values(cpu_ns, count, wall, gvl_waited(state.thread)), timed(state.labels, now_ns))
+        record_stack(stack, values(cpu_ns, count, wall, gvl_waited(state.thread)), timed(state.labels, now_ns, thread_state))
+        state.last_state = thread_state
         # A signal sample can come after a pass that looked later (its job ran late).
         state.wall_ns = now_ns if now_ns > state.wall_ns
         state.locations = stack.is_a?(Integer) ? nil : stack
@@ -708,14 +746,30 @@ module DdprofRecorder
       end
 
       # The passes that found the thread idle since its last sample, recorded as one sample on
-      # its last stack: `cpu-samples` = how many, `wall-time` = up to the last of them.
-      def flush_idle(state)
+      # its last stack: `cpu-samples` = how many, `wall-time` = up to the last of them. The
+      # thread did not run all along: it was blocked, or waiting for the GVL (a busy thread
+      # among others waits a whole time slice, 100 ms, for its turn). Its GVL waits so far go
+      # on this sample, and say which: waiting for more than half its wall time is WAITING.
+      # Without GVL events (Ruby 3.1), see #idle_state. `until_ns`: when a thread that ended
+      # did (the passes since did not see it: its wall time stops there).
+      def flush_idle(state, until_ns = nil)
         idle = @counts[:passes] - state.sample_mark
         return unless idle.positive? && state.locations
 
-        wall = @last_pass_ns - state.wall_ns
+        last_ns = until_ns && until_ns < @last_pass_ns ? until_ns : @last_pass_ns
+        wall = last_ns - state.wall_ns
         wall = 0 if wall.negative?
-        @recorder.record_sample(state.locations, values(0, idle, wall), timed(state.labels, @last_pass_ns))
+        waited = gvl_waited(state.thread)
+        if @unix_offset_ns
+          thread_state = if @gvl_index
+                           waited * 2 > wall ? WAITING : BLOCKED
+                         else
+                           idle_state(state)
+                         end
+        end
+        @recorder.record_sample(state.locations, values(0, idle, wall, waited),
+                                timed(state.labels, last_ns, thread_state))
+        state.last_state = thread_state
         @counts[:samples] += idle
         state.wall_ns += wall
         state.sample_mark = @counts[:passes]
@@ -821,7 +875,7 @@ module DdprofRecorder
         @ended[thread] = true
         state = @threads.delete(thread)
         if state
-          flush_idle(state)
+          flush_idle(state, at_ns)
           take_gc(state, at_ns)
           # Its name may have changed since its last sample (and a dead thread's native id
           # reads nil on 3.1: `tid` is the one it ended on).

@@ -6,7 +6,7 @@
 //! tool's) with the prost messages of [`crate::pprof`]; [`reader`] checks every reference once
 //! and builds a resolved [`StackProfile`]: stacks as function indices, so that folding,
 //! ranking and drawing never look an id up again. One file per view: [`folded`], [`top`],
-//! [`flamegraph`], [`summary`], [`speedscope`]; [`merge`] and [`filter`] work on the decoded
+//! [`flamegraph`], [`summary`], [`speedscope`], [`timeline`]; [`merge`] and [`filter`] work on the decoded
 //! messages.
 //!
 //! A pprof to read is untrusted input (a file from anywhere, a request body): [`ReadLimits`]
@@ -22,6 +22,7 @@ pub mod reader;
 mod scan;
 pub mod speedscope;
 pub mod summary;
+pub mod timeline;
 pub mod top;
 
 #[cfg(test)]
@@ -54,6 +55,8 @@ pub enum ViewError {
     /// budget ([`reader::MEMORY_PER_BYTE`] bytes per byte of `limit`, the
     /// [`ReadLimits::max_decompressed_bytes`], per pprof read); `what` says for what.
     OverBudget { what: &'static str, limit: u64 },
+    /// A timeline was asked of a profile none of whose samples has a time.
+    NoTimeline,
     /// A sample's stack has more than [`MAX_STACK_DEPTH`] frames (inline lines included).
     StackTooDeep { depth: usize },
 }
@@ -95,6 +98,10 @@ impl fmt::Display for ViewError {
                 "{what} would take more memory than {} x max_decompressed_bytes ({limit}) per \
                  pprof; raise max_decompressed_bytes to read it",
                 reader::MEMORY_PER_BYTE
+            ),
+            Self::NoTimeline => f.write_str(
+                "nothing to draw: no sample has a time (label end_timestamp_ns); record with \
+                 --timeline (Profiler.new(timeline: true))",
             ),
             Self::StackTooDeep { depth } => write!(
                 f,

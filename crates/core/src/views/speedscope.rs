@@ -18,10 +18,18 @@
 //! that order; with [`SpeedscopeOptions::group_by`], one per value type and value of a label
 //! (one per thread with `"thread name"`), the heaviest first. speedscope opens the first one
 //! and lists the others in its profile menu.
+//!
+//! A profile whose samples carry their time (the profiler's timeline option) can also be
+//! written as a timeline ([`StackProfile::speedscope_timeline`]): one profile per thread, its
+//! dated samples in time order, each weighted by its wall time, so that speedscope's "Time
+//! Order" view shows what the thread did when. Each stack's root is the thread's state then
+//! (`[running]`, `[waiting for GVL]`, `[blocked]`, `[gc]`): the first row of the view is a lane
+//! of states, as in `ddprof-recorder timeline`.
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use super::reader::{StackProfile, NO_STACK};
+use super::timeline::{state_of, ThreadState};
 use super::ViewError;
 
 /// The `$schema` that speedscope checks to recognize its own format.
@@ -90,17 +98,7 @@ impl StackProfile {
                 out.push(',');
             }
             out.push_str("{\"name\":");
-            match f {
-                Some(f) => {
-                    json_string(&mut out, self.display_name(f));
-                    let file = &self.functions[f].filename;
-                    if !file.is_empty() && !self.functions[f].name.is_empty() {
-                        out.push_str(",\"file\":");
-                        json_string(&mut out, file);
-                    }
-                }
-                None => json_string(&mut out, NO_STACK),
-            }
+            self.write_frame(&mut out, f);
             out.push('}');
         }
         out.push_str("]},\"profiles\":[");
@@ -116,6 +114,114 @@ impl StackProfile {
         json_string(&mut out, &options.exporter);
         out.push('}');
         Ok(out)
+    }
+
+    /// The speedscope JSON of the dated samples, one `wall-time` profile per thread (the one
+    /// with the most CPU first), in time order, each stack under a root frame naming the thread's state
+    /// (see the module doc). Its profiles' names say the thread's shares of wall time.
+    ///
+    /// Fails with [`ViewError::NoTimeline`] if no sample has a time.
+    pub fn speedscope_timeline(&self, options: &SpeedscopeOptions) -> Result<String, ViewError> {
+        let wall = self.value_index("wall-time")?;
+        let lanes = self.dated_lanes();
+        if lanes.is_empty() {
+            return Err(ViewError::NoTimeline);
+        }
+        // The thread that ran most first: speedscope opens it.
+        let mut times = self.thread_times();
+        times.sort_by(|a, b| b.running_ns.cmp(&a.running_ns).then(b.wall_ns.cmp(&a.wall_ns)));
+        // Frames: the states, then the functions some dated sample has, by name.
+        let mut used: Vec<Option<usize>> = lanes
+            .values()
+            .flat_map(|samples| samples.iter().flat_map(|(_, s)| s.frames.iter().map(|&f| Some(f))))
+            .chain(lanes.values().flatten().filter(|(_, s)| s.frames.is_empty()).map(|_| None))
+            .collect::<std::collections::HashSet<_>>()
+            .into_iter()
+            .collect();
+        used.sort_by(|&a, &b| self.frame_sort_key(a).cmp(&self.frame_sort_key(b)));
+        let states = ThreadState::ALL.len();
+        let frame_index: HashMap<Option<usize>, usize> =
+            used.iter().enumerate().map(|(i, &f)| (f, i + states)).collect();
+
+        let mut out = String::with_capacity(4096);
+        out.push_str("{\"$schema\":");
+        json_string(&mut out, SCHEMA);
+        out.push_str(",\"shared\":{\"frames\":[");
+        for (i, state) in ThreadState::ALL.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str("{\"name\":");
+            json_string(&mut out, &format!("[{}]", state.name()));
+            out.push('}');
+        }
+        for &f in &used {
+            out.push_str(",{\"name\":");
+            self.write_frame(&mut out, f);
+            out.push('}');
+        }
+        out.push_str("]},\"profiles\":[");
+        let mut first = true;
+        for t in &times {
+            let Some(samples) = lanes.get(&(t.process.clone(), t.thread_id.clone())) else {
+                continue;
+            };
+            let weighted: Vec<_> = samples.iter().filter(|(_, s)| s.values[wall] > 0).collect();
+            if weighted.is_empty() {
+                continue;
+            }
+            if !first {
+                out.push(',');
+            }
+            first = false;
+            let total = weighted.iter().fold(0i64, |a, (_, s)| a.saturating_add(s.values[wall]));
+            out.push_str("{\"type\":\"sampled\",\"name\":");
+            json_string(&mut out, &format!("{}: {}", t.title(), t.shares()));
+            let _ = write!(
+                out,
+                ",\"unit\":\"nanoseconds\",\"startValue\":0,\"endValue\":{total},\"samples\":["
+            );
+            for (i, (_, s)) in weighted.iter().enumerate() {
+                let state = ThreadState::ALL.iter().position(|&x| x == state_of(s)).unwrap_or(0);
+                let _ = write!(out, "{}[{state}", if i > 0 { "," } else { "" });
+                if s.frames.is_empty() {
+                    let _ = write!(out, ",{}", frame_index[&None]);
+                }
+                for &f in s.frames.iter().rev() {
+                    let _ = write!(out, ",{}", frame_index[&Some(f)]);
+                }
+                out.push(']');
+            }
+            out.push_str("],\"weights\":[");
+            for (i, (_, s)) in weighted.iter().enumerate() {
+                let _ = write!(out, "{}{}", if i > 0 { "," } else { "" }, s.values[wall]);
+            }
+            out.push_str("]}");
+        }
+        if first {
+            return Err(ViewError::NothingToDraw("wall-time".to_string()));
+        }
+        out.push_str("],\"name\":");
+        json_string(&mut out, &options.name);
+        out.push_str(",\"activeProfileIndex\":0,\"exporter\":");
+        json_string(&mut out, &options.exporter);
+        out.push('}');
+        Ok(out)
+    }
+
+    /// A frame's `name` (and `file`) members.
+    fn write_frame(&self, out: &mut String, frame: Option<usize>) {
+        match frame {
+            Some(f) => {
+                json_string(out, self.display_name(f));
+                let file = &self.functions[f].filename;
+                if !file.is_empty() && !self.functions[f].name.is_empty() {
+                    out.push_str(",\"file\":");
+                    json_string(out, file);
+                }
+            }
+            None => json_string(out, NO_STACK),
+        }
     }
 
     /// The non-empty profiles: per value in `values` order, per label value (heaviest first,
@@ -446,6 +552,45 @@ mod tests {
         assert_eq!(profiles[0].0, "cpu-samples");
         let e = p.speedscope(&[0], &options(None)).unwrap_err();
         assert_eq!(e.to_string(), "nothing to draw: no sample has a non-zero cpu-time");
+    }
+
+    #[test]
+    fn the_timeline_is_one_profile_per_thread_in_time_order_under_its_states() {
+        let mut p = profile(&[
+            (&[2, 1, 0], [7, 10], "worker"),
+            (&[3, 0], [0, 30], "worker"),
+            (&[2, 1, 0], [5, 20], "worker"),
+            (&[2, 1, 0], [1, 1], "worker"), // carried, no time: not in the timeline
+        ]);
+        p.value_types[1].0 = "wall-time".to_string();
+        for (s, (end, state)) in
+            p.samples.iter_mut().zip([(300, "running"), (330, "blocked"), (120, "waiting for GVL")])
+        {
+            s.labels.push(label("thread id", "7"));
+            s.labels.push(label("thread state", state));
+            s.labels.push(("end_timestamp_ns".to_string(), ResolvedLabelValue::Num(end)));
+        }
+        p.samples[3].labels.push(label("thread id", "7"));
+        let (v, profiles) = parse(&p.speedscope_timeline(&options(None)).unwrap());
+        assert_eq!(v["shared"]["frames"][1], json!({"name": "[waiting for GVL]"}));
+        assert_eq!(profiles.len(), 1);
+        let (name, unit, stacks) = &profiles[0];
+        assert_eq!(
+            name,
+            "worker (7): running 21.3%, waiting for GVL about 24.6%, blocked 54.1%, gc 0.0%"
+        );
+        assert_eq!(unit, "nanoseconds");
+        assert_eq!(
+            stacks,
+            &[
+                (names(&["[waiting for GVL]", "main", "work", "spin"]), 20),
+                (names(&["[running]", "main", "work", "spin"]), 10),
+                (names(&["[blocked]", "main", "sleep"]), 30),
+            ]
+        );
+        let mut undated = p.clone();
+        undated.samples.iter_mut().for_each(|s| s.labels.retain(|(k, _)| k != "end_timestamp_ns"));
+        assert!(matches!(undated.speedscope_timeline(&options(None)), Err(ViewError::NoTimeline)));
     }
 
     #[test]

@@ -1,0 +1,56 @@
+# frozen_string_literal: true
+
+require_relative "command"
+
+module DdprofRecorder
+  class CLI
+    # `ddprof-recorder timeline FILE...`: what each thread was doing, and when, as an SVG or an
+    # HTML page (DdprofRecorder.timeline), from a profile recorded with --timeline.
+    class Timeline < Command
+      NAME = "timeline"
+      DESCRIPTION = "draw the threads of a pprof recorded with --timeline, one lane each (SVG or HTML)"
+
+      # @!attribute out [String, nil] the file's path, "-" for @out; nil: after the first FILE.
+      #   Its extension (.svg or .html) says the format unless --format does.
+      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
+      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
+      Options = Struct.new(:paths, :out, :format, :title, :max_decompressed, :max_input, keyword_init: true)
+
+      # @return [Options, nil] nil after --help.
+      def parse(argv)
+        options = Options.new
+        parser = OptionParser.new do |o|
+          o.banner = "Usage: ddprof-recorder timeline FILE... [-o out.svg|out.html] [--format svg|html]"
+          o.separator ""
+          o.separator "Draws the samples of a pprof recorded with --timeline (record --timeline, or"
+          o.separator "Profiler.new(timeline: true)): one lane per thread (per process and thread for several"
+          o.separator "processes' files), colored by what it was doing (running, waiting for GVL, blocked, gc),"
+          o.separator "with the stack on hover and a time axis. The HTML page adds a table of each thread's"
+          o.separator "shares of wall time. Several FILEs are merged."
+          o.separator ""
+          o.on("-o", "--output FILE", "where to write it (default: the first FILE with .timeline.html; - for stdout)") do |v|
+            options.out = v
+          end
+          o.on("--format FORMAT", %w[svg html], "svg or html (default: from -o's extension, else html)") do |v|
+            options.format = v.to_sym
+          end
+          o.on("--title TEXT", "the title (default: the first FILE's name)") { |v| options.title = v }
+          read_limit_options(o, options)
+        end
+        parse_with_files(parser, argv, options)
+      end
+
+      # @return [Integer] the exit status.
+      def run(options)
+        format = options.format || (options.out&.end_with?(".svg") ? :svg : :html)
+        out = options.out || view_name(options.paths.first, ".timeline.#{format}")
+        text = view(:timeline, options, format: format, title: options.title || File.basename(options.paths.first))
+        write_view(out, text) do
+          lanes = text.scan('<g class="lane">').size
+          "#{lanes} thread#{lanes == 1 ? '' : 's'}"
+        end
+        0
+      end
+    end
+  end
+end
