@@ -48,7 +48,6 @@ module SpecSupport
     # The Ruby wrappers around the native methods.
     STACK_RECORDER_METHODS = %i[record_sample record_endpoint serialize serialize! clear reset_after_fork stats].freeze
 
-    @lock = Mutex.new
     @active = false
     @depth = 0
 
@@ -63,15 +62,18 @@ module SpecSupport
 
       # Runs the block under GC.stress if an example asked for it. Calls nest (serialize calls
       # _native_serialize) and may come from several threads: GC.stress is global, so it is on
-      # while at least one call is inside.
+      # while at least one call is inside. No Mutex: the profiler's sampling jobs call native
+      # methods with Ruby's trap interrupt masked, where Mutex#lock raises ThreadError ("can't
+      # be called from trap context"); with the GVL, each count's update is one step (no
+      # interrupt check between reading and writing it).
       def stressed
         return yield unless @active
 
-        @lock.synchronize { GC.stress = true if (@depth += 1) == 1 }
+        GC.stress = true if (@depth += 1) == 1
         begin
           yield
         ensure
-          @lock.synchronize { GC.stress = false if (@depth -= 1).zero? }
+          GC.stress = false if (@depth -= 1).zero?
         end
       end
 

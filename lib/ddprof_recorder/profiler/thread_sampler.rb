@@ -306,8 +306,12 @@ module DdprofRecorder
         rescue StandardError => e
           failed(e)
         ensure
-          skip_own_cpu(thread, cpu_ns, on_time && !armed)
-          @lock.unlock
+          # The lock goes back even if the accounting raises (it reads a clock natively).
+          begin
+            skip_own_cpu(thread, cpu_ns, on_time && !armed)
+          ensure
+            @lock.unlock
+          end
         end
         true
       end
@@ -367,8 +371,11 @@ module DdprofRecorder
         rescue StandardError => e
           failed(e)
         ensure
-          skip_own_cpu(Thread.current, job_cpu_ns, false)
-          @lock.unlock
+          begin
+            skip_own_cpu(Thread.current, job_cpu_ns, false)
+          ensure
+            @lock.unlock
+          end
         end
         passed
       end
