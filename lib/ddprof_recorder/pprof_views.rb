@@ -195,9 +195,8 @@ module DdprofRecorder
     #   `:threads`: per thread (`"thread id"` label, and `"process id"`), by process then the
     #   longest first, a Hash of `:process_id`, `:thread_id`, `:name`, and its wall time and
     #   how it was spent, in ns: `:wall`, `:running` (its cpu-time outside the GC),
-    #   `:waiting` (its gvl-wait-time; without that value, Ruby 3.1, estimated from the
-    #   samples' states, and `:waiting_estimated` is true; nil with neither), `:gc` (the wall
-    #   time of its GC samples), `:blocked` (the rest).
+    #   `:waiting` (its gvl-wait-time; nil without that value: Ruby 3.1, where `:blocked`
+    #   holds the waits too), `:gc` (the wall time of its GC samples), `:blocked` (the rest).
     # @param max_decompressed_bytes [Integer] see {.folded}.
     # @raise [ArgumentError] if `pprof` is not a pprof.
     # @raise [DdprofRecorder::Error] if several pprofs have different value types, or a pprof
@@ -217,9 +216,9 @@ module DdprofRecorder
         thread_names: s[:thread_names],
         process_ids: s[:process_ids],
         comments: s[:comments],
-        threads: s[:threads].map do |pid, tid, name, wall, running, waiting, gc, blocked, estimated|
+        threads: s[:threads].map do |pid, tid, name, wall, running, waiting, gc, blocked|
           { process_id: pid, thread_id: tid, name: name, wall: wall, running: running, waiting: waiting, gc: gc,
-            blocked: blocked, waiting_estimated: estimated }
+            blocked: blocked }
         end,
       }
     end

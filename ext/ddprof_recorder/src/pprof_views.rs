@@ -337,8 +337,7 @@ struct Summary {
 /// `:totals` (one per value type), `:time_nanos`, `:duration_nanos`, `:samples` (distinct
 /// pprof samples), `:functions`, `:thread_ids`, `:thread_names` and `:process_ids` (distinct
 /// label values), `:comments` (each distinct comment once, in order), `:threads` (per thread
-/// `[process id or nil, thread id, name, wall, running, waiting or nil, gc, blocked,
-/// waiting_estimated]`, ns:
+/// `[process id or nil, thread id, name, wall, running, waiting or nil, gc, blocked]`, ns:
 /// `ThreadTimes`).
 fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Result<RHash, Error> {
     entry(ruby, || {
@@ -386,7 +385,6 @@ fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Res
                 t.waiting_ns,
                 t.gc_ns,
                 t.blocked_ns,
-                t.waiting_estimated,
             )
         }));
         hash.aset(ruby.to_symbol("threads"), threads)?;

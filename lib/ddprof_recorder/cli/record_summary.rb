@@ -132,7 +132,7 @@ module DdprofRecorder
       end
 
       # With --timeline: each thread's share of its wall time running, waiting for the GVL
-      # (`~`: estimated from the thread states, Ruby 3.1), blocked and in the GC, over every file
+      # (n/a on Ruby 3.1, whose blocked share holds the waits too), blocked and in the GC, over every file
       # (DdprofRecorder.summary's `:threads`), the longest first.
       def state_lines(summaries)
         threads = {}
@@ -149,13 +149,15 @@ module DdprofRecorder
         width = shown.first(MAX_THREAD_LINES).map { |t| thread_title(t).size }.max || 0
         lines = shown.first(MAX_THREAD_LINES).each_with_index.map do |t, i|
           share = ->(v) { v ? format("%5.1f%%", t[:wall].positive? ? 100.0 * v / t[:wall] : 0) : "  n/a " }
-          waiting = "#{t[:waiting_estimated] ? '~' : ' '}#{share.call(t[:waiting])}"
           row(i.zero? ? "states" : "",
-              format("%-*s  running %s  waiting for GVL%s  blocked %s  gc %s", width, thread_title(t),
-                     share.call(t[:running]), waiting, share.call(t[:blocked]), share.call(t[:gc])))
+              format("%-*s  running %s  waiting for GVL %s  blocked %s  gc %s", width, thread_title(t),
+                     share.call(t[:running]), share.call(t[:waiting]), share.call(t[:blocked]), share.call(t[:gc])))
         end
         rest = shown.size - MAX_THREAD_LINES
         lines << row("", "... and #{rest} more (ddprof-recorder timeline draws them all)") if rest.positive?
+        if shown.any? { |t| t[:waiting].nil? }
+          lines << row("", "(waiting for GVL n/a: a Ruby without GVL events, 3.1; blocked holds the waits too)")
+        end
         lines
       end
 
