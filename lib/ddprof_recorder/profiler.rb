@@ -234,7 +234,9 @@ module DdprofRecorder
     # @param timeline [Boolean] give each thread sample its time: a numeric label
     #   `"end_timestamp_ns"` (Unix nanoseconds: when its on-CPU tick or its pass was), which
     #   keeps it apart in the pprof rather than aggregated (see {StackRecorder#record_sample}),
-    #   so that a timeline can place it. A thread's idle passes in a row are still one sample
+    #   so that a timeline can place it, and its thread's state then, label `"thread state"`
+    #   (running, waiting for GVL, blocked, gc: docs/profiler.md, "Timeline"; what
+    #   DdprofRecorder.timeline draws). A thread's idle passes in a row are still one sample
     #   (its wall time is how long they lasted, its time the last one's), and CPU carried to a
     #   thread's end or a window's close has no time of its own: those stay aggregated, as do
     #   allocation and heap samples. On Ruby 3.3+ ({GVL_EVENTS}) it also measures, with a
