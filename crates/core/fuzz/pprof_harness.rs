@@ -1,7 +1,8 @@
 //! The pprof reader fuzz harness: the views' reader (`ddprof_recorder_core::views`) on
 //! untrusted bytes. The first byte of an input picks how the rest is used:
 //! - even: as a pprof, raw or gzip, read under small limits (64 KiB of protobuf, so a 1 MiB
-//!   budget): reading and every view (folded, top both ways, flamegraph, speedscope, summary,
+//!   budget): reading and every view (folded, top both ways, flamegraph, speedscope and its
+//!   timeline, the timeline and the threads' shares, summary,
 //!   merge, filter) must return `Ok` or a `ViewError`, never panic, and what they return must
 //!   agree with the resolved samples (the frames of each sample within `MAX_STACK_DEPTH`, the
 //!   folded values and top's self values adding up to the totals);
@@ -21,6 +22,7 @@ use ddprof_recorder_core::pprof::{
 };
 use ddprof_recorder_core::views::merge::{merge_bytes, stack_profile};
 use ddprof_recorder_core::views::speedscope::SpeedscopeOptions;
+use ddprof_recorder_core::views::timeline::TimelineFormat;
 use ddprof_recorder_core::views::{
     filter::filter_bytes, FoldOptions, ReadLimits, ResolvedLabelValue, StackProfile, TopSort,
     ViewError, MAX_STACK_DEPTH,
@@ -30,8 +32,28 @@ use prost::Message as _;
 /// The limits raw inputs are read under: small, so that amplification hits them.
 const RAW_LIMITS: ReadLimits = ReadLimits { max_decompressed_bytes: 64 << 10 };
 
-/// Strings the recipes name things with; label keys include the profiler's.
-const TEXTS: &[&str] = &["", "main", "a;b", "x\ny", "é", "thread name", "process id", "a.rb"];
+/// Strings the recipes name things with; label keys include the profiler's (the timeline's
+/// too: thread id, end_timestamp_ns, thread state). A pick takes one byte whatever the list's
+/// length, so a longer list reads a kept input the same way but for the strings it names.
+const TEXTS: &[&str] = &[
+    "",
+    "main",
+    "a;b",
+    "x\ny",
+    "é",
+    "thread name",
+    "process id",
+    "a.rb",
+    "thread id",
+    "end_timestamp_ns",
+    "thread state",
+    "running",
+    "waiting for GVL",
+    "gc kind",
+];
+/// The value types' names, in order: the profiler's, which the timeline and the threads'
+/// shares look for.
+const TYPES: &[&str] = &["cpu-time", "wall-time", "gvl-wait-time"];
 
 /// Values a recipe picks from: small ones, and the extremes that saturate sums.
 const VALUES: &[i64] = &[0, 1, 7, -3, 1_000_000, i64::MAX, i64::MIN, -1];
@@ -122,6 +144,22 @@ fn check_views(p: &StackProfile) {
     if let Ok(json) = p.speedscope(&all, &options) {
         assert!(json.starts_with("{\"$schema\""));
     }
+    if let Ok(json) = p.speedscope_timeline(&options) {
+        assert!(json.starts_with("{\"$schema\""));
+    }
+    for t in p.thread_times() {
+        assert!(t.blocked_ns >= 0 && t.blocked_ns <= t.wall_ns.max(0));
+    }
+    for format in [TimelineFormat::Svg, TimelineFormat::Html] {
+        match p.timeline(format, "t") {
+            Ok(out) => assert!(out.starts_with(if format == TimelineFormat::Svg {
+                "<?xml"
+            } else {
+                "<!DOCTYPE"
+            })),
+            Err(e) => assert!(!matches!(e, ViewError::NotPprof(_) | ViewError::Gzip(_)), "{e}"),
+        }
+    }
     let _ = p.label_values("thread name");
 }
 
@@ -190,7 +228,7 @@ fn build(recipe: &mut Recipe<'_>) -> (PprofProfile, Model, bool) {
     let types = 1 + usize::from(recipe.below(3));
     let sample_type = (0..types)
         .map(|i| {
-            strings.push(format!("type{i}"));
+            strings.push(TYPES[i].to_string());
             let t = strings.len() as i64 - 1;
             PprofValueType { r#type: t, unit: recipe.text(&mut strings) }
         })

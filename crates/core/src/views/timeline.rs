@@ -262,13 +262,11 @@ impl StackProfile {
     }
 
     /// Each thread's wall time and its shares (see the module doc), by process, then the
-    /// longest first. Empty when the profile has no `cpu-time` and `wall-time` values or no
-    /// sample has a `"thread id"` label.
+    /// longest first. Empty when the profile has no `wall-time` value or no sample has a
+    /// `"thread id"` label; without `cpu-time`, nothing is running.
     pub fn thread_times(&self) -> Vec<ThreadTimes> {
-        let (Ok(cpu), Ok(wall)) = (self.value_index("cpu-time"), self.value_index("wall-time"))
-        else {
-            return Vec::new();
-        };
+        let Ok(wall) = self.value_index("wall-time") else { return Vec::new() };
+        let cpu = self.value_index("cpu-time").ok();
         let gvl = self.value_index("gvl-wait-time").ok();
         let mut threads: BTreeMap<LaneKey, ThreadTimes> = BTreeMap::new();
         for s in &self.samples {
@@ -291,7 +289,8 @@ impl StackProfile {
             if is_gc(s) {
                 t.gc_ns = t.gc_ns.saturating_add(w);
             } else {
-                t.running_ns = t.running_ns.saturating_add(s.values[cpu].max(0));
+                let used = cpu.map_or(0, |c| s.values[c].max(0));
+                t.running_ns = t.running_ns.saturating_add(used);
             }
             if let (Some(g), Some(sum)) = (gvl, t.waiting_ns.as_mut()) {
                 *sum = sum.saturating_add(s.values[g].max(0));
@@ -359,7 +358,8 @@ impl StackProfile {
                     .take(HOVER_FRAMES)
                     .map(|&f| self.display_name(f).len() + 2)
                     .sum();
-                bytes = bytes.saturating_add(SVG_BYTES_PER_SPAN + names);
+                // Twice: a span that waited is drawn as two rects with the same title.
+                bytes = bytes.saturating_add(2 * (SVG_BYTES_PER_SPAN + names));
                 spans.push(Span {
                     start,
                     end,
@@ -376,9 +376,10 @@ impl StackProfile {
         let t0 =
             drawn.iter().flat_map(|(_, spans)| spans.iter().map(|s| s.start)).min().unwrap_or(0);
         let t1 = drawn.iter().flat_map(|(_, spans)| spans.iter().map(|s| s.end)).max().unwrap_or(0);
-        let span_ns = (t1 - t0).max(1);
+        // Saturating: the times are a file's labels, any i64.
+        let span_ns = t1.saturating_sub(t0).max(1);
         let plot = WIDTH - LABEL_WIDTH - 20.0;
-        let x = |t: i64| LABEL_WIDTH + plot * (t - t0) as f64 / span_ns as f64;
+        let x = |t: i64| LABEL_WIDTH + plot * t.saturating_sub(t0) as f64 / span_ns as f64;
         let height = TOP + drawn.len() as f64 * (LANE_HEIGHT + LANE_GAP) + 40.0;
 
         let mut svg = String::with_capacity(bytes + 8192);
@@ -458,9 +459,9 @@ impl StackProfile {
             "{}: {}\n{} to {} ({})\ncpu-time {}",
             times.title(),
             span.state.name(),
-            duration(span.start - t0),
-            duration(span.end - t0),
-            duration(span.end - span.start),
+            duration(span.start.saturating_sub(t0)),
+            duration(span.end.saturating_sub(t0)),
+            duration(span.end.saturating_sub(span.start)),
             duration(span.cpu)
         );
         if times.waiting_ns.is_some() {
@@ -677,6 +678,23 @@ mod tests {
         let e = p.timeline(TimelineFormat::Svg, "x").unwrap_err();
         assert!(matches!(e, ViewError::NoTimeline), "{e}");
         assert!(e.to_string().contains("--timeline"), "{e}");
+    }
+
+    #[test]
+    fn any_times_and_values_draw_without_a_panic() {
+        let p = profile(&[
+            (&[1, 0], [i64::MAX, i64::MAX, i64::MAX], "1", Some("running"), Some(i64::MIN)),
+            (&[1, 0], [-5, -5, -5], "1", Some("bogus"), Some(i64::MAX)),
+            (&[], [0, 0, 0], "2", None, Some(0)),
+        ]);
+        for format in [TimelineFormat::Svg, TimelineFormat::Html] {
+            assert!(p.timeline(format, "x").is_ok());
+        }
+        // No cpu-time: nothing runs, the rest is drawn.
+        let mut q = busy_and_sleeper();
+        q.value_types[0].0 = "other".to_string();
+        assert!(q.thread_times().iter().all(|t| t.running_ns == 0));
+        assert!(q.timeline(TimelineFormat::Svg, "x").is_ok());
     }
 
     #[test]
