@@ -151,7 +151,10 @@ RSpec.describe DdprofRecorder::Profiler do
       expect(times.min).to be >= busy_from - 5_000_000
       expect(times.max).to be <= busy_to + 50_000_000
       expect(times.max - times.min).to be > 0.5 * (busy_to - busy_from)
-      naps = samples.select { |s| s[:labels]["thread name"] == "napper" && s[:values]["wall-time"].positive? }
+      # Its wall time from its last sample to its end is not dated (it goes with its last CPU).
+      naps = samples.select do |s|
+        s[:labels]["thread name"] == "napper" && s[:values]["wall-time"].positive? && s[:values]["cpu-samples"].positive?
+      end
       expect(naps).not_to be_empty
       expect(naps.map { |s| s[:labels][key] }).to all(be_between(busy_to - 5_000_000, unix_ns(finish)))
       expect(samples.filter_map { |s| s[:labels][key] }).to all(be_between(unix_ns(start), unix_ns(finish)))
@@ -227,9 +230,12 @@ RSpec.describe DdprofRecorder::Profiler do
         expect(s[:labels].keys).to contain_exactly("thread id", "thread name", "process id")
         expect(s[:labels]["thread id"]).to match(/\A\d+ \(\d+\)\z/)
         expect(s[:labels]["process id"]).to eq(Process.pid) # a number
-        # 0: CPU carried to the window's end and recorded on the thread's last on-CPU stack.
-        expect(s[:values]["cpu-samples"]).to be >= 1 unless s[:values]["wall-time"].zero?
       end
+      # cpu-samples 0: CPU carried to the window's end, recorded on the thread's last on-CPU
+      # stack (no wall time), and a thread's wall time from its last sample to the window's
+      # end, on the stack it is at then: one such per thread.
+      tails = samples.select { |s| s[:values]["cpu-samples"].zero? && s[:values]["wall-time"].positive? }
+      expect(tails.group_by { |s| s[:labels]["thread id"] }.values.map(&:size)).to all(eq(1))
       expect(by_thread.keys).to include("cruncher", "sleeper", "main")
     end
 
