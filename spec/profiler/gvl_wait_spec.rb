@@ -7,19 +7,7 @@
 # waiting for a CPU (/proc/thread-self/schedstat, the second field: on a loaded machine a
 # thread that holds the GVL may wait for a CPU too, which is no GVL wait).
 RSpec.describe DdprofRecorder::Profiler, "gvl-wait-time" do
-  def mono_ns = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
-
-  def thread_cpu_ns = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID, :nanosecond)
-
-  # Ns the calling thread spent runnable but not on a CPU, as the kernel counts it.
-  def runqueue_ns = Integer(File.read("/proc/thread-self/schedstat").split[1])
-
-  def busy_for(ns)
-    from = mono_ns
-    x = 0
-    x += 1 while mono_ns - from < ns
-    x
-  end
+  include ClockHelpers # mono_ns, thread_cpu_ns, runqueue_ns, busy_for
 
   context "on a Ruby without GVL events", if: !DdprofRecorder::Profiler::GVL_EVENTS do
     it "has no gvl-wait-time (Ruby 3.1: no thread event API)" do

@@ -10,19 +10,7 @@ require "tmpdir"
 # `record` prints. Checked against truths measured inside the program: its threads' own CPU
 # and wall clocks, the kernel's run-queue time, the time it asked to sleep, and GC.stat(:time).
 RSpec.describe DdprofRecorder::Profiler, "thread states" do
-  def mono_ns = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
-
-  def thread_cpu_ns = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID, :nanosecond)
-
-  # Ns the calling thread spent runnable but not on a CPU, as the kernel counts it.
-  def runqueue_ns = Integer(File.read("/proc/thread-self/schedstat").split[1])
-
-  def busy_for(ns)
-    from = mono_ns
-    x = 0
-    x += 1 while mono_ns - from < ns
-    x
-  end
+  include ClockHelpers # mono_ns, thread_cpu_ns, runqueue_ns, busy_for
 
   STATES = ["running", "waiting for GVL", "blocked", "gc"].freeze
 
