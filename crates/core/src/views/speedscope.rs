@@ -51,6 +51,14 @@ pub struct SpeedscopeOptions {
 /// summed weights.
 type Stacks = BTreeMap<Vec<Option<usize>>, i64>;
 
+/// A frame of the document's `shared.frames`.
+enum SharedFrame {
+    /// A timeline's root frame: the thread's state, `[running]` etc.
+    State(ThreadState),
+    /// A function of the profile (`None`: the [`NO_STACK`] frame), with its file.
+    Function(Option<usize>),
+}
+
 /// One speedscope profile before it is written: its value type, its label value, its stacks.
 struct Part {
     value: usize,
@@ -89,31 +97,16 @@ impl StackProfile {
         let frame_index: HashMap<Option<usize>, usize> =
             used.iter().enumerate().map(|(i, &f)| (f, i)).collect();
 
-        let mut out = String::with_capacity(4096);
-        out.push_str("{\"$schema\":");
-        json_string(&mut out, SCHEMA);
-        out.push_str(",\"shared\":{\"frames\":[");
-        for (i, &f) in used.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
+        let frames = used.iter().map(|&f| SharedFrame::Function(f));
+        self.write_document(options, frames, |out| {
+            for (i, part) in parts.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                self.write_profile(out, part, options.group_by.as_deref(), &frame_index);
             }
-            out.push_str("{\"name\":");
-            self.write_frame(&mut out, f);
-            out.push('}');
-        }
-        out.push_str("]},\"profiles\":[");
-        for (i, part) in parts.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            self.write_profile(&mut out, part, options.group_by.as_deref(), &frame_index);
-        }
-        out.push_str("],\"name\":");
-        json_string(&mut out, &options.name);
-        out.push_str(",\"activeProfileIndex\":0,\"exporter\":");
-        json_string(&mut out, &options.exporter);
-        out.push('}');
-        Ok(out)
+            Ok(())
+        })
     }
 
     /// The speedscope JSON of the dated samples, one `wall-time` profile per thread (the one
@@ -143,64 +136,86 @@ impl StackProfile {
         let frame_index: HashMap<Option<usize>, usize> =
             used.iter().enumerate().map(|(i, &f)| (f, i + states)).collect();
 
+        let frames = ThreadState::ALL
+            .iter()
+            .map(|&state| SharedFrame::State(state))
+            .chain(used.iter().map(|&f| SharedFrame::Function(f)));
+        self.write_document(options, frames, |out| {
+            let mut first = true;
+            for t in &times {
+                let Some(samples) = lanes.get(&(t.process.clone(), t.thread_id.clone())) else {
+                    continue;
+                };
+                let weighted: Vec<_> = samples.iter().filter(|(_, s)| s.values[wall] > 0).collect();
+                if weighted.is_empty() {
+                    continue;
+                }
+                if !first {
+                    out.push(',');
+                }
+                first = false;
+                let total =
+                    weighted.iter().fold(0i64, |a, (_, s)| a.saturating_add(s.values[wall]));
+                out.push_str("{\"type\":\"sampled\",\"name\":");
+                json_string(out, &format!("{}: {}", t.title(), t.shares()));
+                let _ = write!(
+                    out,
+                    ",\"unit\":\"nanoseconds\",\"startValue\":0,\"endValue\":{total},\"samples\":["
+                );
+                for (i, (_, s)) in weighted.iter().enumerate() {
+                    let state =
+                        ThreadState::ALL.iter().position(|&x| x == state_of(s)).unwrap_or(0);
+                    let _ = write!(out, "{}[{state}", if i > 0 { "," } else { "" });
+                    if s.frames.is_empty() {
+                        let _ = write!(out, ",{}", frame_index[&None]);
+                    }
+                    for &f in s.frames.iter().rev() {
+                        let _ = write!(out, ",{}", frame_index[&Some(f)]);
+                    }
+                    out.push(']');
+                }
+                out.push_str("],\"weights\":[");
+                for (i, (_, s)) in weighted.iter().enumerate() {
+                    let _ = write!(out, "{}{}", if i > 0 { "," } else { "" }, s.values[wall]);
+                }
+                out.push_str("]}");
+            }
+            if first {
+                return Err(ViewError::NothingToDraw("wall-time".to_string()));
+            }
+            Ok(())
+        })
+    }
+
+    /// The speedscope document around its profiles, what [`StackProfile::speedscope`] and
+    /// [`StackProfile::speedscope_timeline`] both write: the `$schema`, `shared.frames` (one
+    /// `{"name": ...}` object per frame of `frames`, in order: the profiles' samples refer to
+    /// them by index), the `profiles` that `write_profiles` appends (comma-separated by it),
+    /// then the file's `name`, `activeProfileIndex` 0 and `exporter`. An error of
+    /// `write_profiles` is the document's.
+    fn write_document(
+        &self,
+        options: &SpeedscopeOptions,
+        frames: impl IntoIterator<Item = SharedFrame>,
+        write_profiles: impl FnOnce(&mut String) -> Result<(), ViewError>,
+    ) -> Result<String, ViewError> {
         let mut out = String::with_capacity(4096);
         out.push_str("{\"$schema\":");
         json_string(&mut out, SCHEMA);
         out.push_str(",\"shared\":{\"frames\":[");
-        for (i, state) in ThreadState::ALL.iter().enumerate() {
+        for (i, frame) in frames.into_iter().enumerate() {
             if i > 0 {
                 out.push(',');
             }
             out.push_str("{\"name\":");
-            json_string(&mut out, &format!("[{}]", state.name()));
-            out.push('}');
-        }
-        for &f in &used {
-            out.push_str(",{\"name\":");
-            self.write_frame(&mut out, f);
+            match frame {
+                SharedFrame::State(state) => json_string(&mut out, &format!("[{}]", state.name())),
+                SharedFrame::Function(f) => self.write_frame(&mut out, f),
+            }
             out.push('}');
         }
         out.push_str("]},\"profiles\":[");
-        let mut first = true;
-        for t in &times {
-            let Some(samples) = lanes.get(&(t.process.clone(), t.thread_id.clone())) else {
-                continue;
-            };
-            let weighted: Vec<_> = samples.iter().filter(|(_, s)| s.values[wall] > 0).collect();
-            if weighted.is_empty() {
-                continue;
-            }
-            if !first {
-                out.push(',');
-            }
-            first = false;
-            let total = weighted.iter().fold(0i64, |a, (_, s)| a.saturating_add(s.values[wall]));
-            out.push_str("{\"type\":\"sampled\",\"name\":");
-            json_string(&mut out, &format!("{}: {}", t.title(), t.shares()));
-            let _ = write!(
-                out,
-                ",\"unit\":\"nanoseconds\",\"startValue\":0,\"endValue\":{total},\"samples\":["
-            );
-            for (i, (_, s)) in weighted.iter().enumerate() {
-                let state = ThreadState::ALL.iter().position(|&x| x == state_of(s)).unwrap_or(0);
-                let _ = write!(out, "{}[{state}", if i > 0 { "," } else { "" });
-                if s.frames.is_empty() {
-                    let _ = write!(out, ",{}", frame_index[&None]);
-                }
-                for &f in s.frames.iter().rev() {
-                    let _ = write!(out, ",{}", frame_index[&Some(f)]);
-                }
-                out.push(']');
-            }
-            out.push_str("],\"weights\":[");
-            for (i, (_, s)) in weighted.iter().enumerate() {
-                let _ = write!(out, "{}{}", if i > 0 { "," } else { "" }, s.values[wall]);
-            }
-            out.push_str("]}");
-        }
-        if first {
-            return Err(ViewError::NothingToDraw("wall-time".to_string()));
-        }
+        write_profiles(&mut out)?;
         out.push_str("],\"name\":");
         json_string(&mut out, &options.name);
         out.push_str(",\"activeProfileIndex\":0,\"exporter\":");
