@@ -143,7 +143,10 @@ async function speedscope(file, png) {
   }
 }
 
-async function svg(file, png) {
+// Opens one of our files (an SVG or an HTML page) in headless Chromium, offline, and once it has
+// loaded, runs `inspect(page)`, which returns what it found there. Prints that, then the share of
+// coloured pixels in a screenshot of the page (saved as PNG), page errors and refused requests.
+async function inspectFile(file, png, inspect) {
   const { context, refused, close } = await launch()
   try {
     const page = await context.newPage()
@@ -151,24 +154,25 @@ async function svg(file, png) {
     page.on("pageerror", e => errors.push(String(e)))
     await page.goto(pathToFileURL(path.resolve(file)).href)
     await page.waitForLoadState("load")
-    const texts = await page.evaluate(() => [...document.querySelectorAll("text")].map(t => t.textContent).filter(t => t.trim() !== ""))
-    const frames = await page.evaluate(() => document.querySelectorAll("#frames > g, g[class='func_g'], g > title").length)
+    const found = await inspect(page)
     const shot = await page.screenshot({ path: png })
     const coloured = colouredShare(PNG.sync.read(shot), { x: 0, y: 0, width: VIEWPORT.width, height: VIEWPORT.height })
-    print({ texts, frames, coloured_share: coloured, errors, refused, screenshot: png })
+    print({ ...found, coloured_share: coloured, errors, refused, screenshot: png })
   } finally {
     await close()
   }
 }
 
-async function timeline(file, png) {
-  const { context, refused, close } = await launch()
-  try {
-    const page = await context.newPage()
-    const errors = []
-    page.on("pageerror", e => errors.push(String(e)))
-    await page.goto(pathToFileURL(path.resolve(file)).href)
-    await page.waitForLoadState("load")
+function svg(file, png) {
+  return inspectFile(file, png, async page => {
+    const texts = await page.evaluate(() => [...document.querySelectorAll("text")].map(t => t.textContent).filter(t => t.trim() !== ""))
+    const frames = await page.evaluate(() => document.querySelectorAll("#frames > g, g[class='func_g'], g > title").length)
+    return { texts, frames }
+  })
+}
+
+function timeline(file, png) {
+  return inspectFile(file, png, async page => {
     const lanes = await page.evaluate(() => [...document.querySelectorAll("g.lane > title")].map(t => t.textContent))
     const spans = await page.evaluate(() => {
       const counts = {}
@@ -194,12 +198,8 @@ async function timeline(file, png) {
         hovered[fill] = await page.evaluate(() => document.getElementById("hover").textContent)
       }
     }
-    const shot = await page.screenshot({ path: png })
-    const coloured = colouredShare(PNG.sync.read(shot), { x: 0, y: 0, width: VIEWPORT.width, height: VIEWPORT.height })
-    print({ lanes, spans, hovered, coloured_share: coloured, errors, refused, screenshot: png })
-  } finally {
-    await close()
-  }
+    return { lanes, spans, hovered }
+  })
 }
 
 const [command, ...args] = process.argv.slice(2)
