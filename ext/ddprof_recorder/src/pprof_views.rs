@@ -32,6 +32,15 @@ const THREAD_ID_LABEL: &str = "thread id";
 const THREAD_NAME_LABEL: &str = "thread name";
 const PROCESS_ID_LABEL: &str = "process id";
 
+/// The Symbols that name a timeline's format, a top table's order and a compression, as
+/// [`symbol_choice`] takes them.
+const TIMELINE_FORMATS: &[(&str, TimelineFormat)] =
+    &[("svg", TimelineFormat::Svg), ("html", TimelineFormat::Html)];
+const TOP_SORTS: &[(&str, TopSort)] =
+    &[("self", TopSort::SelfValue), ("total", TopSort::TotalValue)];
+const COMPRESSIONS: &[(&str, Compression)] =
+    &[("none", Compression::None), ("gzip", Compression::Gzip)];
+
 pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
     module.define_singleton_method("_native_folded", function!(native_folded, 5))?;
     module.define_singleton_method("_native_flamegraph", function!(native_flamegraph, 6))?;
@@ -233,13 +242,7 @@ fn native_timeline(
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
-        let format = match format.name()?.as_ref() {
-            "svg" => TimelineFormat::Svg,
-            "html" => TimelineFormat::Html,
-            other => {
-                return Err(arg_error(ruby, format!("format must be :svg or :html, got :{other}")))
-            }
-        };
+        let format = symbol_choice(ruby, "format", format, TIMELINE_FORMATS)?;
         let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
         let out = with_whole_profile(ruby, inputs, move |p| p.timeline(format, &title))?;
         Ok(ruby.str_new(&out))
@@ -278,11 +281,24 @@ fn native_filter(
 
 /// `:gzip` or `:none` as a [`Compression`].
 fn compression_of(ruby: &Ruby, compression: Symbol) -> Result<Compression, Error> {
-    match compression.name()?.as_ref() {
-        "gzip" => Ok(Compression::Gzip),
-        "none" => Ok(Compression::None),
-        other => Err(arg_error(ruby, format!("compression must be :none or :gzip, got :{other}"))),
+    symbol_choice(ruby, "compression", compression, COMPRESSIONS)
+}
+
+/// The value of the choice that `symbol` names among `choices` (`[(name, value), ...]`); any
+/// other Symbol is an ArgumentError naming the choices in their order: `"{what} must be :a or
+/// :b, got :{name}"`.
+fn symbol_choice<T: Copy>(
+    ruby: &Ruby,
+    what: &str,
+    symbol: Symbol,
+    choices: &[(&str, T)],
+) -> Result<T, Error> {
+    let name = symbol.name()?;
+    if let Some(&(_, value)) = choices.iter().find(|(choice, _)| *choice == name.as_ref()) {
+        return Ok(value);
     }
+    let names: Vec<String> = choices.iter().map(|(choice, _)| format!(":{choice}")).collect();
+    Err(arg_error(ruby, format!("{what} must be {}, got :{name}", names.join(" or "))))
 }
 
 /// One row of `_native_top`: `[name, filename, self, total]`.
@@ -299,13 +315,7 @@ fn native_top(
     max_decompressed_bytes: u64,
 ) -> Result<(String, i64, Vec<TopRow>), Error> {
     entry(ruby, || {
-        let sort = match sort.name()?.as_ref() {
-            "self" => TopSort::SelfValue,
-            "total" => TopSort::TotalValue,
-            other => {
-                return Err(arg_error(ruby, format!("sort must be :self or :total, got :{other}")))
-            }
-        };
+        let sort = symbol_choice(ruby, "sort", sort, TOP_SORTS)?;
         let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
         with_profile(ruby, inputs, value, move |p, i| {
             let rows = p
