@@ -16,9 +16,9 @@
 # On this 2-core machine a pass takes 15 to 35 µs from run to run, mostly the kernel's
 # futex wake and task switch, and the paired ratios spread over ±5%: too wide for a 1% effect.
 # `--always` keeps the hook on for every round, for a CPU profile, whose share of samples in
-# the hook's functions (`gvl_events::imp::on_gvl_event`, `rb_internal_thread_specific_get`,
-# `clock_gettime`) and in Ruby's dispatch of it (`rb_thread_execute_hooks` and its rwlock) is
-# the cost, measured where the paired ratios cannot see it.
+# the hook's functions (`gvl_events::imp::on_gvl_event`, `clock_gettime`) and in Ruby's
+# dispatch of it (`rb_thread_execute_hooks` and its rwlock) is the cost, measured where the
+# paired ratios cannot see it.
 #
 # Ruby 3.3+ only (Profiler::GVL_EVENTS). Prints a table, then one JSON line.
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))

@@ -12,19 +12,30 @@
 //! READY, "waiting -> ready (locked)"; `thread_sched_to_running_common` fires RESUMED once the
 //! thread holds the GVL; `thread_sched_to_dead_common` fires EXITED), not always on the native
 //! thread of the Ruby thread it is about (`include/ruby/thread.h`: "you must use
-//! `event_data->thread`"). So the hook takes no lock, allocates nothing and calls no Ruby API
-//! but `rb_internal_thread_specific_get`/`_set`, which `thread.h` documents as "async signal
-//! safe and thread safe": each thread's thread-specific value names its [`Slot`] in a static
-//! table, claimed with a compare-and-swap at the thread's first event. READY stores when the
-//! thread became ready; RESUMED adds the time since to the slot's waits; EXITED marks the slot
-//! ended ([`ENDED`]), keeping its last waits until the sampler takes them at the thread's end
-//! (the take frees it), or, with no slot free, a new thread reclaims it.
+//! `event_data->thread`"). So the hook takes no lock, allocates nothing and calls no Ruby API:
+//! each thread's [`Slot`] in a static table is found by hashing the Thread's VALUE (open
+//! addressing, at most [`PROBES`] slots looked at) and claimed with a compare-and-swap at the
+//! thread's first event. READY stores when the thread became ready; RESUMED adds the time since
+//! to the slot's waits; EXITED marks the slot ended ([`ENDED`]), keeping its last waits until
+//! the sampler takes them at the thread's end (the take leaves a [`TOMB`], so that the threads
+//! that probed past the slot are still found), or, with no slot free, a new thread reclaims it.
+//! A slot is a cache line of its own: a thread's events come from both cores, and two threads'
+//! slots never share a line.
 //!
-//! A slot's value carries the fork generation it was claimed in: in a forked child every
-//! parent thread's slot is stale (its threads are gone without an EXITED), so [`start`] frees
-//! them all, removing the parent's hook and adding a new one, and a thread whose value names
-//! another generation claims a slot anew. With more threads than slots, the waits of the
-//! threads without one are not measured, and counted ([`UNTRACKED`]).
+//! The VALUE names its thread while the thread lives, and after: the sampler holds every
+//! thread it looks at until its last take, so a VALUE is reused only once that take is done.
+//! An ended thread's slot that a new thread at the same address finds (the sampler did not
+//! take it: not profiling then) is the new thread's, cleared. GC compaction can move a Thread
+//! (3.3.8 `vm.c`, `thread_compact`): its events then name the new address, which claims a new
+//! slot, and the waits left on the old one are not taken. Before this table, each thread's
+//! slot was named by its thread-specific value (`rb_internal_thread_specific_get`, two loads
+//! through the `rb_thread_t` that missed the cache as threads moved between cores; the owner
+//! was checked by VALUE then too): bench/RESULTS.md, "Timeline", has both costs.
+//!
+//! In a forked child every parent thread's slot is stale (its threads are gone without an
+//! EXITED), so [`start`] frees them all, removing the parent's hook and adding a new one. With
+//! more threads than slots, or a thread whose probes find none free, the waits of the threads
+//! without one are not measured, and counted ([`UNTRACKED`]).
 // On 3.1 the table and the events' logic are built (and unit-tested) but nothing calls them.
 #![cfg_attr(not(ruby_gte_3_3), allow(dead_code))]
 use std::panic::catch_unwind;
@@ -41,8 +52,10 @@ pub const AVAILABLE: bool = cfg!(ruby_gte_3_3);
 /// Threads whose waits are measured at once: a Puma of 32 threads uses 33.
 const SLOTS: usize = 1024;
 
-/// One thread's GVL account. `owner` is the Ruby thread (its VALUE) while claimed, with
-/// [`ENDED`] set once it exited; 0 when free.
+/// One thread's GVL account, a cache line of its own. `owner` is the Ruby thread (its VALUE)
+/// while claimed, with [`ENDED`] set once it exited; [`TOMB`] once taken after that; 0 if never
+/// claimed.
+#[repr(align(64))]
 struct Slot {
     owner: AtomicUsize,
     /// Monotonic ns when the thread became ready, 0 while it is not waiting.
@@ -57,15 +70,17 @@ const FREE: Slot =
 static TABLE: [Slot; SLOTS] = [FREE; SLOTS];
 /// In `owner`: the thread exited (a VALUE is 8-aligned, so its low bit is free).
 const ENDED: usize = 1;
+/// `owner` of a slot freed by the sampler's last take: free to claim, but a lookup goes on past
+/// it (a thread that probed past the slot while it was owned is further on). Never a VALUE.
+const TOMB: usize = 2;
+/// Slots a lookup or a claim looks at, from the one the VALUE hashes to.
+const PROBES: usize = 32;
 
-/// The fork generation the slots were claimed in (`stack_recorder::fork_generation`), as the
-/// high half of each thread-specific value.
+/// The fork generation the slots were claimed in (`stack_recorder::fork_generation`).
 static GENERATION: AtomicUsize = AtomicUsize::new(0);
 static HOOKED: AtomicBool = AtomicBool::new(false);
 /// The hook `rb_internal_thread_add_event_hook` returned (null: none).
 static HOOK: AtomicUsize = AtomicUsize::new(0);
-/// The thread-specific key, once made (-1: not yet).
-static KEY: AtomicI64 = AtomicI64::new(-1);
 /// Events of threads that had no slot (the table full); `Profiler._native_sampling_stats`'s
 /// `:gvl_untracked_events`.
 pub static UNTRACKED: AtomicU64 = AtomicU64::new(0);
@@ -94,15 +109,56 @@ fn now_ns() -> i64 {
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
-/// The thread-specific value that names slot `index` in `generation` (never null).
-fn slot_value(generation: usize, index: usize) -> usize {
-    ((generation & 0xffff_ffff) << 32) | (index + 1)
+/// The slots `thread` (a VALUE) may be in, in probe order: from the one its hash names on.
+fn probes(thread: usize) -> impl Iterator<Item = &'static Slot> {
+    // Fibonacci hashing of the VALUE without its 3 always-zero bits; SLOTS is a power of two.
+    let start = ((thread >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        >> (usize::BITS - SLOTS.trailing_zeros()))
+        % SLOTS;
+    (0..PROBES).map(move |i| &TABLE[(start + i) % SLOTS])
 }
 
-/// The slot a thread-specific value names, if it was claimed in `generation`.
-fn slot_of_value(value: usize, generation: usize) -> Option<&'static Slot> {
-    let index = (value & 0xffff_ffff).checked_sub(1)?;
-    (value >> 32 == generation & 0xffff_ffff).then(|| TABLE.get(index)).flatten()
+/// `thread`'s slot, claimed if `claim` and it has none: the one it owns (ended or not) among
+/// its probes, else, if `claim`, the first free one (never claimed, or a [`TOMB`]), else the
+/// first whose thread ended (its last waits, not taken yet, are dropped). A claim clears the
+/// slot's times.
+fn slot(thread: usize, claim: bool) -> Option<&'static Slot> {
+    for slot in probes(thread) {
+        match slot.owner.load(Ordering::Acquire) {
+            0 => break,
+            owner if owner & !ENDED == thread => {
+                // An ended thread's VALUE, with events: a new thread at its address.
+                if owner != thread && claim && !take_slot(slot, owner, thread) {
+                    continue;
+                }
+                return Some(slot);
+            }
+            _ => {}
+        }
+    }
+    if !claim {
+        return None;
+    }
+    let free = |slot: &&Slot| {
+        let owner = slot.owner.load(Ordering::Acquire);
+        (owner == 0 || owner == TOMB) && take_slot(slot, owner, thread)
+    };
+    let ended = |slot: &&Slot| {
+        let owner = slot.owner.load(Ordering::Acquire);
+        owner & ENDED != 0 && take_slot(slot, owner, thread)
+    };
+    probes(thread).find(free).or_else(|| probes(thread).find(ended))
+}
+
+/// Gives `slot`, owned by `owner` now, to `thread`, its times cleared; false if it changed.
+fn take_slot(slot: &Slot, owner: usize, thread: usize) -> bool {
+    let ok =
+        slot.owner.compare_exchange(owner, thread, Ordering::AcqRel, Ordering::Relaxed).is_ok();
+    if ok {
+        slot.waited.store(0, Ordering::Relaxed);
+        slot.ready_at.store(0, Ordering::Relaxed);
+    }
+    ok
 }
 
 unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
@@ -125,7 +181,7 @@ fn stop() {
 /// and slots go first. With the GVL.
 fn native_start(ruby: &Ruby) -> Result<bool, Error> {
     entry(ruby, || {
-        if !AVAILABLE || !imp::ensure_key() {
+        if !AVAILABLE {
             return Ok(false);
         }
         let generation = crate::stack_recorder::fork_generation() as usize;
@@ -162,12 +218,12 @@ fn native_take(ruby: &Ruby, thread: Value) -> Result<Option<u64>, Error> {
             return Err(Error::new(ruby.exception_type_error(), "expected a Thread"));
         }
         let thread = thread.as_raw() as usize;
-        let Some(slot) = imp::slot(thread, false) else { return Ok(None) };
+        let Some(slot) = slot(thread, false) else { return Ok(None) };
         let mut waited = slot.waited.swap(0, Ordering::AcqRel);
         // An ended thread's last take: its slot is free again.
         if slot
             .owner
-            .compare_exchange(thread | ENDED, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .compare_exchange(thread | ENDED, TOMB, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
             return Ok(Some(waited));
@@ -201,7 +257,7 @@ fn native_waiting(ruby: &Ruby, thread: Value) -> Result<Option<bool>, Error> {
         if !HOOKED.load(Ordering::Acquire) {
             return Ok(None);
         }
-        let Some(slot) = imp::slot(thread.as_raw() as usize, false) else { return Ok(None) };
+        let Some(slot) = slot(thread.as_raw() as usize, false) else { return Ok(None) };
         Ok(Some(slot.ready_at.load(Ordering::Acquire) > 0))
     })
 }
@@ -209,7 +265,7 @@ fn native_waiting(ruby: &Ruby, thread: Value) -> Result<Option<bool>, Error> {
 /// What the hook does for one event on `thread`'s slot.
 fn on_event(event: u32, thread: usize) {
     let claim = event != imp::EXITED;
-    let Some(slot) = imp::slot(thread, claim) else {
+    let Some(slot) = slot(thread, claim) else {
         if claim {
             UNTRACKED.fetch_add(1, Ordering::Relaxed);
         }
@@ -234,29 +290,6 @@ fn on_event(event: u32, thread: usize) {
     }
 }
 
-/// Claims a free slot for `thread`, if there is one, else one whose thread ended (its last
-/// waits, not taken yet, are dropped).
-fn claim(thread: usize) -> Option<usize> {
-    let start = (thread >> 3) % SLOTS;
-    let order = || (0..SLOTS).map(move |i| (start + i) % SLOTS);
-    let take = |i: usize, owner: usize| {
-        let slot = &TABLE[i];
-        let ok =
-            slot.owner.compare_exchange(owner, thread, Ordering::AcqRel, Ordering::Relaxed).is_ok();
-        if ok {
-            slot.waited.store(0, Ordering::Relaxed);
-            slot.ready_at.store(0, Ordering::Relaxed);
-        }
-        ok
-    };
-    order().find(|&i| take(i, 0)).or_else(|| {
-        order().find(|&i| {
-            let owner = TABLE[i].owner.load(Ordering::Acquire);
-            owner & ENDED != 0 && take(i, owner)
-        })
-    })
-}
-
 #[cfg(ruby_gte_3_3)]
 mod imp {
     use std::ffi::c_void;
@@ -267,24 +300,6 @@ mod imp {
     pub const READY: u32 = rb_sys::RUBY_INTERNAL_THREAD_EVENT_READY;
     pub const RESUMED: u32 = rb_sys::RUBY_INTERNAL_THREAD_EVENT_RESUMED;
     pub const EXITED: u32 = rb_sys::RUBY_INTERNAL_THREAD_EVENT_EXITED;
-
-    /// Makes the thread-specific key once; false if Ruby refused (it allows 8 per process,
-    /// and the first one only while one Ractor runs: `thread.c`, it raises ThreadError).
-    pub fn ensure_key() -> bool {
-        if KEY.load(Ordering::Acquire) >= 0 {
-            return true;
-        }
-        let mut key = -1;
-        // SAFETY: GVL held; `protect` turns the ThreadError it may raise into an Err.
-        let made = magnus::rb_sys::protect(|| {
-            key = unsafe { rb_sys::rb_internal_thread_specific_key_create() };
-            rb_sys::Qnil as rb_sys::VALUE
-        });
-        if made.is_ok() {
-            KEY.store(i64::from(key), Ordering::Release);
-        }
-        made.is_ok()
-    }
 
     pub fn add_hook() {
         let events = READY | RESUMED | EXITED;
@@ -314,33 +329,6 @@ mod imp {
         }
     }
 
-    /// `thread`'s slot in this fork generation, claimed if `claim` and it has none.
-    pub fn slot(thread: usize, claim: bool) -> Option<&'static Slot> {
-        let key = KEY.load(Ordering::Acquire);
-        if key < 0 {
-            return None;
-        }
-        let key = key as rb_sys::rb_internal_thread_specific_key_t;
-        let generation = GENERATION.load(Ordering::Acquire);
-        // SAFETY: `thread` is a live Thread (the event's, or the sampler's argument with the
-        // GVL); `thread.h`: the get and set are async signal safe and thread safe.
-        let value =
-            unsafe { rb_sys::rb_internal_thread_specific_get(thread as rb_sys::VALUE, key) };
-        if let Some(slot) = slot_of_value(value as usize, generation) {
-            if slot.owner.load(Ordering::Acquire) & !ENDED == thread {
-                return Some(slot);
-            }
-        }
-        if !claim {
-            return None;
-        }
-        let index = super::claim(thread)?;
-        let value = slot_value(generation, index) as *mut c_void;
-        // SAFETY: as above.
-        unsafe { rb_sys::rb_internal_thread_specific_set(thread as rb_sys::VALUE, key, value) };
-        Some(&TABLE[index])
-    }
-
     /// The hook. Never unwinds.
     #[allow(deprecated)] // `rb_internal_thread_event_data::thread`: the API's one field
     unsafe extern "C" fn on_gvl_event(
@@ -353,42 +341,74 @@ mod imp {
         }
         // SAFETY: Ruby passes the event's data, valid for the call; `thread` is its Thread.
         let thread = unsafe { (*data).thread } as usize;
-        let _ = catch_unwind(AssertUnwindSafe(|| on_event(event as u32, thread)));
+        let _ = catch_unwind(AssertUnwindSafe(|| on_event(event, thread)));
     }
 }
 
 #[cfg(not(ruby_gte_3_3))]
 mod imp {
-    use super::*;
-
     pub const READY: u32 = 1;
     pub const RESUMED: u32 = 2;
     pub const EXITED: u32 = 4;
 
-    pub fn ensure_key() -> bool {
-        false
-    }
-
     pub fn add_hook() {}
 
     pub fn remove_hook() {}
-
-    pub fn slot(_thread: usize, _claim: bool) -> Option<&'static Slot> {
-        None
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    // The table is shared by the tests, which run at once: each uses VALUEs of its own.
+
     #[test]
-    fn a_slot_value_names_its_slot_in_its_generation_only() {
-        let value = slot_value(7, 41);
-        assert_ne!(value, 0);
-        assert!(std::ptr::eq(slot_of_value(value, 7).unwrap(), &TABLE[41]));
-        assert!(slot_of_value(value, 8).is_none());
-        assert!(slot_of_value(0, 7).is_none(), "never set");
-        assert!(slot_of_value(slot_value(7, SLOTS), 7).is_none(), "out of the table");
+    fn a_thread_finds_the_slot_it_claimed_and_a_take_after_its_end_frees_it() {
+        let thread = 0x7f00_0000_1000;
+        assert!(slot(thread, false).is_none());
+        let claimed = slot(thread, true).unwrap();
+        assert!(std::ptr::eq(slot(thread, false).unwrap(), claimed));
+        on_event(imp::READY, thread);
+        on_event(imp::RESUMED, thread);
+        on_event(imp::EXITED, thread);
+        assert_eq!(claimed.owner.load(Ordering::Relaxed), thread | ENDED);
+        assert!(std::ptr::eq(slot(thread, false).unwrap(), claimed), "found until taken");
+        // A new thread at the same address (the old one ended, never taken): its slot, cleared.
+        claimed.waited.store(5, Ordering::Relaxed);
+        assert!(std::ptr::eq(slot(thread, true).unwrap(), claimed));
+        assert_eq!(claimed.owner.load(Ordering::Relaxed), thread);
+        assert_eq!(claimed.waited.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn threads_that_hash_alike_are_found_past_a_freed_slot() {
+        // VALUEs 8 * SLOTS apart hash alike only by chance, so pick ones that do.
+        let base = 0x7f10_0000_0000usize;
+        let first = std::ptr::addr_of!(*probes(base).next().unwrap()) as usize;
+        let same: Vec<usize> = (1..200_000)
+            .map(|i| base + 8 * i)
+            .filter(|&v| std::ptr::addr_of!(*probes(v).next().unwrap()) as usize == first)
+            .take(2)
+            .collect();
+        let (a, b) = (base, same[0]);
+        let slot_a = slot(a, true).unwrap();
+        let slot_b = slot(b, true).unwrap();
+        assert!(!std::ptr::eq(slot_a, slot_b));
+        // `a` ends and is taken: its slot becomes a tomb, and `b`, probed past it, is found.
+        slot_a.owner.store(a | ENDED, Ordering::Relaxed);
+        assert!(slot_a
+            .owner
+            .compare_exchange(a | ENDED, TOMB, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok());
+        assert!(std::ptr::eq(slot(b, false).unwrap(), slot_b));
+        // A third thread of the same hash reuses the tomb.
+        let c = same[1];
+        assert!(std::ptr::eq(slot(c, true).unwrap(), slot_a));
+    }
+
+    #[test]
+    fn a_slot_is_a_cache_line() {
+        assert_eq!(std::mem::size_of::<Slot>(), 64);
+        assert_eq!(std::mem::align_of::<Slot>(), 64);
     }
 }
