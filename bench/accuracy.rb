@@ -27,7 +27,12 @@
 #
 # `--reference rbspy` puts rbspy (`rbspy record --on-cpu`, cargo install rbspy --locked) where
 # stackprof is in what follows, for the Rubies that Debian has no stackprof for (3.3, 3.4: run
-# this file with that Ruby, the extension built for it; see run_rbspy).
+# this file with that Ruby, the extension built for it; see run_rbspy). With rbspy, both
+# profiles count only the samples of the program's work (#within): those under its `run`, or,
+# in `micro_c` (the issue's program, which has none), those under no `require`, `load` or
+# `eval`. rbspy stops the process for each sample, which stretched the start-up (rubygems
+# loading the default gems' specifications: 0.2 s alone) to about 2 s on 3.3 and 3.4, and its
+# samples there (`eval`, `require`: a third of rbspy's) were compared with an ours that saw 0.2 s.
 #
 # Self CPU share per function (self = the leaf frame of a sample):
 # - ours: the pprof's `cpu-time` at each sample's leaf over all cpu-time (the pprof is decoded
@@ -201,7 +206,7 @@ module AccuracyBench
             *("--gc" if options.gc_apart), "--", *program_argv(program, options.seconds)]
     wall = spawn(argv, truth_env(program, base), "#{base}.log", options.timeout)
     leave_out = options.gc_apart ? AccuracyAnalysis::GC_FRAMES : []
-    self_cpu = AccuracyAnalysis.pprof_self(File.binread(pprof), leave_out: leave_out)
+    self_cpu = AccuracyAnalysis.pprof_self(File.binread(pprof), leave_out: leave_out, within: within(program, options))
     truth, process_cpu = read_truth(program, "#{base}.truth.json")
     Run.new(weights: self_cpu[:weights], on_cpu_samples: self_cpu[:on_cpu_samples], truth: truth,
             process_cpu_ns: process_cpu, wall_s: wall, extra: { cpu_ns: self_cpu[:total], gc_ns: self_cpu[:left_out] })
@@ -249,7 +254,8 @@ module AccuracyBench
       spawn(argv, truth_env(program, base), "#{base}.log", options.timeout)
     end
     self_time = AccuracyAnalysis.pprof_self(File.binread("#{base}.pb"), value: "wall", count: "wall",
-                                            leave_out: [RBSPY_UNKNOWN, "#{RBSPY_UNKNOWN} [c function]"])
+                                            leave_out: [RBSPY_UNKNOWN, "#{RBSPY_UNKNOWN} [c function]"],
+                                            within: within(program, options))
     truth, process_cpu = read_truth(program, "#{base}.truth.json")
     samples = ->(ns) { (ns * rate / 1e9).round }
     Run.new(weights: self_time[:weights], on_cpu_samples: samples.call(self_time[:total]), truth: truth,
@@ -257,6 +263,19 @@ module AccuracyBench
             extra: { gc_samples: samples.call(self_time[:left_out]), missed_samples: 0 })
   end
   RBSPY_UNKNOWN = "(unknown)"
+  # Each program's `run(seconds)` and its blocks, as ours (`Sleepy.run`) and rbspy
+  # (`#<Class:0x...>#run`, `block in run`) name them.
+  RUN_FRAME = /(\A|[#. ])run\z/
+  # Loading code: `Kernel#require`, `require_relative`, `load`, `eval` (rbspy adds ` [c function]`).
+  LOADING_FRAME = /\A(Kernel#)?(require|require_relative|load|eval)( \[c function\])?\z/
+
+  # Which samples count, given their frames' names (see the header): nil (all) for stackprof.
+  def within(program, options)
+    return unless options.reference == "rbspy"
+    return ->(names) { names.none? { |name| LOADING_FRAME.match?(name) } } if program == "micro_c"
+
+    ->(names) { names.any? { |name| RUN_FRAME.match?(name) } }
+  end
 
   # What the reference's left-out samples are (`stackprof_gc_share` in the JSON).
   def left_out_name(options)

@@ -119,7 +119,9 @@ module AccuracyAnalysis
   # @return [Hash] `weights:` {normalized name => value}, `on_cpu_samples:`, `total:` (the
   #   weights' sum), `left_out:` (the value of the samples left out).
   # @raise [ArgumentError] if it is not a pprof or lacks one of the two sample types.
-  def self.pprof_self(pprof, value: "cpu-time", count: "cpu-samples", leave_out: [])
+  # `within`: if given, only the samples for whose frames' function names (leaf first) it
+  # returns true count.
+  def self.pprof_self(pprof, value: "cpu-time", count: "cpu-samples", leave_out: [], within: nil)
     profile = Pprof.decode(pprof)
     vi = profile.value_index(value)
     ci = profile.value_index(count)
@@ -129,6 +131,7 @@ module AccuracyAnalysis
     profile.samples.each do |location_ids, values|
       v = values[vi] || 0
       next unless v.positive?
+      next if within && !within.call(profile.names(location_ids))
 
       leaf = profile.leaf_name(location_ids)
       if leave_out.include?(leaf)
@@ -206,11 +209,19 @@ module AccuracyAnalysis
 
     # @return [String] the function name of a sample's leaf ("" if unknown).
     def leaf_name(location_ids)
-      function = @leaf_function[location_ids.first]
-      @strings.fetch(@function_name.fetch(function, 0), "")
+      location_name(location_ids.first)
+    end
+
+    # @return [Array<String>] the function names of a sample's frames, leaf first.
+    def names(location_ids)
+      location_ids.map { |id| location_name(id) }
     end
 
     private
+
+    def location_name(id)
+      @strings.fetch(@function_name.fetch(@leaf_function[id], 0), "")
+    end
 
     # Yields (field number, value) for each field of a message: an Integer for varints, a
     # binary String for length-delimited fields (fixed-width fields are skipped).
