@@ -170,6 +170,22 @@ RSpec.describe AccuracyAnalysis do
       expect(described_class.pprof_self(pprof)[:weights]).to eq({ "crunch" => 100, "(marking)" => 30, "(sweeping)" => 20 })
     end
 
+    it "counts only the samples whose frames `within` accepts, given their names leaf first" do
+      recorder = DdprofRecorder::StackRecorder.new(compression: :gzip)
+      recorder.record_sample([["crunch", "a.rb", 3], ["Work.run", "a.rb", 9]], [100, 1, 1000])
+      recorder.record_sample([["Kernel#eval", "", 0], ["Kernel#require", "", 0]], [70, 1, 1000]) # start-up
+      pprof = recorder.serialize!
+      seen = []
+      within = lambda do |names|
+        seen << names
+        names.any? { |name| name.end_with?(".run") }
+      end
+
+      expect(described_class.pprof_self(pprof, within: within))
+        .to eq(weights: { "crunch" => 100 }, on_cpu_samples: 1, total: 100, left_out: 0)
+      expect(seen).to contain_exactly(%w[crunch Work.run], %w[Kernel#eval Kernel#require])
+    end
+
     it "takes the innermost line of a location with inlined lines, and reads raw pprofs" do
       pp = Perftools::Profiles
       profile = pp::Profile.new(
