@@ -193,6 +193,58 @@ RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
     other.join
   end
 
+  describe "looking for new threads (#list_threads)" do
+    # The thread-event hook's count of threads begun (ext/ddprof_recorder/src/thread_end.rs).
+    let(:begun) { [0] }
+
+    before do
+      b = begun
+      clock.define_singleton_method(:threads_begun) { b[0] }
+    end
+
+    def late_thread(queue)
+      Thread.new do
+        Thread.current.name = "late"
+        queue.pop
+      end.tap do |t|
+        Thread.pass until t.status == "sleep"
+        clock.set_cpu(t.native_thread_id, 1_000_000)
+      end
+    end
+
+    def passes(count)
+      count.times { sampler.pass(clock.now_ns += 10_000_000, except: Thread.current) }
+    end
+
+    it "finds a thread at the first pass after the hook counted it begin" do
+      passes(1) # the first look
+      queue = Queue.new
+      late = late_thread(queue)
+      begun[0] += 1
+      passes(1)
+      expect(mine(profile_samples, late)).not_to be_empty
+    ensure
+      queue&.close
+      late&.join
+    end
+
+    it "finds a thread the hook did not count within LIST_EVERY passes, and at every pass without a count" do
+      passes(1)
+      queue = Queue.new
+      late = late_thread(queue)
+      passes(described_class::LIST_EVERY)
+      expect(mine(profile_samples, late)).not_to be_empty
+
+      begun[0] = nil # the hook is off: every pass looks
+      other = late_thread(queue)
+      passes(1)
+      expect(mine(profile_samples, other)).not_to be_empty
+    ensure
+      queue&.close
+      [late, other].compact.each(&:join)
+    end
+  end
+
   describe "thread ends (ext/ddprof_recorder/src/thread_end.rs)" do
     # What the end hook and the exit watches would have queued, taken at the next pass.
     let(:queued) { [] }

@@ -92,6 +92,9 @@ static RUN: AtomicU64 = AtomicU64::new(0);
 pub static ENDS_SEEN: AtomicU64 = AtomicU64::new(0);
 pub static EXITS_SEEN: AtomicU64 = AtomicU64::new(0);
 pub static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Threads whose beginning the hook saw: `Profiler._native_threads_begun`. The sampler lists
+/// the threads (`Thread.list`) only when it moved since its last look.
+static BEGUN: AtomicU64 = AtomicU64::new(0);
 
 /// The exit watch of a native thread: its destructor is the thread's last word.
 struct ExitWatch {
@@ -136,6 +139,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_take_thread_ends",
         function!(native_take_thread_ends, 0),
     )?;
+    class.define_singleton_method("_native_threads_begun", function!(native_threads_begun, 0))?;
     let root_class = class.define_class("ThreadEndsRoot", ruby.class_object())?;
     root_class.undef_default_alloc_func();
     // One object for the process's life: marks the Threads of the queued ends.
@@ -222,6 +226,12 @@ fn native_take_thread_ends(ruby: &Ruby) -> Result<Option<RArray>, Error> {
     })
 }
 
+/// `Profiler._native_threads_begun`: how many threads the hook saw begin (it only grows), or
+/// nil while the hook is not active in this process, when the beginnings go unseen.
+fn native_threads_begun(ruby: &Ruby) -> Result<Option<u64>, Error> {
+    entry(ruby, || Ok(active().then(|| BEGUN.load(Ordering::Acquire))))
+}
+
 /// Empties both queues.
 fn clear() {
     if let Ok(mut ends) = ENDS.try_lock() {
@@ -253,6 +263,7 @@ unsafe extern "C" fn on_thread_event(
             watch.run.set(run);
         });
         if u64::from(event) & u64::from(rb_sys::RUBY_EVENT_THREAD_END) == 0 {
+            BEGUN.fetch_add(1, Ordering::AcqRel);
             return;
         }
         let ended = Ended {

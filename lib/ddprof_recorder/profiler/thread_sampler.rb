@@ -50,6 +50,8 @@ module DdprofRecorder
       GC_FRAME = ["(garbage collection)", "", 0].freeze
       # Signal samples kept while a pass holds the lock (switched out), for the next job.
       MAX_PENDING_SIGNAL_SAMPLES = 256
+      # Passes between two looks for new threads even when no thread began (see #list_threads).
+      LIST_EVERY = 64
       # How a signal sample's cpu-time is made (see #signal_charge): the thread's average CPU
       # per sample is taken over about this many of its samples...
       SIGNAL_AVERAGE_SAMPLES = 32
@@ -112,6 +114,11 @@ module DdprofRecorder
         # `[thread, tid, cpu_ns, at_ns]` per end, `[tid, cpu_ns]` per exit).
         def thread_ends
           Profiler._native_take_thread_ends
+        end
+
+        # How many threads the thread-event hook saw begin, or nil while it is not on.
+        def threads_begun
+          Profiler._native_threads_begun
         end
       end
 
@@ -197,6 +204,8 @@ module DdprofRecorder
         @pending_signal = []
         @last_job_ns = nil
         @last_pass_ns = @clock.now_ns
+        # The clock's count of threads begun when the pass last listed the threads (nil: list).
+        @listed_begun = nil
         @consecutive_errors = 0
         @messages = []
         # Before anything is named: how frames are named, once per process.
@@ -585,16 +594,12 @@ module DdprofRecorder
       # names those that moved, and an idle thread's passes are counted from the pass count
       # when it is next recorded (#flush_idle). Measured with 30 threads waiting on a Queue
       # and a busy one at 99 Hz, a pass looking at each thread in Ruby cost 80–125 µs, and
-      # the profiler 1.6–2.3% of the process CPU.
+      # the profiler 1.6–2.3% of the process CPU. New threads are looked for (Thread.list) only
+      # when the thread-event hook saw one begin since the last look (see #list_threads).
       def pass_locked(now_ns, except)
         take_thread_ends
+        list_threads(now_ns, except)
         rebuild_scan if @scan_stale
-        Thread.list.each do |thread|
-          # Its own threads never get a state, so only new threads need the internal check.
-          next if @threads.key?(thread) || thread.equal?(except) || @ended.key?(thread) || @internal.call(thread)
-
-          state_for(thread, now_ns)
-        end
         @clock.moved(@scan_tids, @scan_seen).each do |i|
           state = @scan_states[i]
           next if state.thread.equal?(except)
@@ -606,6 +611,30 @@ module DdprofRecorder
         @counts[:passes] += 1
         prune_locked if (@counts[:passes] % 64).zero?
         @last_pass_ns = now_ns
+      end
+
+      # Gives each thread that has none a state. Only when a thread began since the last look,
+      # as the thread-end hook counts them (thread_end.rs, read before the list, so one that
+      # begins after is seen at the next pass), or when it cannot count them (nil: the hook is
+      # off, as on 3.1 with YJIT), and every LIST_EVERY passes whatever it says. A thread made
+      # but not begun yet is listed, and listed again once it begins: no thread is missed, and a
+      # pass with no new thread makes no Array of them (cold, Thread.list and this loop were a
+      # fifth of a busy thread's sampling job).
+      def list_threads(now_ns, except)
+        begun = @clock.respond_to?(:threads_begun) ? @clock.threads_begun : nil
+        return if begun && begun == @listed_begun && !(@counts[:passes] % LIST_EVERY).zero?
+
+        @listed_begun = begun
+        Thread.list.each do |thread|
+          # Its own threads never get a state, so only new threads need the internal check.
+          next if @threads.key?(thread) || @ended.key?(thread) || @internal.call(thread)
+
+          if thread.equal?(except)
+            @listed_begun = nil # a new thread left out here: look again at the next pass
+            next
+          end
+          state_for(thread, now_ns)
+        end
       end
 
       # A thread the scan found moved (or never looked at, or with nothing to add idle
