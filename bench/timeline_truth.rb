@@ -15,17 +15,9 @@
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "ddprof_recorder"
 require "json"
+require_relative "support/clock_helpers"
 
-def mono_ns = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
-def thread_cpu_ns = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID, :nanosecond)
-def runqueue_ns = Integer(File.read("/proc/thread-self/schedstat").split[1])
-
-def busy_for(ns)
-  from = mono_ns
-  x = 0
-  x += 1 while mono_ns - from < ns
-  x
-end
+include ClockHelpers # rubocop:disable Style/MixinUsage
 
 def threads_of(pprof) = DdprofRecorder.summary(pprof)[:threads].to_h { |t| [t[:name], t] }
 

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../../bench/support/clock_helpers"
+
 # Issue 22, step 2 (GVL waits): with `timeline: true` on Ruby 3.3+, ext/ddprof_recorder/src/
 # gvl_events.rs measures how long each thread was ready to run without the GVL, and the
 # sampler charges it as `gvl-wait-time`. The truth of a busy thread's wait: its wall time (from

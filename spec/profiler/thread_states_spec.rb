@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../../bench/support/clock_helpers"
+
 require "open3"
 require "rbconfig"
 require "tmpdir"

@@ -112,9 +112,9 @@ fn now_ns() -> i64 {
 /// The slots `thread` (a VALUE) may be in, in probe order: from the one its hash names on.
 fn probes(thread: usize) -> impl Iterator<Item = &'static Slot> {
     // Fibonacci hashing of the VALUE without its 3 always-zero bits; SLOTS is a power of two.
-    let start = ((thread >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        >> (usize::BITS - SLOTS.trailing_zeros()))
-        % SLOTS;
+    // The top log2(SLOTS) bits of the product: below SLOTS.
+    let start =
+        (thread >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - SLOTS.trailing_zeros());
     (0..PROBES).map(move |i| &TABLE[(start + i) % SLOTS])
 }
 

@@ -172,6 +172,9 @@ module DdprofRecorder
         @recorder = recorder
         @internal = internal
         @clock = clock
+        # Whether the clock queues thread ends and counts threads begun (a fake clock may not).
+        @clock_ends = clock.respond_to?(:thread_ends)
+        @clock_begun = clock.respond_to?(:threads_begun)
         @extra_labels = extra_labels.map(&:freeze).freeze
         @logger = logger
         @threads = {}.compare_by_identity
@@ -249,7 +252,7 @@ module DdprofRecorder
 
           cpu_ns = @clock.current_cpu_ns
           @counts[:start_cpu_ns] += uncharged_cpu(tid, cpu_ns)
-          @charged_cpu[tid] = cpu_ns
+          charged_up_to(tid, cpu_ns)
           looked(state, cpu_ns)
           @start_cut = [tid, cpu_ns]
         end
@@ -563,7 +566,7 @@ module DdprofRecorder
         if on_time
           take_gc(state, now_ns)
           cpu_used = uncharged_cpu(tid, cpu_ns)
-          @charged_cpu[tid] = cpu_ns if tid
+          charged_up_to(tid, cpu_ns) if tid
           state.on_cpu_locations = stack
           @counts[:on_cpu_samples] += 1
         else
@@ -584,8 +587,11 @@ module DdprofRecorder
         return unless cost.positive?
 
         @counts[:job_cpu_ns] += cost
-        charged = @charged_cpu[tid]
-        @charged_cpu[tid] = on_time ? cpu_now : (charged || 0) + cost
+        if on_time
+          charged_up_to(tid, cpu_now)
+        else
+          @charged_cpu[tid] = (@charged_cpu[tid] || 0) + cost
+        end
         looked(state, cpu_now)
       end
 
@@ -621,7 +627,7 @@ module DdprofRecorder
       # pass with no new thread makes no Array of them (cold, Thread.list and this loop were a
       # fifth of a busy thread's sampling job).
       def list_threads(now_ns, except)
-        begun = @clock.respond_to?(:threads_begun) ? @clock.threads_begun : nil
+        begun = @clock_begun ? @clock.threads_begun : nil
         return if begun && begun == @listed_begun && !(@counts[:passes] % LIST_EVERY).zero?
 
         @listed_begun = begun
@@ -662,7 +668,7 @@ module DdprofRecorder
         if cpu && status == "run" && !state.armed
           take_gc(state, now_ns)
           cpu_used = uncharged_cpu(state.native_id, cpu)
-          @charged_cpu[state.native_id] = cpu
+          charged_up_to(state.native_id, cpu)
           state.on_cpu_locations = locations
         end
         record(state, locations, cpu_used, 1, now_ns, thread_state(thread, status))
@@ -752,7 +758,8 @@ module DdprofRecorder
       # 3.1 the next Ruby thread on the same native thread may have been charged meanwhile;
       # moving its account back to the end's clock had its CPU since charged twice (with 1,500
       # threads of 2 ms, 4 native threads: 4-6% of the process's CPU, twice; the thread-ends
-      # spec failed on a new machine).
+      # spec failed on a new machine). Every charge up to a clock reading comes here; the
+      # others add an amount (a signal sample's share, the GC's time, a job's own CPU).
       def charged_up_to(tid, cpu)
         @charged_cpu[tid] = cpu if cpu > (@charged_cpu[tid] || 0)
       end
@@ -913,7 +920,7 @@ module DdprofRecorder
 
       # What the thread-end hook and the exit watches queued since the last take.
       def take_thread_ends
-        return unless @clock.respond_to?(:thread_ends)
+        return unless @clock_ends
 
         ends, exits = @clock.thread_ends
         return unless ends

@@ -1,9 +1,9 @@
 # frozen_string_literal: true
 
-# The clocks that the thread-state and GVL-wait specs measure their truths with, read by the
-# calling thread, and a busy loop that keeps it on a CPU. Included by the specs that use them.
-# (bench/timeline_truth.rb, a standalone script, has its own copy; a spec's child program
-# defines what it needs in its own source.)
+# The clocks that the timeline's truths are measured with, read by the calling thread, and a
+# busy loop that keeps it on a CPU. Included by bench/timeline_truth.rb and by the specs that
+# check the same truths (spec/profiler/thread_states_spec.rb, gvl_wait_spec.rb); a spec's
+# child program defines what it needs in its own source.
 module ClockHelpers
   def mono_ns = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
 
