@@ -11,6 +11,7 @@ mod gvl_events;
 mod heap_tracker;
 mod internal_hook;
 mod interrupt_mask;
+mod native_clock;
 mod native_thread;
 mod nogvl;
 mod postponed;
@@ -35,6 +36,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     thread_cpu::init(ruby, module)?;
     sampling_job::init(ruby, module)?;
     thread_end::init(ruby, module)?;
+    native_clock::init(ruby, module)?;
     stack_capture::init(ruby, module)?;
     allocation_sampler::init(ruby, module)?;
     heap_tracker::init(ruby, module)?;

@@ -354,7 +354,7 @@ fn native_task_ids(ruby: &Ruby) -> Result<Vec<i64>, Error> {
 }
 
 /// `Profiler._native_current_thread_cpu_time_ns`: the calling thread's CPU clock.
-fn native_current_thread_cpu_time_ns(ruby: &Ruby) -> Result<i64, Error> {
+pub fn native_current_thread_cpu_time_ns(ruby: &Ruby) -> Result<i64, Error> {
     entry(ruby, || Ok(own_cpu_ns()))
 }
 

@@ -30,7 +30,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
 /// `Profiler._native_thread_cpu_time_ns(tid)`: the CPU time in nanoseconds that the thread
 /// with Linux id `tid` has used since it started, or nil when it cannot be read (the thread
 /// exited, `tid` is nil or not a thread of this process, or not on Linux).
-fn native_thread_cpu_time_ns(ruby: &Ruby, tid: Option<i64>) -> Result<Option<i64>, Error> {
+pub fn native_thread_cpu_time_ns(ruby: &Ruby, tid: Option<i64>) -> Result<Option<i64>, Error> {
     crate::errors::entry(ruby, || Ok(thread_cpu_time_ns(tid)))
 }
 
@@ -43,7 +43,7 @@ fn thread_cpu_time_ns(tid: Option<i64>) -> Option<i64> {
 /// thread with Linux id `tids[i]` does not read `seen[i]` (a nil id, a nil reading, or a
 /// thread that cannot be read counts as moved): the sampler's idle scan, one call a pass
 /// rather than one per thread.
-fn native_moved_threads(ruby: &Ruby, tids: RArray, seen: RArray) -> Result<RArray, Error> {
+pub fn native_moved_threads(ruby: &Ruby, tids: RArray, seen: RArray) -> Result<RArray, Error> {
     crate::errors::entry(ruby, || {
         let moved = ruby.ary_new();
         for i in 0..tids.len() {

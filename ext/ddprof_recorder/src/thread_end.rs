@@ -198,7 +198,7 @@ pub fn hook_state() -> &'static str {
 /// `ends` flat, `[thread, tid, cpu_ns, at_ns]` per thread whose end the hook saw, oldest first;
 /// `exits` flat, `[tid, cpu_ns]` per native thread whose exit watch saw it exit, set in this
 /// run.
-fn native_take_thread_ends(ruby: &Ruby) -> Result<Option<RArray>, Error> {
+pub fn native_take_thread_ends(ruby: &Ruby) -> Result<Option<RArray>, Error> {
     entry(ruby, || {
         if !any_queued() {
             return Ok(None);
@@ -228,7 +228,7 @@ fn native_take_thread_ends(ruby: &Ruby) -> Result<Option<RArray>, Error> {
 
 /// `Profiler._native_threads_begun`: how many threads the hook saw begin (it only grows), or
 /// nil while the hook is not active in this process, when the beginnings go unseen.
-fn native_threads_begun(ruby: &Ruby) -> Result<Option<u64>, Error> {
+pub fn native_threads_begun(ruby: &Ruby) -> Result<Option<u64>, Error> {
     entry(ruby, || Ok(active().then(|| BEGUN.load(Ordering::Acquire))))
 }
 

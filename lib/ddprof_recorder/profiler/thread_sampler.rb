@@ -89,38 +89,18 @@ module DdprofRecorder
         [[[phase, "", 0].freeze, GC_FRAME].freeze, [GC_KIND_LABEL, kind].freeze].freeze
       end.freeze
 
-      # The real clocks.
-      module Clock
-        module_function
-
-        def now_ns
-          Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
-        end
-
-        def thread_cpu_ns(tid)
-          Profiler._native_thread_cpu_time_ns(tid)
-        end
-
-        def current_cpu_ns
-          Profiler._native_current_thread_cpu_time_ns
-        end
-
-        # The indices `i` where thread `tids[i]`'s CPU clock does not read `seen[i]`.
-        def moved(tids, seen)
-          Profiler._native_moved_threads(tids, seen)
-        end
-
-        # nil, or `[ends, exits]` queued by the thread-end hook and exit watches (flat:
-        # `[thread, tid, cpu_ns, at_ns]` per end, `[tid, cpu_ns]` per exit).
-        def thread_ends
-          Profiler._native_take_thread_ends
-        end
-
-        # How many threads the thread-event hook saw begin, or nil while it is not on.
-        def threads_begun
-          Profiler._native_threads_begun
-        end
-      end
+      # The real clocks, native functions (ext/ddprof_recorder/src/native_clock.rs), called
+      # with no Ruby method in between (the jobs read them with cold caches):
+      # - `now_ns`: the monotonic clock;
+      # - `thread_cpu_ns(tid)`: thread `tid`'s CPU clock, nil if it cannot be read;
+      # - `current_cpu_ns`: the calling thread's CPU clock;
+      # - `moved(tids, seen)`: the indices `i` where thread `tids[i]`'s CPU clock does not
+      #   read `seen[i]`;
+      # - `thread_ends`: nil, or `[ends, exits]` queued by the thread-end hook and exit
+      #   watches (flat: `[thread, tid, cpu_ns, at_ns]` per end, `[tid, cpu_ns]` per exit);
+      # - `threads_begun`: how many threads the thread-event hook saw begin, nil while it is
+      #   not on.
+      Clock = Profiler::NativeClock
 
       # Per Ruby thread: `wall_ns`, when its wall time was last accounted; `seen_cpu_ns`, its
       # CPU clock when it was last looked at (idle detection); `labels` and what they were
@@ -502,24 +482,29 @@ module DdprofRecorder
         charge.clamp(0, available)
       end
 
-      # A sample of #signal_samples.
+      # A sample of #signal_samples: a busy thread's hot path, run with cold caches (the
+      # program ran for a period since), where each method call costs microseconds. The steps
+      # that most samples skip (idle passes to add up, a start or stop under way, the GC's
+      # time) are checked here, before their methods are called.
       def signal_sample(tid, cpu_ns, at_ns, depth, key)
         state = @by_tid[tid]
         # Not armed for this thread any more, or nothing to record: its CPU stays uncharged,
         # for its next sample.
         return unless state && state.armed == tid && depth.positive?
-        return if own_work?(tid, cpu_ns)
+        return if (@stopping || @start_cut) && own_work?(tid, cpu_ns)
 
-        flush_idle(state)
-        refresh_labels(state, state.thread) unless same_labels?(state, state.thread)
-        take_gc(state, at_ns)
+        passes = @counts[:passes]
+        flush_idle(state) if state.sample_mark < passes
+        thread = state.thread
+        refresh_labels(state, thread) unless same_labels?(state, thread)
+        take_gc(state, at_ns) if @gc
         cpu_used = signal_charge(state, tid, cpu_ns)
         @charged_cpu[tid] = (@charged_cpu[tid] || 0) + cpu_used
         state.on_cpu_locations = key
         @counts[:on_cpu_samples] += 1
         @counts[:signal_samples] += 1
         record(state, key, cpu_used, 1, at_ns, RUNNING)
-        state.signal_pass = @counts[:passes]
+        state.signal_pass = passes
         looked(state, cpu_ns)
       end
 
@@ -778,7 +763,19 @@ module DdprofRecorder
       def record(state, stack, cpu_ns, count, now_ns, thread_state)
         wall = now_ns - state.wall_ns
         wall = 0 if wall.negative?
-        record_stack(stack, values(cpu_ns, count, wall, gvl_waited(state.thread)), timed(state.labels, now_ns, thread_state))
+        # The calls that do nothing without GVL waits, extra values or the timeline are left
+        # out then (see #signal_sample).
+        values = if @padding.empty?
+                   [cpu_ns, count, wall]
+                 else
+                   values(cpu_ns, count, wall, @gvl_index ? gvl_waited(state.thread) : 0)
+                 end
+        labels = @unix_offset_ns ? timed(state.labels, now_ns, thread_state) : state.labels
+        if stack.is_a?(Integer)
+          @recorder._native_record_captured(stack, values, labels)
+        else
+          @recorder.record_sample(stack, values, labels)
+        end
         state.last_state = thread_state
         # A signal sample can come after a pass that looked later (its job ran late).
         state.wall_ns = now_ns if now_ns > state.wall_ns
