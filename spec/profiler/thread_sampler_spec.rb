@@ -174,6 +174,11 @@ RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
     def broken.record_sample(*)
       raise IOError, "broken recorder"
     end
+
+    # A blocked thread's pass records the stack it read natively, by its key.
+    def broken._native_record_captured(*)
+      raise IOError, "broken recorder"
+    end
     queue = Queue.new
     other = Thread.new { queue.pop }
     Thread.pass until other.status == "sleep"

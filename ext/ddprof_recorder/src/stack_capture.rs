@@ -50,9 +50,11 @@
 //! frame object is therefore marked by [`FrameCacheRoot`], a GC root: `rb_gc_mark` keeps it
 //! alive and pins it. The cache is bounded ([`MAX_CACHED_FRAMES`]; past it, it starts over).
 //!
-//! Captured stacks are kept per key (the sampler uses the native thread id), as cache slots,
-//! until that key's next capture: the sampler records them at once, and again when it charges
-//! CPU carried to the thread's last on-CPU stack. Everything here runs with the GVL held.
+//! Captured stacks are kept per key (the sampler uses the native thread id, and for the stacks
+//! its passes read of other threads a key per thread), as cache slots, until that key's next
+//! capture: the sampler records them at once, and again when it charges CPU carried to the
+//! thread's last on-CPU stack or adds up a thread's idle passes. Everything here runs with the
+//! GVL held.
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -81,7 +83,8 @@ struct Names {
     path: Option<Box<str>>,
 }
 
-/// Where [`native_thread_frames`] keeps the stack it reads until it has made the frames.
+/// Where [`native_thread_frames`] and [`native_capture_thread_stack`] keep the stack they read
+/// until they have made the frames or moved it to its key.
 const OTHER_THREAD_KEY: i64 = i64::MIN / 2;
 
 /// One frame of a captured stack: the slot of its name, the slot whose path is its file (its
@@ -152,6 +155,11 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     ruby.gc_register_mark_object(root);
     class.define_singleton_method("_native_capture_stack", function!(native_capture_stack, 1))?;
     class.define_singleton_method("_native_thread_frames", function!(native_thread_frames, 1))?;
+    class.define_singleton_method(
+        "_native_capture_thread_stack",
+        function!(native_capture_thread_stack, 2),
+    )?;
+    class.define_singleton_method("_native_forget_stack", function!(native_forget_stack, 1))?;
     class.define_singleton_method("_native_check_frames", function!(native_check_frames, 1))?;
     class.define_singleton_method(
         "_native_frame_names_checked",
@@ -523,15 +531,59 @@ fn native_thread_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Er
     })
 }
 
-/// The triples of `thread`'s stack (see [`native_thread_frames`]).
-fn thread_frames(ruby: &Ruby, thread: rb_sys::VALUE) -> RArray {
-    let depth = BUFFER.with(|buffer| {
+/// `Profiler._native_capture_thread_stack(thread, key)`: reads `thread`'s stack as
+/// [`native_thread_frames`] does and keeps it under `key` (no Ruby object is made: the pass
+/// records it with `_native_record_captured`, and again for the thread's idle passes, until
+/// the key's next capture or [`native_forget_stack`]). Returns its depth (0: no stack, and
+/// what `key` kept stays), or nil when frames are named the weaker way. With the GVL, for a
+/// thread that is alive.
+fn native_capture_thread_stack(
+    ruby: &Ruby,
+    thread: Value,
+    key: i64,
+) -> Result<Option<usize>, Error> {
+    crate::errors::entry(ruby, || {
+        if !thread.is_kind_of(ruby.class_thread()) {
+            return Err(crate::errors::type_error(ruby, "thread must be a Thread"));
+        }
+        if !qualified() {
+            return Ok(None);
+        }
+        // Read aside first: an empty read (a thread ending) keeps the stack `key` has.
+        let depth = capture_thread(thread.as_raw(), OTHER_THREAD_KEY);
+        if let Some(cache) = cache().as_mut() {
+            if let Some(stack) = cache.captured.remove(&OTHER_THREAD_KEY) {
+                if depth > 0 {
+                    cache.captured.insert(key, stack);
+                }
+            }
+        }
+        Ok(Some(depth))
+    })
+}
+
+/// `Profiler._native_forget_stack(key)`: drops the stack kept under `key`.
+fn native_forget_stack(ruby: &Ruby, key: i64) -> Result<(), Error> {
+    crate::errors::entry(ruby, || {
+        forget(key);
+        Ok(())
+    })
+}
+
+/// Reads live `thread`'s stack into `key`'s slot; returns its depth.
+fn capture_thread(thread: rb_sys::VALUE, key: i64) -> usize {
+    BUFFER.with(|buffer| {
         let Ok(mut buffer) = buffer.try_borrow_mut() else { return 0 };
         let Buffer { frames, lines, slots } = &mut *buffer;
         // SAFETY: `thread` is a live Thread (checked by the caller); GVL held.
         let n = unsafe { read_thread(thread, frames, lines) };
-        store_frames(OTHER_THREAD_KEY, &frames[..n], &lines[..n], slots, Skip::Nothing)
-    });
+        store_frames(key, &frames[..n], &lines[..n], slots, Skip::Nothing)
+    })
+}
+
+/// The triples of `thread`'s stack (see [`native_thread_frames`]).
+fn thread_frames(ruby: &Ruby, thread: rb_sys::VALUE) -> RArray {
+    let depth = capture_thread(thread, OTHER_THREAD_KEY);
     let mut triples: Vec<(String, String, i64)> = Vec::with_capacity(depth);
     with_captured(OTHER_THREAD_KEY, |frames| {
         triples.extend(

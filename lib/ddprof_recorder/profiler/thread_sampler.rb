@@ -52,6 +52,10 @@ module DdprofRecorder
       MAX_PENDING_SIGNAL_SAMPLES = 256
       # Passes between two looks for new threads even when no thread began (see #list_threads).
       LIST_EVERY = 64
+      # The keys of the stacks that passes read of other threads (#pass_stack), one per
+      # ThreadState, counting down from here: apart from the signal samples' and the jobs'
+      # (ext/ddprof_recorder/src/signal_sampler.rs, `key`; #call).
+      PASS_STACK_KEYS = -(1 << 40)
       # How a signal sample's cpu-time is made (see #signal_charge): the thread's average CPU
       # per sample is taken over about this many of its samples...
       SIGNAL_AVERAGE_SAMPLES = 32
@@ -110,10 +114,11 @@ module DdprofRecorder
       # `armed`, the native id its CPU-time timer was armed for (see #start_signals);
       # `signal_pass`, the pass count at its latest signal sample; `signal_cpu_ns`, its CPU
       # clock then; `signal_average`, its CPU per signal sample (see #signal_charge); with the
-      # timeline, `last_state`, the thread state of its last sample (see #flush_idle).
+      # timeline, `last_state`, the thread state of its last sample (see #flush_idle);
+      # `stack_key`, the key its passes keep its stack under natively (see #pass_stack).
       ThreadState = Struct.new(:thread, :wall_ns, :seen_cpu_ns, :native_id, :name, :labels, :locations,
                                :on_cpu_locations, :index, :sample_mark, :armed, :signal_pass, :signal_cpu_ns,
-                               :signal_average, :last_state)
+                               :signal_average, :last_state, :stack_key)
       private_constant :ThreadState
 
       # @return [Hash{Symbol => Integer}] counters: `:passes`, `:samples` (thread samples
@@ -189,6 +194,8 @@ module DdprofRecorder
         @last_pass_ns = @clock.now_ns
         # The clock's count of threads begun when the pass last listed the threads (nil: list).
         @listed_begun = nil
+        # ThreadStates made, for their keys (see #pass_stack).
+        @stack_keys = 0
         @consecutive_errors = 0
         @messages = []
         # Before anything is named: how frames are named, once per process.
@@ -438,8 +445,9 @@ module DdprofRecorder
       private
 
       def new_state(thread, wall_ns)
+        @stack_keys += 1
         state = ThreadState.new(thread, wall_ns, nil, nil, nil, nil, nil, nil, @scan_states.size,
-                                @counts[:passes] + 1, nil, nil, nil, nil, nil)
+                                @counts[:passes] + 1, nil, nil, nil, nil, nil, PASS_STACK_KEYS - @stack_keys)
         @scan_states << state
         @scan_tids << nil
         @scan_seen << nil
@@ -638,19 +646,23 @@ module DdprofRecorder
         status = thread.status
         return unless status
 
-        # Its frames named as the job names its own thread's (see FrameNames).
-        locations = FrameNames.thread_stack(thread)
-        # nil: the thread is dead; empty: not started yet or ending. Nothing to attribute the
-        # time to: its next sample gets it (its clocks are left as they are).
-        return if locations.nil? || locations.empty?
-
+        # Its idle passes so far were on the stack it had: recorded before that is read again.
         flush_idle(state)
-        refresh_labels(state, thread) unless same_labels?(state, thread)
-        cpu_used = 0
         # "run": runnable but not the GVL holder, i.e. preempted while running Ruby: its stack
         # is where it ran. "sleep": blocked; its CPU is carried (see the class doc). An armed
         # thread's CPU is charged at its CPU ticks only.
-        if cpu && status == "run" && !state.armed
+        on_cpu = cpu && status == "run" && !state.armed
+        # Its frames named as the job names its own thread's (see FrameNames). An on-CPU stack
+        # stays the thread's last on-CPU one after the next pass: it is made of Ruby frames,
+        # not kept under the key that pass reads into.
+        locations = on_cpu ? FrameNames.thread_stack(thread) : pass_stack(thread, state)
+        # nil: the thread is dead; empty: not started yet or ending. Nothing to attribute the
+        # time to: its next sample gets it (its clocks are left as they are).
+        return if no_stack?(locations)
+
+        refresh_labels(state, thread) unless same_labels?(state, thread)
+        cpu_used = 0
+        if on_cpu
           take_gc(state, now_ns)
           cpu_used = uncharged_cpu(state.native_id, cpu)
           charged_up_to(state.native_id, cpu)
@@ -658,6 +670,37 @@ module DdprofRecorder
         end
         record(state, locations, cpu_used, 1, now_ns, thread_state(thread, status))
         looked(state, cpu)
+      end
+
+      # The stack of `thread` (alive: its status is not false or nil), read natively and kept
+      # under the state's key, which stays its `locations` until its next pass: no Ruby object
+      # is made. (Threads of a pool that wake for short requests are read at most passes, and
+      # making Ruby frames of their stacks was most of a pass in a Puma worker.) Ruby frames
+      # where frames are named the weaker way (see FrameNames).
+      #
+      # @return [Integer, Array, nil] the key; frames; nil or empty for no stack.
+      def pass_stack(thread, state)
+        depth = Profiler._native_capture_thread_stack(thread, state.stack_key)
+        return FrameNames.thread_stack(thread) if depth.nil?
+
+        state.stack_key if depth.positive?
+      end
+
+      # Records on the thread's last stack, `state.locations`. A key whose stack is gone (the
+      # frame names' cache starts over when full) falls back to the thread's stack now, or
+      # THREAD_EXIT_STACK for a thread that is gone.
+      def record_last_stack(state, values, labels)
+        return if record_stack(state.locations, values, labels)
+
+        thread = state.thread
+        stack = FrameNames.thread_stack(thread) if thread.status && !thread.equal?(Thread.current)
+        stack = THREAD_EXIT_STACK if no_stack?(stack)
+        @recorder.record_sample(stack, values, labels)
+      end
+
+      # A state the sampler drops: the stack its passes kept goes.
+      def forget_pass_stack(state)
+        Profiler._native_forget_stack(state.stack_key)
       end
 
       # Without GVL events, what a thread did in a run of idle passes (it did not run): a
@@ -779,7 +822,8 @@ module DdprofRecorder
         state.last_state = thread_state
         # A signal sample can come after a pass that looked later (its job ran late).
         state.wall_ns = now_ns if now_ns > state.wall_ns
-        state.locations = stack.is_a?(Integer) ? nil : stack
+        # A signal sample's key is read again for a later sample: only a pass's is kept.
+        state.locations = stack.is_a?(Integer) && stack != state.stack_key ? nil : stack
         # Its passes after this one are idle ones (a sample in a job comes before its pass).
         state.sample_mark = @counts[:passes] + 1
         @counts[:samples] += 1
@@ -817,8 +861,7 @@ module DdprofRecorder
                            idle_state(state)
                          end
         end
-        @recorder.record_sample(state.locations, values(0, idle, wall, waited),
-                                timed(state.labels, last_ns, thread_state))
+        record_last_stack(state, values(0, idle, wall, waited), timed(state.labels, last_ns, thread_state))
         state.last_state = thread_state
         @counts[:samples] += idle
         state.wall_ns += wall
@@ -851,10 +894,13 @@ module DdprofRecorder
 
         carried_values = values(carried, 0, 0, waited)
         unless record_stack(stack, carried_values, state.labels)
-          stack = no_stack?(state.locations) ? (THREAD_EXIT_STACK unless thread.alive?) : state.locations
-          return unless stack
+          if no_stack?(state.locations)
+            return if thread.alive?
 
-          record_stack(stack, carried_values, state.labels)
+            record_stack(THREAD_EXIT_STACK, carried_values, state.labels)
+          else
+            record_last_stack(state, carried_values, state.labels)
+          end
         end
         charged_up_to(tid, cpu)
       end
@@ -870,10 +916,13 @@ module DdprofRecorder
         return unless wall.positive?
 
         stack = FrameNames.thread_stack(thread) if no_stack?(stack) && !thread.equal?(Thread.current)
-        stack = state.locations if no_stack?(stack)
-        return if no_stack?(stack)
+        if no_stack?(stack)
+          return if no_stack?(state.locations)
 
-        @recorder.record_sample(stack, values(0, 0, wall), state.labels)
+          record_last_stack(state, values(0, 0, wall), state.labels)
+        else
+          @recorder.record_sample(stack, values(0, 0, wall), state.labels)
+        end
         state.wall_ns = now_ns
       end
 
@@ -891,6 +940,7 @@ module DdprofRecorder
 
           flush_thread(thread, state)
           forget_stacks(state.native_id)
+          forget_pass_stack(state)
           disarm(state)
           true
         end
@@ -974,6 +1024,7 @@ module DdprofRecorder
 
         # Its captured stacks stay until its native thread exits (#thread_exited): they are
         # kept by native id, and a sample of the next thread there may be waiting for a job.
+        forget_pass_stack(state)
         disarm(state)
         @scan_stale = true
       end
@@ -1005,6 +1056,7 @@ module DdprofRecorder
         return unless state
 
         @threads.delete(thread)
+        forget_pass_stack(state)
         disarm(state)
         @scan_stale = true
       end
