@@ -166,6 +166,20 @@ RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
       idle_others = Thread.list - [Thread.current, other]
       expect(sampler.counts[:samples]).to eq(4 * (1 + idle_others.size))
     end
+
+    it "records an idle thread's passes on its stack now when the stack its pass kept is gone" do
+      start_with_other
+      sampler.pass(clock.now_ns += 10_000_000, except: Thread.current) # read and kept natively
+      2.times { sampler.pass(clock.now_ns += 10_000_000, except: Thread.current) } # idle
+      mine(profile_samples, other)
+      # What the frame cache starting over does to every kept stack (the passes' keys count
+      # down from PASS_STACK_KEYS, one per thread state).
+      (1..Thread.list.size + 2).each { |i| DdprofRecorder::Profiler._native_forget_stack(described_class::PASS_STACK_KEYS - i) }
+      sampler.flush
+      idle = mine(profile_samples, other)
+      expect(idle.map { |s| s[:values] }).to eq([{ "cpu-time" => 0, "cpu-samples" => 2, "wall-time" => 20_000_000 }])
+      expect(idle.first[:frames].first.first).to eq("Thread::Queue#pop")
+    end
   end
 
   it "counts a failing pass, logs it later (not from the job), and gives up after #{described_class::MAX_CONSECUTIVE_ERRORS}" do
