@@ -2,7 +2,7 @@
 //! functions of `DdprofRecorder::Profiler::NativeClock`: each reading is one call of a C
 //! function, with no Ruby method in between. The sampling job reads four of them each time
 //! it runs, mostly with cold caches (the program ran for a period since), where a Ruby
-//! method that only forwards to the native one cost about as much as the reading itself.
+//! method that only forwards to the native one adds cache misses of its own.
 //!
 //! The readings are the ones the `Profiler._native_*` functions give (the same Rust
 //! functions): this file only names them as the sampler's clock. Fake clocks in the specs
