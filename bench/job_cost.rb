@@ -6,7 +6,12 @@
 # without the wall pass) and the trigger's job on an armed thread (`ThreadSampler#call`, a
 # pass), plus a few of their native calls alone.
 #
-#   ruby bench/job_cost.rb [--calls 1500] [--idle-threads 10]
+#   ruby bench/job_cost.rb [--calls 1500] [--idle-threads 10] [--after-work 0.1,1,10]
+#
+# --after-work MS,...: also, for each MS, the cost after MS milliseconds of a tight integer
+# loop that touches no memory (examples/hot_spot.rb's shape), in place of the 16 MB walk: what
+# a job costs after the program merely ran for a while. `nothing` (two clock reads around an
+# empty call) is the floor to take off every figure.
 #
 # The profiler runs at 1 Hz meanwhile, so that its own jobs stay out of the way. Prints µs a
 # call (this thread's CPU clock), then one JSON line.
@@ -15,11 +20,22 @@ require "ddprof_recorder"
 require "json"
 require "optparse"
 
-options = { calls: 1500, idle_threads: 10 }
+options = { calls: 1500, idle_threads: 10, after_work: [] }
 OptionParser.new do |o|
   o.on("--calls N", Integer) { |v| options[:calls] = v }
   o.on("--idle-threads N", Integer) { |v| options[:idle_threads] = v }
+  o.on("--after-work MS", Array, "milliseconds of a tight loop between two calls") do |v|
+    options[:after_work] = v.map { |ms| Float(ms) }
+  end
 end.parse!
+
+# Spins for `ms` of this thread's CPU, on registers alone.
+def spin(ms)
+  stop = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + (ms / 1e3)
+  x = 0
+  x = ((x * 31) + 7) % 1_000_003 while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < stop
+  x
+end
 
 queue = Thread::Queue.new
 idle = Array.new(options[:idle_threads]) { Thread.new { queue.pop } }
@@ -39,6 +55,7 @@ results = {}
 deep(20) do
   depth = DdprofRecorder::Profiler._native_capture_stack(key)
   cases = {
+    "nothing" => -> {},
     "signal job, one sample" => lambda {
       sampler.instance_variable_set(:@last_pass_ns, mono.call) # no pass due
       c = cpu.call
@@ -55,17 +72,22 @@ deep(20) do
     "Thread.list" => -> { Thread.list },
   }
   cases.each do |name, call|
-    results[name] = %i[warm cold].to_h do |caches|
+    columns = [:warm, :cold, *options[:after_work].map { |ms| :"after #{ms} ms" }]
+    results[name] = columns.to_h do |caches|
+      ms = options[:after_work][columns.index(caches) - 2] if columns.index(caches) >= 2
+      # The slow columns take fewer calls: 10 ms of loop a call is 15 s at 1,500.
+      calls = ms && ms >= 1 ? [options[:calls] / 5, 50].max : options[:calls]
       total = 0
-      options[:calls].times do
+      calls.times do
         evict.sum if caches == :cold
+        spin(ms) if ms
         started = cpu.call
         call.call
         total += cpu.call - started
       end
-      [caches, (total / 1e3 / options[:calls]).round(1)]
+      [caches, (total / 1e3 / calls).round(1)]
     end
-    printf "%-26s warm %7.1f µs   cold %7.1f µs\n", name, results[name][:warm], results[name][:cold]
+    printf "%-26s %s\n", name, results[name].map { |k, v| format("%s %7.1f µs", k, v) }.join("   ")
   end
 end
 profiler.stop
