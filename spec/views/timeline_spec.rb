@@ -30,10 +30,16 @@ RSpec.describe "timeline views" do
     @dir = Dir.mktmpdir("ddprof_recorder_timeline")
     profiler = DdprofRecorder::Profiler.new(hz: 199, timeline: true)
     profiler.start
+    # The sleeper starts first, and is asleep before the busy threads start: on Ruby 3.1 a
+    # thread made while two others take turns on the GVL waited up to 200 ms to run its first
+    # line, and its first sample (on-CPU, so `running`) got that wait's wall time, the widest
+    # running span of the page, which the browser check hovers (a CI run failed so).
+    sleeper = Thread.new { sleep 0.3 }.tap { |t| t.name = "timeline-sleeper" }
+    Thread.pass until sleeper.status == "sleep"
     threads = Array.new(2) do |i|
       Thread.new { self.class.timeline_busy_method(300_000_000) }.tap { |t| t.name = "timeline-busy-#{i}" }
     end
-    threads << Thread.new { sleep 0.3 }.tap { |t| t.name = "timeline-sleeper" }
+    threads << sleeper
     threads.each(&:join)
     @pprof = profiler.stop.last
     @path = File.join(@dir, "t.pb.gz")
