@@ -369,8 +369,9 @@ module DdprofRecorder
     #
     # - `:handler`: in the signal handler, at the thread's CPU tick (the default);
     # - `:safepoint`: at the tick's signal, but the stack is read at the thread's next
-    #   interrupt check: with YJIT on (its machine code does not keep the frame's pc current,
-    #   which reading a stack in a signal handler needs), and on Ruby 3.1 with
+    #   interrupt check: on Ruby 3.1 with YJIT on (its machine code may leave a frame's pc
+    #   unwritten, which a handler cannot tell there; from 3.3 on it can, and the handler
+    #   reads stacks under YJIT too: `vm::HANDLER_READS_UNDER_YJIT`), or with
     #   `GC.auto_compact` on (its read barrier);
     # - `:off`: with `signals: false`, at the trigger's job (interrupt checks, no signal).
     #
@@ -771,7 +772,9 @@ module DdprofRecorder
 
     def choose_sampling_mode
       return [:off, nil] unless @signals
-      return [:safepoint, "YJIT is on"] if defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled?
+      if defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? && !HANDLER_READS_UNDER_YJIT
+        return [:safepoint, "YJIT is on (Ruby < 3.3)"]
+      end
       unless Profiler._native_handler_can_read_stacks?
         return [:safepoint, "Ruby #{RUBY_VERSION}'s thread layout is not checked (ext/ddprof_recorder/src/vm.rs)"]
       end

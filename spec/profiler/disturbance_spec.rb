@@ -171,10 +171,10 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
     context "with signals (the default)" do
       it "handles one real-time signal more, and leaves none pending" do
         result = run_program
-        # With YJIT on (RUBY_YJIT_ENABLE, which the program inherits), the handler only marks
-        # the tick; the stack is read at the next interrupt check.
-        yjit = defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled?
-        expect(result["stats"]["sampling_mode"]).to eq(yjit ? "safepoint" : "handler")
+        # With YJIT on (RUBY_YJIT_ENABLE, which the program inherits) on Ruby 3.1, the handler
+        # only marks the tick; the stack is read at the next interrupt check.
+        at_job = defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? && !DdprofRecorder::Profiler::HANDLER_READS_UNDER_YJIT
+        expect(result["stats"]["sampling_mode"]).to eq(at_job ? "safepoint" : "handler")
         expect(result["stats"]["on_cpu_samples"]).to be > 50
         before = handled(result["masks"], "before")
         added = handled(result["masks"], "running") - before

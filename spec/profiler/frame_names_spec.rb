@@ -122,10 +122,12 @@ RSpec.describe "Profiler frame names" do
     # The parked thread never holds the GVL once parked: only passes read it.
     parked = @samples.select { |s| s[:labels]["thread name"] == "parked" }.map { |s| s[:frames].map(&:first) }
     expect(parked).to include(["Thread::Queue#pop", park, "block in main"])
-    # With YJIT on, stacks are read at interrupt checks (:safepoint), which a C method such as
-    # format has mostly returned from: one of the two busy threads missed it in 2 of 6 runs
-    # on 3.3.8. Both threads' names are still checked to be the same ones.
-    c_method = defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? [] : ["Kernel#format"]
+    # With YJIT on Ruby 3.1, stacks are read at interrupt checks (:safepoint), which a C
+    # method such as format has mostly returned from (one of the two busy threads missed it
+    # in 2 of 6 runs on 3.3.8 when it was so there too). Both threads' names are still
+    # checked to be the same ones.
+    at_job = defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? && !DdprofRecorder::Profiler::HANDLER_READS_UNDER_YJIT
+    c_method = at_job ? [] : ["Kernel#format"]
     expect(by_thread.fetch("busy")).to include(meth, "Shapes::Node#work", *c_method)
     expect(by_thread.fetch("main")).to include(meth, "Shapes::Node#work", *c_method)
     by_thread.each_value { |names| expect(names & weak_names).to eq([]) }

@@ -125,7 +125,10 @@ RSpec.describe DdprofRecorder::Profiler, "thread states" do
     pprof = profiler.stop.last
     main = DdprofRecorder.summary(pprof)[:threads].find { |t| t[:name] == "main" }
     expect(gc_ns).to be > cpu / 20 # the program does spend time in the GC
-    expect(100.0 * main[:gc] / main[:wall]).to be_within(5).of(100.0 * gc_ns / cpu),
+    # The thread's blocked time is outside the loop (it waits in the profiler's stop, for its
+    # threads: 31 ms of 216 in a CI run on a loaded machine, which took the share 5.1 points
+    # under the truth), so the share is of the rest of its wall time.
+    expect(100.0 * main[:gc] / (main[:wall] - main[:blocked].to_i)).to be_within(5).of(100.0 * gc_ns / cpu),
                                                    "#{main.inspect}: GC.stat #{gc_ns} ns of #{cpu} ns CPU; " \
                                                    "#{DdprofRecorder.summary(pprof)[:threads].inspect}"
     gc_samples = samples_from(decode_pprof(pprof)).select { |s| s[:labels]["thread state"] == "gc" }

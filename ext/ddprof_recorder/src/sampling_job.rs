@@ -100,6 +100,8 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_forget_thread_stacks",
         function!(native_forget_thread_stacks, 1),
     )?;
+    // Whether the handler reads stacks with YJIT on, on this Ruby (see `vm`).
+    class.const_set("HANDLER_READS_UNDER_YJIT", crate::vm::HANDLER_READS_UNDER_YJIT)?;
     let root_class = class.define_class("SignalSlotsRoot", ruby.class_object())?;
     root_class.undef_default_alloc_func();
     // One object for the process's life: marks the frames waiting in the signal slots.

@@ -123,8 +123,11 @@
 //! then reads the stack at the thread's next interrupt check, as the trigger's job does (the
 //! safepoint mode, [`Mode::Safepoint`]):
 //!
-//! - with YJIT on: JIT code does not keep `cfp->pc` current, and `rb_profile_frames` turns the
-//!   pc into a line (stackprof #179/#180: crashes);
+//! - with YJIT on, on Ruby 3.1: JIT code does not keep `cfp->pc` current, and
+//!   `rb_profile_frames` turns the pc into a line (stackprof #179/#180: crashes). From 3.3 on
+//!   YJIT fills a frame before it publishes it and the top frame's unwritten pc is told by its
+//!   `jit_return` (line 0), so the handler reads stacks under YJIT there
+//!   (`vm::HANDLER_READS_UNDER_YJIT` has the sources), as stackprof does from 3.3;
 //! - with `GC.auto_compact` on, before Ruby 3.2: compaction then protects heap pages with a
 //!   read barrier (`mprotect`, whose fault handler is not async-signal-safe) between GC steps.
 //!

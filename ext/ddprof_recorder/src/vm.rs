@@ -184,6 +184,20 @@ pub const THREAD_END_ON_EVERY_END: bool = !cfg!(ruby_eq_3_1);
 /// events are first enabled (`update_global_event_hook`, Ruby 3.3.8 `vm_trace.c`).
 pub const THREAD_HOOK_DISABLES_YJIT: bool = cfg!(ruby_eq_3_1);
 
+/// Whether a signal handler may read the frames of a thread that runs YJIT's machine code.
+/// From 3.3.0 YJIT fills each frame it pushes, `jit_return` included, before it moves
+/// `ec->cfp` to it (3.3.8 and 3.4.5 `yjit/src/codegen.rs`, `gen_send_iseq`: "ec->cfp is
+/// updated after cfp->jit_return for rb_profile_frames() safety", ruby/ruby PR #9072; a C
+/// method's frame, `gen_send_cfunc`, is filled before "set ec->cfp" too), and leaves a frame's
+/// `pc` unwritten until it needs it, which `rb_profile_frames` allows for: it gives line 0 to
+/// the top frame when its `jit_return` is set (`thread_profile_frames`, 3.3.8 and 3.4.5
+/// `vm_backtrace.c`, PR #8415), the only frame whose `pc` can be stale ("the JIT compiler will
+/// update the PC before entering a new function"). `vm_frames::read` does the same. Before
+/// 3.3 neither holds (stackprof #179/#180: crashes; stackprof reads in its handler with YJIT
+/// on from 3.3 only, its `lib/stackprof.rb`), so on 3.1 with YJIT the stack is read at the
+/// job.
+pub const HANDLER_READS_UNDER_YJIT: bool = !cfg!(ruby_eq_3_1);
+
 /// The interrupt bits of `interrupt_mask` (`vm_core.h`, the same in 3.1, 3.3 and 3.4).
 pub const PENDING_INTERRUPT_MASK: u32 = 0x2;
 pub const POSTPONED_JOB_INTERRUPT_MASK: u32 = 0x4;
