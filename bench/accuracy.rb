@@ -109,7 +109,7 @@ module AccuracyBench
   module_function
 
   def parse(argv)
-    o = Options.new(seconds: 3.0, hz: 99, runs: 1, programs: PROGRAMS, stackprof_interval: 1000, draws: 200, seed: 1,
+    o = Options.new(seconds: 3.0, hz: 99, runs: 1, programs: PROGRAMS, stackprof_interval: nil, draws: 200, seed: 1,
                     gc_apart: false, reference: "stackprof")
     OptionParser.new do |p|
       p.banner = "Usage: bench/run accuracy [options]   (ruby bench/accuracy.rb [options])"
@@ -117,7 +117,10 @@ module AccuracyBench
       p.on("--hz N", Integer, "our profiler's rate, `record --hz` (default 99)") { |v| o.hz = v }
       p.on("--runs N", Integer, "runs of each profiler per program, pooled (default 1)") { |v| o.runs = v }
       p.on("--programs LIST", Array, "some of #{PROGRAMS.join(',')}") { |v| o.programs = v }
-      p.on("--stackprof-interval US", Integer, "the reference's interval in µs (default 1000)") { |v| o.stackprof_interval = v }
+      p.on("--stackprof-interval US", Integer,
+           "the reference's interval in µs (default 1000 for stackprof, #{RBSPY_INTERVAL_US} for rbspy)") do |v|
+        o.stackprof_interval = v
+      end
       p.on("--reference NAME", %w[stackprof rbspy], "stackprof (default) or rbspy --on-cpu") { |v| o.reference = v }
       p.on("--draws N", Integer, "multinomial draws for the unbiased overlap (default 200)") { |v| o.draws = v }
       p.on("--seed N", Integer, "of those draws (default 1)") { |v| o.seed = v }
@@ -132,8 +135,16 @@ module AccuracyBench
       o.seconds.positive? && o.runs.positive? && o.draws.positive?
 
     o.timeout ||= (o.seconds * 5) + 30
+    o.stackprof_interval ||= o.reference == "rbspy" ? RBSPY_INTERVAL_US : 1000
     o
   end
+
+  # rbspy's interval: 200 Hz. rbspy stops the process for each sample, and at 1000 Hz that made
+  # kramdown run 8 conversions in 3 s instead of about 176: rbspy then profiled the program's
+  # warm-up (with YJIT, 42% compiling in perf's first 0.35 s of a run), not its work, and
+  # agreed with perf's share of StringScanner's C methods (24% under YJIT on 3.4.5) no better
+  # than 5-10%; at 200 Hz for 8 s it gave 24% (bench/RESULTS.md, "Accuracy on each Ruby").
+  RBSPY_INTERVAL_US = 5000
 
   # The Debian packages of the programs that are not ours: feature to require => package.
   PROGRAM_PACKAGES = { "rubocop" => %w[rubocop rubocop], "kramdown" => %w[kramdown ruby-kramdown] }.freeze

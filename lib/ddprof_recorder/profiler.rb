@@ -499,11 +499,13 @@ module DdprofRecorder
 
     # Counters of the current or last run.
     #
-    # @return [Hash{Symbol => Numeric}] `:passes` (wall passes over the threads), `:samples`
+    # @return [Hash{Symbol => Numeric}] `:passes` (the sampling periods that wall passes over
+    #   the threads stood for: a pass that waited, see ThreadSampler#pass_periods, counts the
+    #   periods since the last), `:samples`
     #   (thread samples recorded), `:on_cpu_samples` (samples of the thread holding the GVL,
     #   which carry its CPU), `:late_jobs` (jobs that ran after their thread had been blocked,
     #   whose CPU was carried), `:errors` (passes that raised), `:seconds`, `:effective_hz`
-    #   (passes per second really reached), `:on_cpu_hz` (on-CPU samples per second),
+    #   (those periods per second), `:on_cpu_hz` (on-CPU samples per second),
     #   `:sampler_cpu_ns` (CPU of the profiler's Ruby thread since the run started, of the
     #   jobs' own work, which the program's threads pay, and of {#start}'s work on the thread
     #   that called it, which the profile leaves out too), `:trigger_cpu_ns` (CPU of the

@@ -54,6 +54,31 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
     expect(shares.fetch("is_a?", 0)).to be < 0.15
   end
 
+  it "takes a busy thread's samples in batches, a job for several, while an idle thread still gets a sample each period" do
+    if defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? && !DdprofRecorder::Profiler::HANDLER_READS_UNDER_YJIT
+      skip "YJIT is on (Ruby < 3.3): stacks are read at the next interrupt check (:safepoint), a job for each sample"
+    end
+    sleeper = Thread.new { sleep }
+    sleep 0.01 until sleeper.status == "sleep"
+    profiler = described_class.new(hz: 99, compression: :none)
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    pprof = profiler.profile { SignalSpecWork.run(1.5) }
+    seconds = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+    sleeper_id = described_class::ThreadSampler.thread_id(sleeper)
+    sleeper.kill.join
+    stats = profiler.stats
+    expect(stats[:sampling_mode]).to eq(:handler)
+    expect(stats[:signal_samples]).to be > 20
+    # signal_sampler.rs, "Batches": about one job for every 4 samples (a job for each before).
+    expect(stats[:signals][:signal_jobs]).to be < stats[:signal_samples] * 0.6, stats.except(:recorder).inspect
+    # The passes wait while nothing else runs, and count the periods that went by: the sleeper
+    # has about 99 samples a second and all of its wall time (a pass per period, as before).
+    sleeping = samples_from(decode_pprof(pprof)).select { |s| s[:labels]["thread id"] == sleeper_id }
+    expect(sleeping.sum { |s| s[:values]["cpu-samples"] }).to be_between(seconds * 99 * 0.5, seconds * 99 * 1.6)
+    expect(sleeping.sum { |s| s[:values]["wall-time"] } / 1e9).to be_between(seconds * 0.8, seconds * 1.05)
+    expect(sleeping.sum { |s| s[:values]["cpu-time"] }).to eq(0)
+  end
+
   it "at 999 Hz signals the running threads from the trigger (wall ticks), past the kernel's tick, with no bias" do
     shares, stats, cpu_seconds = profile_signal_work(999)
     expect(stats).to include(sampling_mode: :handler, ticks: :wall)

@@ -87,6 +87,10 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.define_singleton_method("_native_sampling_start", function!(native_sampling_start, 7))?;
     class.define_singleton_method("_native_sampling_stop", function!(native_sampling_stop, 1))?;
     class.define_singleton_method("_native_signal_arm", function!(native_signal_arm, 1))?;
+    class.define_singleton_method(
+        "_native_take_signal_samples",
+        function!(native_take_signal_samples, 0),
+    )?;
     class.define_singleton_method("_native_signal_disarm", function!(native_signal_disarm, 1))?;
     class.define_singleton_method(
         "_native_interrupt_deferral_checked?",
@@ -415,6 +419,7 @@ fn run_job() {
         // Only jobs that sampled count: one on the profiler's own thread (the GVL holder when
         // the tick came) must not keep the trigger from waking that thread.
         if sampled {
+            trigger::PASS_NS.store(now_ns, Ordering::Relaxed);
             trigger::LAST_JOB_TID.store(tid, Ordering::Relaxed);
             JOBS.fetch_add(1, Ordering::Relaxed);
             if !timely {
@@ -443,18 +448,39 @@ fn run_signal_job() {
     }
 }
 
+/// The samples waiting in the signal slots, taken, flat: `[tid, cpu_ns, at_ns, depth, key]`
+/// each (see `ThreadSampler#signal_samples`). With the GVL.
+fn take_signal_samples(own: i32) -> Vec<i64> {
+    let mut flat: Vec<i64> = Vec::new();
+    signal_sampler::drain(own, |s| {
+        flat.extend([i64::from(s.tid), s.cpu_ns, s.at_ns, s.depth as i64, s.key])
+    });
+    flat
+}
+
+/// `Profiler._native_take_signal_samples`: the samples waiting in the signal slots (the
+/// batches a pass or a window's end records first, see `signal_sampler`, "Batches"), flat as
+/// `ThreadSampler#signal_samples` takes them, or nil if none.
+fn native_take_signal_samples(ruby: &Ruby) -> Result<Option<magnus::RArray>, Error> {
+    entry(ruby, || {
+        // Naming frames allocates (a method name's String on first use): not the program's.
+        let was_here = JOB_HERE.with(|here| here.replace(true));
+        let flat = take_signal_samples(own_tid());
+        JOB_HERE.with(|here| here.set(was_here));
+        Ok((!flat.is_empty()).then(|| ruby.ary_from_vec(flat)))
+    })
+}
+
 /// Takes the samples waiting in the signal slots and gives them to the handler's
 /// `signal_samples`. With the GVL, in a job; `job_cpu_ns` is the calling thread's CPU clock
 /// when its job started.
 fn hand_over_signal_samples(job_cpu_ns: i64) {
     let own = own_tid();
-    let mut flat: Vec<i64> = Vec::new();
-    signal_sampler::drain(own, |s| {
-        flat.extend([i64::from(s.tid), s.cpu_ns, s.at_ns, s.depth as i64, s.key])
-    });
+    let flat = take_signal_samples(own);
     if flat.is_empty() {
         return;
     }
+    signal_sampler::COUNTERS.jobs.fetch_add(1, Ordering::Relaxed);
     let Ok(ruby) = Ruby::get() else { return };
     let now_ns = trigger::monotonic_ns();
     let passed = call_handler(|handler| {
@@ -468,6 +494,7 @@ fn hand_over_signal_samples(job_cpu_ns: i64) {
     // next tick then leaves out (`trigger::SIGNAL_PASS_NS`).
     if passed == Some(true) {
         trigger::SIGNAL_PASS_NS.store(now_ns, Ordering::Relaxed);
+        trigger::PASS_NS.store(now_ns, Ordering::Relaxed);
         trigger::LAST_JOB_TID.store(own, Ordering::Relaxed);
         JOBS.fetch_add(1, Ordering::Relaxed);
     }

@@ -232,6 +232,18 @@ pub fn native_threads_begun(ruby: &Ruby) -> Result<Option<u64>, Error> {
     entry(ruby, || Ok(active().then(|| BEGUN.load(Ordering::Acquire))))
 }
 
+/// What the hook and the watches saw so far (threads begun, ends and exits queued or not),
+/// as one count that only grows: read by the trigger thread, which asks for a pass when it
+/// moved (`trigger`, "Batches"). None while the hook is not active in this process.
+pub fn events() -> Option<u64> {
+    active().then(|| {
+        [&BEGUN, &ENDS_SEEN, &EXITS_SEEN, &DROPPED]
+            .iter()
+            .map(|c| c.load(Ordering::Acquire))
+            .fold(0u64, u64::wrapping_add)
+    })
+}
+
 /// Empties both queues.
 fn clear() {
     if let Ok(mut ends) = ENDS.try_lock() {

@@ -57,6 +57,22 @@
 //! stops running Ruby gets the full rate back at once: its ticks register the job (no signal pass
 //! is recent), and a machine under load too: its ticks find threads off their CPU.
 //!
+//! # Batches
+//!
+//! When the signal handler keeps a busy thread's samples in batches (`signal_sampler`,
+//! "Batches"), that thread's job comes every few periods, and with it the wall pass. A pass
+//! in between would cost the busy thread a job of its own, for nothing when no other thread
+//! ran: an idle thread's passes are only counted, and a pass later counts the periods since
+//! the last (`ThreadSampler#pass_periods`). So a tick asks for no job while the last pass is
+//! less than [`BATCH_PASS_PERIODS`] periods old and its look at the threads
+//! (`signal_sampler::kick`) found none that ran and stopped since the previous look, no
+//! thread began or ended since the trigger last asked for the job (`thread_end::events`), and
+//! every thread the profiler samples takes its signals (`signal_sampler::all_armed`). Any of
+//! those brings the pass back at once (a thread begun or ended, at the first tick not spared
+//! by a signal pass of the last period), so a thread that stops running Ruby or ends is seen
+//! at the next tick, and a program with no busy thread gets its passes from the trigger's
+//! jobs as before.
+//!
 //! # Lifecycle
 //!
 //! The thread is a [`NativeThread`]: started and stopped by Ruby threads with the GVL held,
@@ -102,6 +118,15 @@ pub static TICKS: AtomicU64 = AtomicU64::new(0);
 /// (`ThreadSampler#signal_samples`), so with signals most passes ride on signal jobs, and
 /// the trigger's come in when the signals stop (every thread blocked, or none armed).
 pub static SIGNAL_PASS_NS: AtomicI64 = AtomicI64::new(0);
+
+/// When a job last made the wall pass, a signal job or the trigger's (monotonic ns; 0:
+/// never): see "Batches".
+pub static PASS_NS: AtomicI64 = AtomicI64::new(0);
+
+/// Periods a pass may wait while the signal handler keeps its samples in batches and nothing
+/// else needs one (see "Batches"): twice the batch, so that a busy thread's batch (about
+/// `BATCH` periods of its CPU) nearly always fills, and its job makes the pass, first.
+const BATCH_PASS_PERIODS: i64 = 2 * crate::signal_sampler::BATCH as i64;
 
 /// The running trigger thread's Linux id (0: none), and the CPU the last one used in all.
 static THREAD_TID: AtomicI32 = AtomicI32::new(0);
@@ -238,6 +263,8 @@ fn run_ticks(setup: &Setup, stop: &AtomicBool) {
     let mut jobs_before = setup.jobs_run.load(Ordering::Relaxed);
     let mut jobless_ticks = 0u32;
     let mut quiet = 0u32;
+    let mut asked = false;
+    let mut events = crate::thread_end::events();
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         if now < deadline {
@@ -246,8 +273,13 @@ fn run_ticks(setup: &Setup, stop: &AtomicBool) {
             std::thread::park_timeout(deadline - now);
             continue;
         }
+        // Ticks that asked for the job, none of which ran since the last job that did.
         let jobs = setup.jobs_run.load(Ordering::Relaxed);
-        jobless_ticks = if jobs == jobs_before { jobless_ticks.saturating_add(1) } else { 0 };
+        jobless_ticks = match (jobs == jobs_before, asked) {
+            (false, _) => 0,
+            (true, true) => jobless_ticks.saturating_add(1),
+            (true, false) => jobless_ticks,
+        };
         jobs_before = jobs;
         if jobless_ticks >= JOBLESS_TICKS && setup.wake_fd >= 0 {
             // SAFETY: writes one byte from a live buffer; a closed or full pipe only makes it
@@ -257,7 +289,9 @@ fn run_ticks(setup: &Setup, stop: &AtomicBool) {
         // Ticks with nothing to do (the signal jobs make the passes, and no thread needs a
         // wall tick) stretch the next interval, up to [`MAX_STRETCH`] periods: see "Quiet
         // ticks".
-        quiet = if tick(setup.job, period) { 0 } else { quiet.saturating_add(1) };
+        let done = tick(setup.job, period, &mut events);
+        asked = done.asked;
+        quiet = if done.work { 0 } else { quiet.saturating_add(1) };
         let stretch = if quiet >= 2 { 1 << (quiet - 1).min(MAX_STRETCH.ilog2()) } else { 1 };
         QUIET_STRETCHES.fetch_add(u64::from(stretch > 1), Ordering::Relaxed);
         deadline += jitter.around(period * stretch);
@@ -269,25 +303,48 @@ fn run_ticks(setup: &Setup, stop: &AtomicBool) {
     }
 }
 
-/// One tick; returns whether it had work: a wall tick to send (or a thread off its CPU that
-/// may need one), or the job to register.
-fn tick(job: unsafe extern "C" fn(*mut c_void), period: Duration) -> bool {
-    let kicked = crate::signal_sampler::kick();
+/// What a tick did.
+struct Done {
+    /// It asked for the job.
+    asked: bool,
+    /// It had work: the job to ask for, a wall tick to send, or a thread off its CPU that
+    /// may need one.
+    work: bool,
+}
+
+/// One tick. `events` is what `thread_end::events` read when the trigger last asked for the
+/// job.
+fn tick(
+    job: unsafe extern "C" fn(*mut c_void),
+    period: Duration,
+    events: &mut Option<u64>,
+) -> Done {
+    let look = crate::signal_sampler::kick();
     let tid = LAST_JOB_TID.load(Ordering::Relaxed);
     let cpu_ns = if tid > 0 { cpu_time_ns(tid).unwrap_or(-1) } else { -1 };
     let at_ns = monotonic_ns();
     TICK.publish(Tick { at_ns, tid, cpu_ns });
     let period_ns = i64::try_from(period.as_nanos()).unwrap_or(i64::MAX);
+    let events_now = crate::thread_end::events();
     // With wall ticks a signal pass follows nearly every tick, and ticks are up to 1.5
     // periods apart: the trigger's own job waits for two periods without one.
     let spared = if crate::signal_sampler::wall_ticks() { 2 * period_ns } else { period_ns };
-    if at_ns.saturating_sub(SIGNAL_PASS_NS.load(Ordering::Relaxed)) < spared {
-        return kicked;
+    let skip = at_ns.saturating_sub(SIGNAL_PASS_NS.load(Ordering::Relaxed)) < spared
+        || (crate::signal_sampler::batching()
+            && !look.stopped
+            && crate::signal_sampler::all_armed()
+            && events_now.is_some()
+            && events_now == *events
+            && at_ns.saturating_sub(PASS_NS.load(Ordering::Relaxed))
+                < BATCH_PASS_PERIODS.saturating_mul(period_ns));
+    if skip {
+        return Done { asked: false, work: look.work };
     }
+    *events = events_now;
     // Callable from a thread Ruby does not know (module doc, and `postponed`).
     crate::postponed::trigger(job);
     TICKS.fetch_add(1, Ordering::Relaxed);
-    true
+    Done { asked: true, work: true }
 }
 
 #[cfg(test)]

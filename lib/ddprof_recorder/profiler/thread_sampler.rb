@@ -121,7 +121,8 @@ module DdprofRecorder
                                :signal_average, :last_state, :stack_key)
       private_constant :ThreadState
 
-      # @return [Hash{Symbol => Integer}] counters: `:passes`, `:samples` (thread samples
+      # @return [Hash{Symbol => Integer}] counters: `:passes` (the sampling periods the wall
+      #   passes stood for, see #pass_periods), `:samples` (thread samples
       #   recorded or added up), `:on_cpu_samples`, `:signal_samples` (on-CPU samples taken
       #   at a thread's CPU tick, see #signal_samples), `:carried_cpu_samples` (samples whose
       #   CPU was carried), `:job_cpu_ns` (CPU the jobs' own work used), `:start_cpu_ns` (CPU
@@ -178,7 +179,7 @@ module DdprofRecorder
         # `[native id, CPU clock]` of the thread that started the profiler: its ticks and jobs
         # before that clock reading were inside Profiler#start (nil while it is under way);
         # and of the thread stopping it, after which they are inside Profiler#stop.
-        @start_cut = @stopping = nil
+        @start_cut = @stopping = @stopping_cpu = nil
         # Threads accounted at their end, while Thread.list may still list them (see
         # #thread_ended), and per native id the labels and CPU clock of the thread that ended
         # there last, for its exit, with the prune count then (see #prune_ended).
@@ -192,6 +193,8 @@ module DdprofRecorder
         @pending_signal = []
         @last_job_ns = nil
         @last_pass_ns = @clock.now_ns
+        # Passes made (each stands for one or more periods in `counts[:passes]`, #pass_periods).
+        @passes_made = 0
         # The clock's count of threads begun when the pass last listed the threads (nil: list).
         @listed_begun = nil
         # ThreadStates made, for their keys (see #pass_stack).
@@ -260,6 +263,10 @@ module DdprofRecorder
         previous = @stopping
         @stopping = true
         @stopping = @threads[Thread.current]&.native_id
+        # Its signal samples still waiting in a batch (see #take_signal_samples), taken before
+        # this clock less START_SLACK_NS, are the program's: #own_work? lets the flush record
+        # them.
+        @stopping_cpu = Profiler._native_current_thread_cpu_time_ns if @signal_period_ns && @stopping
         previous
       end
 
@@ -270,6 +277,7 @@ module DdprofRecorder
       # @return [void]
       def not_stopping(previous)
         @stopping = previous
+        @stopping_cpu = nil
       end
 
       # The sampling job's handler, on the thread that holds the GVL.
@@ -352,15 +360,7 @@ module DdprofRecorder
 
         passed = false
         begin
-          unless @pending_signal.empty?
-            samples = @pending_signal.concat(samples)
-            @pending_signal = []
-          end
-          i = 0
-          while i < samples.size
-            signal_sample(samples[i], samples[i + 1], samples[i + 2], samples[i + 3], samples[i + 4])
-            i += 5
-          end
+          record_signal_samples(samples)
           # Samples alone are not a pass: a run of failing passes is not broken by them.
           if now_ns - @last_pass_ns >= @signal_period_ns / 2
             pass_locked(now_ns, Thread.current)
@@ -413,6 +413,7 @@ module DdprofRecorder
       def flush(caller_cpu_ns: nil, caller_stack: nil)
         caller_stack = FrameNames.caller_frames(caller_stack)
         @lock.synchronize do
+          take_signal_samples
           take_thread_ends
           rebuild_scan if @scan_stale
           @threads.each do |thread, state|
@@ -490,6 +491,29 @@ module DdprofRecorder
         charge.clamp(0, available)
       end
 
+      # The samples of #signal_samples (with any kept while a pass held the lock), oldest first
+      # for each thread. With the lock.
+      def record_signal_samples(samples)
+        unless @pending_signal.empty?
+          samples = @pending_signal.concat(samples)
+          @pending_signal = []
+        end
+        i = 0
+        while i < samples.size
+          signal_sample(samples[i], samples[i + 1], samples[i + 2], samples[i + 3], samples[i + 4])
+          i += 5
+        end
+      end
+
+      # The signal samples still waiting natively: the handler keeps a busy thread's samples
+      # in batches (ext/ddprof_recorder/src/signal_sampler.rs, "Batches"), which every pass
+      # and flush records first, before any thread's end or idle time is accounted. With the
+      # lock.
+      def take_signal_samples
+        samples = Profiler._native_take_signal_samples if @signal_period_ns
+        record_signal_samples(samples) if samples
+      end
+
       # A sample of #signal_samples: a busy thread's hot path, run with cold caches (the
       # program ran for a period since), where each method call costs microseconds. The steps
       # that most samples skip (idle passes to add up, a start or stop under way, the GC's
@@ -524,7 +548,10 @@ module DdprofRecorder
       # ticks at 999 Hz under load: autostart.rb and recording.rb frames in the profile).
       def own_work?(tid, cpu_ns)
         stopping = @stopping
-        return true if stopping && (stopping == true || stopping == tid)
+        if stopping && (stopping == true || stopping == tid)
+          cut = @stopping_cpu
+          return true unless cut && stopping == tid && cpu_ns < cut - START_SLACK_NS
+        end
 
         start = @start_cut
         return false unless start && start[0] == tid
@@ -596,6 +623,7 @@ module DdprofRecorder
       # the profiler 1.6–2.3% of the process CPU. New threads are looked for (Thread.list) only
       # when the thread-event hook saw one begin since the last look (see #list_threads).
       def pass_locked(now_ns, except)
+        take_signal_samples
         take_thread_ends
         list_threads(now_ns, except)
         rebuild_scan if @scan_stale
@@ -607,9 +635,22 @@ module DdprofRecorder
 
           sample_other(state.thread, state, now_ns)
         end
-        @counts[:passes] += 1
-        prune_locked if (@counts[:passes] % 64).zero?
+        @counts[:passes] += pass_periods(now_ns)
+        @passes_made += 1
+        prune_locked if (@passes_made % 64).zero?
         @last_pass_ns = now_ns
+      end
+
+      # The sampling periods a pass stands for: the periods since the previous pass, rounded,
+      # at least one. Passes come once a period, except while the signal handler keeps a busy
+      # thread's samples in batches and no other thread ran (ext/ddprof_recorder/src/
+      # trigger.rs, "Batches"): then up to BATCH_PASS_PERIODS go by, and an idle thread's
+      # passes (#flush_idle) count each of them, as a pass at each would have.
+      def pass_periods(now_ns)
+        return 1 unless @signal_period_ns
+
+        periods = (((now_ns - @last_pass_ns) * 2) + @signal_period_ns) / (2 * @signal_period_ns)
+        periods < 1 ? 1 : periods
       end
 
       # Gives each thread that has none a state. Only when a thread began since the last look,
@@ -621,7 +662,7 @@ module DdprofRecorder
       # fifth of a busy thread's sampling job).
       def list_threads(now_ns, except)
         begun = @clock_begun ? @clock.threads_begun : nil
-        return if begun && begun == @listed_begun && !(@counts[:passes] % LIST_EVERY).zero?
+        return if begun && begun == @listed_begun && !(@passes_made % LIST_EVERY).zero?
 
         @listed_begun = begun
         Thread.list.each do |thread|
