@@ -25,7 +25,7 @@
 # of a program are pooled. One process at a time, never two profilers at once. Files go to
 # bench/out/accuracy/ (gitignored), every process has a timeout.
 #
-# `--reference rbspy` puts rbspy (`rbspy record --on-cpu`, cargo install rbspy --locked) where
+# `--reference rbspy` puts rbspy (`rbspy record`, cargo install rbspy --locked) where
 # stackprof is in what follows, for the Rubies that Debian has no stackprof for (3.3, 3.4: run
 # this file with that Ruby, the extension built for it; see run_rbspy). With rbspy, both
 # profiles count only the samples of the program's work (#within): those under its `run`, or,
@@ -118,7 +118,7 @@ module AccuracyBench
       p.on("--runs N", Integer, "runs of each profiler per program, pooled (default 1)") { |v| o.runs = v }
       p.on("--programs LIST", Array, "some of #{PROGRAMS.join(',')}") { |v| o.programs = v }
       p.on("--stackprof-interval US", Integer,
-           "the reference's interval in µs (default 1000 for stackprof, #{RBSPY_INTERVAL_US} for rbspy)") do |v|
+           "the reference's interval in µs (default 1000; rbspy: see RBSPY_INTERVAL_US)") do |v|
         o.stackprof_interval = v
       end
       p.on("--reference NAME", %w[stackprof rbspy], "stackprof (default) or rbspy --on-cpu") { |v| o.reference = v }
@@ -135,16 +135,27 @@ module AccuracyBench
       o.seconds.positive? && o.runs.positive? && o.draws.positive?
 
     o.timeout ||= (o.seconds * 5) + 30
-    o.stackprof_interval ||= o.reference == "rbspy" ? RBSPY_INTERVAL_US : 1000
+    o.stackprof_interval ||= 1000 unless o.reference == "rbspy"
     o
   end
 
-  # rbspy's interval: 200 Hz. rbspy stops the process for each sample, and at 1000 Hz that made
-  # kramdown run 8 conversions in 3 s instead of about 176: rbspy then profiled the program's
-  # warm-up (with YJIT, 42% compiling in perf's first 0.35 s of a run), not its work, and
-  # agreed with perf's share of StringScanner's C methods (24% under YJIT on 3.4.5) no better
-  # than 5-10%; at 200 Hz for 8 s it gave 24% (bench/RESULTS.md, "Accuracy on each Ruby").
+  # rbspy's interval unless --stackprof-interval says: 200 Hz. rbspy stops the process for each
+  # sample, and at 1000 Hz that made kramdown run 8 conversions in 3 s instead of about 176:
+  # rbspy then profiled the program's warm-up (with YJIT, 42% compiling in perf's first 0.35 s
+  # of a run), not its work, and gave StringScanner's C methods 5-10% where perf measured 24%
+  # under YJIT on 3.4.5; at 200 Hz for 8 s it gave 24% (bench/RESULTS.md, "Accuracy on each
+  # Ruby"). Except for RBSPY_BLOCKING.
   RBSPY_INTERVAL_US = 5000
+  # The programs whose threads block (sleep, I/O, join): rbspy samples only their threads on a
+  # CPU (`--on-cpu`), and at 1000 Hz, since rbspy 0.55 with `--on-cpu` below 500 Hz never
+  # exits after `sleepy` ends (10 of 10 runs at 99-250 Hz, none of 3 at 500-1000). The others
+  # never block, so all of rbspy's samples of them are on-CPU without it.
+  RBSPY_BLOCKING = { "sleepy" => 1000, "threads" => 1000 }.freeze
+
+  # The reference's interval for `program`, in µs.
+  def reference_interval(program, options)
+    options.stackprof_interval || RBSPY_BLOCKING.fetch(program, RBSPY_INTERVAL_US)
+  end
 
   # The Debian packages of the programs that are not ours: feature to require => package.
   PROGRAM_PACKAGES = { "rubocop" => %w[rubocop rubocop], "kramdown" => %w[kramdown ruby-kramdown] }.freeze
@@ -245,16 +256,18 @@ module AccuracyBench
 
   # The reference where stackprof is not built for the Ruby at hand (Debian has it for 3.1
   # only): rbspy reads the stacks from outside, pausing the process for each (its blocking
-  # mode), at a rate of 1/--stackprof-interval, and only of threads on a CPU (`--on-cpu`), so
-  # it has no safepoint bias either. Its pprof gives each sample's on-CPU time (`wall`, 1/rate
+  # mode), at the rate of #reference_interval, and only of threads on a CPU (`--on-cpu`, for
+  # the programs that block, RBSPY_BLOCKING; the others' threads always are), so it has no
+  # safepoint bias either. Its pprof gives each sample's on-CPU time (`wall`, 1/rate
   # a sample). It sees no GC frames (GC time stays on the frame that allocated, as ours) and
   # names frames by their bare label, C functions with ` [c function]` after it. Samples whose
   # leaf it could not name, `(unknown)` or `(unknown) [c function]` (3-6% on Ruby 3.3), are left out and the rest
   # renormalized, as stackprof's GC frames are; their share is printed in that place.
   def run_rbspy(program, index, options)
     base = File.join(OUT, "#{program}.#{index}.rbspy")
-    rate = 1_000_000 / options.stackprof_interval
-    argv = [rbspy, "record", "--on-cpu", "--rate", rate.to_s, "--format", "pprof", "--file", "#{base}.pb", "--silent",
+    rate = 1_000_000 / reference_interval(program, options)
+    on_cpu = RBSPY_BLOCKING.key?(program) ? ["--on-cpu"] : []
+    argv = [rbspy, "record", *on_cpu, "--rate", rate.to_s, "--format", "pprof", "--file", "#{base}.pb", "--silent",
             "--", *program_argv(program, options.seconds)]
     # rbspy 0.55 on Ruby 3.3 at times stops sampling and never exits, or gives up on a stack
     # ("stack base and cfp address out of sync"): one more try, then the failure stands.
@@ -432,9 +445,11 @@ module AccuracyBench
     check_tools(options.programs, options.reference)
     FileUtils.mkdir_p(OUT)
     load = File.read("/proc/loadavg").split.first if File.readable?("/proc/loadavg")
-    puts format("accuracy: %s, %.1f s each, ours at %d Hz%s vs %s %d µs, Ruby %s%s, %d run(s) each%s",
+    intervals = options.programs.map { |program| reference_interval(program, options) }.uniq
+    puts format("accuracy: %s, %.1f s each, ours at %d Hz%s vs %s %s µs, Ruby %s%s, %d run(s) each%s",
                 options.programs.join(", "), options.seconds, options.hz, options.gc_apart ? " (--gc, GC left out)" : "",
-                options.reference == "rbspy" ? "rbspy --on-cpu" : "stackprof cpu", options.stackprof_interval,
+                options.reference == "rbspy" ? "rbspy (--on-cpu for #{RBSPY_BLOCKING.keys.join(', ')})" : "stackprof cpu",
+                intervals.join("/"),
                 RUBY_VERSION, ENV["RUBYOPT"].to_s.include?("--yjit") ? " (RUBYOPT --yjit)" : "", options.runs, load ? ", load average #{load}" : "")
     runs = Hash.new { |h, k| h[k] = { ours: [], stackprof: [] } }
     options.runs.times do |i|
@@ -455,7 +470,8 @@ module AccuracyBench
     ratios = results.values.map { |f| f[:ratio] }
     summary = {
       bench: "accuracy", ruby: RUBY_VERSION, reference: options.reference, seconds: options.seconds, hz: options.hz, runs: options.runs, gc_apart: options.gc_apart,
-      stackprof_interval_us: options.stackprof_interval, draws: options.draws, seed: options.seed, target: TARGET,
+      stackprof_interval_us: options.stackprof_interval,
+      reference_interval_us: options.programs.to_h { |program| [program, reference_interval(program, options)] }, draws: options.draws, seed: options.seed, target: TARGET,
       load_average: load&.to_f, min_ratio: ratios.compact.min,
       programs: results.transform_values { |f| f.except(:dists) }
     }
