@@ -307,7 +307,6 @@ module DdprofRecorder
 
         begin
           @last_job_ns = now_ns
-          take_signal_samples
           sample_running(thread, key ? (key if depth.positive?) : locations, on_time, cpu_ns, now_ns) unless armed
           pass_locked(now_ns, thread)
           succeeded
@@ -387,7 +386,6 @@ module DdprofRecorder
         return false if gave_up? || !@lock.try_lock
 
         begin
-          take_signal_samples
           pass_locked(now_ns, except)
           succeeded
         rescue StandardError => e
@@ -509,9 +507,8 @@ module DdprofRecorder
 
       # The signal samples still waiting natively: the handler keeps a busy thread's samples
       # in batches (ext/ddprof_recorder/src/signal_sampler.rs, "Batches"), which every pass
-      # and flush records first, before any thread's end or idle time is accounted (#call,
-      # #pass, #flush; #signal_samples has just been handed them all, and no handler writes
-      # one while it holds the GVL). With the lock.
+      # and flush records first, before any thread's end or idle time is accounted. With the
+      # lock.
       def take_signal_samples
         samples = Profiler._native_take_signal_samples if @signal_period_ns
         record_signal_samples(samples) if samples
@@ -626,6 +623,7 @@ module DdprofRecorder
       # the profiler 1.6–2.3% of the process CPU. New threads are looked for (Thread.list) only
       # when the thread-event hook saw one begin since the last look (see #list_threads).
       def pass_locked(now_ns, except)
+        take_signal_samples
         take_thread_ends
         list_threads(now_ns, except)
         rebuild_scan if @scan_stale
