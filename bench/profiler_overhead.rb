@@ -16,6 +16,8 @@
 # - `ours`: DdprofRecorder::Profiler.new(hz: --hz).start before the threads, #stop after
 #   (in-process; the timed work includes starting it, not serializing at stop, reported apart).
 #   Its own CPU is `stats[:sampler_cpu_ns]` (its Ruby thread plus the sampling jobs' work).
+# - `loaded` (a diagnostic, not in the default --kinds): `require "ddprof_recorder"` and no
+#   more. What loading the gem costs a program that never starts the profiler.
 # - `stackprof`: `StackProf.start(mode: :cpu, interval: 1000)` ... `StackProf.stop` around
 #   the same work, `StackProf.results` after the timing (what `StackProf.run(mode: :cpu,
 #   interval: 1000) { work }` does). In-process; its cost is in the process' CPU. Its SIGPROF
@@ -58,9 +60,9 @@ include BenchMeasure # rubocop:disable Style/MixinUsage
 
 ROOT = File.expand_path("..", __dir__)
 OUT = File.join(ROOT, "bench", "out", "overhead")
-PROFILER_KINDS = %w[ours stackprof rbspy rbspy-nonblocking].freeze
+PROFILER_KINDS = %w[ours loaded stackprof rbspy rbspy-nonblocking].freeze
 DEFAULT_KINDS = %w[ours stackprof rbspy].freeze
-CHILD_KINDS = %w[baseline profiled ours stackprof rbspy].freeze
+CHILD_KINDS = %w[baseline profiled ours loaded stackprof rbspy].freeze
 STACKPROF_INTERVAL_US = 1000
 
 options = { runs: 7, hz: 99, rounds: 60, workload: "cpu", child: nil, kinds: DEFAULT_KINDS,
@@ -102,7 +104,7 @@ end
 # One measurement, in this process: prints a JSON object.
 def child(kind, hz, rounds, workload)
   kind = "ours" if kind == "profiled"
-  require File.join(ROOT, "lib", "ddprof_recorder") if kind == "ours"
+  require File.join(ROOT, "lib", "ddprof_recorder") if %w[ours loaded].include?(kind)
   require "stackprof" if kind == "stackprof"
   require File.join(ROOT, "examples", "hot_spot")
   HotSpot.work(200_000) # warm up: method caches, the integer ops
@@ -339,7 +341,7 @@ per_kind = {}
     median_cpu_ratio: median(paired.call(kind, :cpu_seconds)).round(4),
     median_tree_cpu_ratio: median(paired.call(kind, :tree_cpu_seconds)).round(4),
     own_cpu_pct_of_wall: own_pct&.round(3),
-    samples_per_second: median(rs.map { |r| kind == "ours" ? r[:on_cpu_hz] : r[:samples_per_second] }).round(1),
+    samples_per_second: median(rs.filter_map { |r| kind == "ours" ? r[:on_cpu_hz] : r[:samples_per_second] })&.round(1),
   }
   next unless kind == "ours"
 

@@ -7,7 +7,10 @@
 # server of each kind, alternating, warms it up, then measures; the ratio of each round is
 # paired (profiled / plain requests per second). For profiled runs it also gives each worker's
 # on-CPU samples per second of its CPU (from its profile: the `cpu-samples` of the samples with
-# cpu-time, over its cpu-time; an upper bound, see bench/profiler_rate.rb) against `hz`.
+# cpu-time, over its cpu-time; an upper bound, see bench/profiler_rate.rb) against `hz`. For
+# every run it gives how the load fell on the workers: each one's share of wrk's connections
+# (counted half way through, from /proc) and of the workers' CPU over the second half. wrk
+# keeps its connections open, so a worker that accepted few of them idles for the whole run.
 #
 #   ruby bench/server_throughput.rb [--server puma|unicorn] [--rounds 5] [--seconds 5] [--connections 8]
 #
@@ -16,6 +19,7 @@ require "json"
 require "net/http"
 require "optparse"
 require "rbconfig"
+require "set"
 require "socket"
 require "tmpdir"
 require_relative "support/pprof_threads"
@@ -64,6 +68,10 @@ end
 # Requests per second of the two routes together over `seconds`. Enough connections that both
 # workers get CPU-heavy requests: with 4 a route, the kernel often gave all the `/cpu` ones to
 # one worker, and the server's throughput came out at either ~280 or ~470 requests/s.
+#
+# With a block, it is called half way through with the processes that hold the load's
+# connections, as {process => [connections, CPU clock ticks then]}, and returns what the block
+# gives back and the requests per second.
 def load(port, seconds, connections)
   outs = %w[/cpu /sleep].map do |path|
     r, w = IO.pipe
@@ -73,11 +81,68 @@ def load(port, seconds, connections)
     w.close
     [pid, r]
   end
-  outs.sum do |pid, r|
+  seen = nil
+  if block_given?
+    sleep(seconds / 2.0)
+    routes = outs.zip(%w[cpu sleep]).to_h { |(pid, _), route| [pid, route] }
+    seen = yield(connections_by_pid(port, routes).to_h { |pid, tally| [pid, [tally, cpu_ticks(pid)]] })
+  end
+  rps = outs.sum do |pid, r|
     report = r.read
     Process.wait(pid)
     report[/Requests\/sec:\s+([\d.]+)/, 1].to_f
   end
+  block_given? ? [rps, seen] : rps
+end
+
+# wrk's connections to `port` that a server process accepted, by that process and by route:
+# {pid => {"cpu" => 3, "sleep" => 4}}. From /proc/net/tcp (IPv4, state 01: established): the
+# server's side of a connection is local 127.0.0.1:port, and the client's side, held by one of
+# the wrk processes (`routes`: wrk pid => route), has the server's remote port as its local
+# one; a socket belongs to the process whose /proc/PID/fd links to its inode.
+def connections_by_pid(port, routes)
+  server_end = format("0100007F:%04X", port)
+  server = {} # inode => client port
+  client = {} # client port => inode
+  File.readlines("/proc/net/tcp").drop(1).each do |line|
+    f = line.split
+    next unless f[3] == "01"
+
+    server[f[9]] = f[2] if f[1] == server_end
+    client[f[1]] = f[9] if f[2] == server_end
+  end
+  owner = {} # inode => pid
+  Dir.glob("/proc/[0-9]*/fd/*").each do |fd|
+    inode = File.readlink(fd)[/\Asocket:\[(\d+)\]\z/, 1]
+    owner[inode] = Integer(fd.split("/")[2]) if inode
+  rescue SystemCallError
+    next
+  end
+  tallies = Hash.new { |h, k| h[k] = Hash.new(0) }
+  server.each do |inode, client_port|
+    pid = owner[inode] or next # not accepted yet: in the listen queue
+    tallies[pid][routes.fetch(owner[client[client_port]], "other")] += 1
+  end
+  tallies
+end
+
+# A process's user + system CPU clock ticks (/proc/PID/stat), 0 once it is gone.
+def cpu_ticks(pid)
+  File.read("/proc/#{pid}/stat").split(") ", 2).last.split[11, 2].sum(&:to_i)
+rescue SystemCallError
+  0
+end
+
+# Each worker's connections by route and share of the workers' CPU over the second half of
+# the load, e.g. "cpu 2 sleep 2: 51% / cpu 2 sleep 2: 49%": a worker that holds most of the
+# `/cpu` connections works while the other idles (keep-alive connections stay with the
+# worker that accepted them, and a Puma worker accepts no more than it has threads).
+def split(at_half)
+  used = at_half.to_h { |pid, (_, ticks)| [pid, cpu_ticks(pid) - ticks] }
+  total = used.values.sum
+  at_half.sort_by { |pid, _| -used[pid] }.map do |pid, (tally, _)|
+    format("cpu %d sleep %d: %d%%", tally["cpu"], tally["sleep"], total.positive? ? (100.0 * used[pid] / total).round : 0)
+  end.join(" / ")
 end
 
 # Per worker's profile (`server.pid<N>.pb.gz`): on-CPU samples per second of its CPU.
@@ -105,13 +170,16 @@ def run(kind, options)
       raise "the server did not answer in 20 s" unless up?(port)
 
       load(port, 1, options[:connections]) # warm-up: both workers booted, caches filled
-      rps = load(port, options[:seconds], options[:connections])
+      rps, workers = load(port, options[:seconds], options[:connections]) do |at_half|
+        sleep(options[:seconds] / 2.0 - 0.5) # the second half, less wrk's last moments
+        split(at_half)
+      end
       Process.kill("TERM", Integer(File.read(File.join(dir, "server.pid"))))
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
       sleep 0.05 until Process.wait2(group, Process::WNOHANG) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
       profiles = Dir.children(dir).grep(/\.pb\.gz\z/)
       group = nil
-      [rps, profiles.size, worker_rates(dir, profiles)]
+      [rps, profiles.size, worker_rates(dir, profiles), workers]
     ensure
       if group
         begin
@@ -131,13 +199,15 @@ puts "server throughput: #{options[:server]}, #{options[:rounds]} rounds of #{op
 ratios = []
 results = { "plain" => [], "profiled" => [] }
 rates = []
+splits = { "plain" => [], "profiled" => [] }
 options[:rounds].times do |round|
   kinds = round.even? ? %w[plain profiled] : %w[profiled plain]
   rps = kinds.to_h do |kind|
-    value, profiles, worker_rates = run(kind, options)
+    value, profiles, worker_rates, workers = run(kind, options)
     results[kind] << value
     rates.concat(worker_rates) if kind == "profiled"
-    puts format("  round %d %-8s %8.1f requests/s%s", round + 1, kind, value,
+    splits[kind] << workers
+    puts format("  round %d %-8s %8.1f requests/s (workers: %s)%s", round + 1, kind, value, workers,
                 kind == "profiled" ? " (#{profiles} profiles written; workers' on-CPU samples per CPU-second: " \
                                      "#{worker_rates.join(', ')})" : "")
     [kind, value]
@@ -155,4 +225,4 @@ puts JSON.generate(bench: "server_throughput", server: options[:server], hz: opt
                    connections: options[:connections],
                    seconds: options[:seconds], load_average: load_average, median_ratio: median.call(ratios).round(4),
                    ratios: ratios.map { |r| r.round(4) }, plain_rps: results["plain"], profiled_rps: results["profiled"],
-                   worker_on_cpu_per_cpu_second: rates)
+                   worker_on_cpu_per_cpu_second: rates, workers: splits)
