@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require_relative "profiler/own_thread"
 require_relative "profiler/thread_sampler"
 require_relative "profiler/exporter"
 require_relative "profiler/allocation_recorder"
@@ -340,6 +341,7 @@ module DdprofRecorder
         @pid = Process.pid
         @started_ns = now_ns
         @sampler_thread_cpu_base = @sampler_thread_cpu_ns = nil
+        @sampler_thread = @exporting = nil # made at the end
         @next_window_ns = @interval && (@started_ns + (@interval * 1e9).to_i)
         @sampler = ThreadSampler.new(@recorder, internal: method(:internal_thread?),
                                                 extra_labels: [[PROCESS_ID_LABEL, @pid]],
@@ -347,18 +349,23 @@ module DdprofRecorder
                                                 extra_values: value_types.size - VALUE_TYPES.size, gc: @gc,
                                                 timeline: @timeline,
                                                 gvl_index: (value_types.size - 1 if @gvl))
-        @exporting = @exporter && Exporter.new(@exporter, max_queued: @max_queued_windows).start
         @started = @running = true
         wake, @wake_writer = IO.pipe
         run = @run = Object.new # this run's token: a thread of an earlier run stops on seeing another
-        @sampler_thread = Thread.new { run_sampler_thread(wake, run) }
-        @sampler_thread.name = "ddprof_recorder sampler"
-        @sampler_thread.report_on_exception = false
         @sampler.baseline(Profiler._native_task_ids, Thread.list, starting: true)
-        start_sampling(run)
+        start_sampling(run, wake)
         Profiler._native_gvl_start if @gvl
         start_memory
         @sampler.started
+        # Last, once every thread is armed: a new thread asks for the GVL at once, which on Ruby
+        # 3.1 can end this thread's time slice at its next interrupt check, and with N busy
+        # threads it then waits N slices of 100 ms for the lock. Made first, it cost those
+        # 200-300 ms before the threads were armed: samples lost (bench/RESULTS.md, "Sampling
+        # rate"). An OwnThread is the profiler's (#internal_thread?) from its first moment.
+        @exporting = @exporter && Exporter.new(@exporter, max_queued: @max_queued_windows).start
+        @sampler_thread = OwnThread.new { run_sampler_thread(wake, run) }
+        @sampler_thread.name = "ddprof_recorder sampler"
+        @sampler_thread.report_on_exception = false
       end
       self
     ensure
@@ -677,7 +684,7 @@ module DdprofRecorder
     end
 
     def internal_thread?(thread)
-      thread.equal?(@sampler_thread) || (@exporting && thread.equal?(@exporting.thread))
+      thread.is_a?(OwnThread)
     end
 
     # The running sampler thread's CPU since it started: its native thread's clock, less the
@@ -733,7 +740,7 @@ module DdprofRecorder
     # With the lifecycle lock, at the end of {#start}: the native trigger (and the signal
     # handler, in signal mode), then every thread's timer. Another profiler sampling in this
     # process makes it raise, and this run's threads are let go.
-    def start_sampling(run)
+    def start_sampling(run, wake)
       @sampling_mode, @sampling_mode_reason = choose_sampling_mode
       @interrupt_deferral = Profiler._native_interrupt_deferral_checked?
       begin
@@ -743,10 +750,8 @@ module DdprofRecorder
       rescue StandardError
         @started = @running = false
         @run = nil if @run.equal?(run)
-        @wake_writer.write_nonblock("!", exception: false)
-        @sampler_thread.join(STOP_TIMEOUT)
         @wake_writer.close
-        @exporting&.close(0)
+        wake.close
         raise
       end
       @thread_end_hook = Profiler._native_sampling_stats[:thread_end_hook]

@@ -35,7 +35,7 @@ module DdprofRecorder
       def start
         @windows = Queue.new
         windows = @windows
-        @thread = Thread.new { run(windows) }
+        @thread = OwnThread.new { run(windows) }
         @thread.name = "ddprof_recorder exporter"
         @thread.report_on_exception = false
         self
