@@ -136,8 +136,11 @@ end
 # Each worker's connections by route and share of the workers' CPU over the second half of
 # the load, e.g. "cpu 2 sleep 2: 51% / cpu 2 sleep 2: 49%": a worker that holds most of the
 # `/cpu` connections works while the other idles (keep-alive connections stay with the
-# worker that accepted them, and a Puma worker accepts no more than it has threads).
+# worker that accepted them, and a Puma worker accepts no more than it has threads). Unicorn
+# closes each connection after its response: none is held, and no worker is named.
 def split(at_half)
+  return "no connection held half way (one per request, as Unicorn's)" if at_half.empty?
+
   used = at_half.to_h { |pid, (_, ticks)| [pid, cpu_ticks(pid) - ticks] }
   total = used.values.sum
   at_half.sort_by { |pid, _| -used[pid] }.map do |pid, (tally, _)|
