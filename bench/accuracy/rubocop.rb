@@ -14,6 +14,16 @@
 # the same files in the same order. Before that, rubocop's start-up (`require "rubocop"`,
 # about 1 s on the dev VM) is in the profiles too. The offenses go to /dev/null.
 require "rbconfig"
+# Debian 12 packages rubocop and the gems it needs for its own Ruby, 3.1. On the Rubies that
+# script/rubies builds (3.3, 3.4) three pure-Ruby libraries that rubocop 1.39 requires are
+# not found: unicode-display_width (Debian installs it in vendor_ruby, not as a gem), and
+# racc's parser and base64 (default gems in 3.1, bundled gems from 3.4 on, which that build
+# does not install). They come from Debian's directories, put after everything else on the
+# load path, so that nothing the running Ruby has is taken from there (racc's C parser is not:
+# it lives in 3.1's own arch directory, and racc falls back to its Ruby one).
+unless RbConfig::CONFIG["rubylibdir"] == "/usr/lib/ruby/3.1.0"
+  $LOAD_PATH.push("/usr/lib/ruby/vendor_ruby", "/usr/lib/ruby/3.1.0")
+end
 require "rubocop"
 
 module RubocopWorkload
