@@ -739,7 +739,8 @@ module DdprofRecorder
 
     # With the lifecycle lock, at the end of {#start}: the native trigger (and the signal
     # handler, in signal mode), then every thread's timer. Another profiler sampling in this
-    # process makes it raise, and this run's threads are let go.
+    # process makes it raise, and this run's wake-up pipe is closed (its threads are not made
+    # yet: #start makes them last).
     def start_sampling(run, wake)
       @sampling_mode, @sampling_mode_reason = choose_sampling_mode
       @interrupt_deferral = Profiler._native_interrupt_deferral_checked?
