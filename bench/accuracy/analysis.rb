@@ -66,22 +66,48 @@ module AccuracyAnalysis
   def self.unbiased_overlap(p, n, draws: 200, seed: 1)
     return nil if n <= 0 || p.empty?
 
+    draw = sampler(p)
+    rng = Random.new(seed)
+    total = 0.0
+    draws.times { total += overlap(p, draw.call(n, rng)) }
+    total / draws
+  end
+
+  # The overlap that two samplers without bias reach with each other, both drawing from `p`:
+  # one `n` samples (ours), the other `m` (the reference's own count): the mean over `draws`
+  # pairs of multinomial draws. The reference is a sample too, so against it even a perfect
+  # profiler with n samples expects this, not unbiased_overlap(p, n), which takes the
+  # reference for the exact distribution; the two meet as m grows. A flat profile (many
+  # functions of small share) sets them far apart: rubocop's did by 0.04 with 2,923 samples of
+  # rbspy (bench/RESULTS.md, "Accuracy on each Ruby").
+  #
+  # @return [Float, nil] nil when n or m is 0 or p empty.
+  def self.two_sample_overlap(p, n, m, draws: 200, seed: 1)
+    return nil if n <= 0 || m <= 0 || p.empty?
+
+    draw = sampler(p)
+    rng = Random.new(seed)
+    total = 0.0
+    draws.times { total += overlap(draw.call(n, rng), draw.call(m, rng)) }
+    total / draws
+  end
+
+  # A function of (k, rng) that draws k samples of `p` and returns their shares.
+  def self.sampler(p)
     names = p.keys.sort # the draws do not depend on the Hash's order
     cumulative = []
     sum = 0.0
     names.each { |name| cumulative << (sum += p[name]) }
-    rng = Random.new(seed)
-    total = 0.0
-    draws.times do
+    lambda do |k, rng|
       counts = Hash.new(0)
-      n.times do
+      k.times do
         u = rng.rand * sum
         counts[names[cumulative.bsearch_index { |c| c > u } || (names.size - 1)]] += 1
       end
-      total += overlap(p, shares(counts))
+      shares(counts)
     end
-    total / draws
   end
+  private_class_method :sampler
 
   # @return [Array<Array(String, Float)>] the `k` largest shares, largest first (ties by name).
   def self.top(dist, k = 5)

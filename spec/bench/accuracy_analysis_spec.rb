@@ -120,6 +120,33 @@ RSpec.describe AccuracyAnalysis do
     end
   end
 
+  describe ".two_sample_overlap" do
+    it "is 1 for a single function whatever n and m" do
+      expect(described_class.two_sample_overlap({ "a" => 1.0 }, 3, 5)).to be_within(1e-12).of(1.0)
+    end
+
+    it "is the chance that two one-sample draws of two equal functions agree: 0.5" do
+      # Each pair is the same function (overlap 1) or not (overlap 0), half the time each.
+      p = { "a" => 0.5, "b" => 0.5 }
+      expect(described_class.two_sample_overlap(p, 1, 1, draws: 4000)).to be_within(0.03).of(0.5)
+    end
+
+    it "is below the one-sample ceiling for a noisy reference, and meets it as the reference grows" do
+      p = (1..40).to_h { |i| ["f#{i}", 1.0 / 40] } # flat, as rubocop's
+      one = described_class.unbiased_overlap(p, 500)
+      expect(described_class.two_sample_overlap(p, 500, 500)).to be < one - 0.03
+      expect(described_class.two_sample_overlap(p, 500, 200_000, draws: 20)).to be_within(0.01).of(one)
+    end
+
+    it "gives the same result for the same seed and no result without samples" do
+      p = { "a" => 0.7, "b" => 0.3 }
+      expect(described_class.two_sample_overlap(p, 7, 9, seed: 3)).to eq(described_class.two_sample_overlap(p, 7, 9, seed: 3))
+      expect(described_class.two_sample_overlap(p, 0, 9)).to be_nil
+      expect(described_class.two_sample_overlap(p, 7, 0)).to be_nil
+      expect(described_class.two_sample_overlap({}, 5, 5)).to be_nil
+    end
+  end
+
   describe ".top" do
     it "keeps the largest shares, largest first, ties by name" do
       dist = { "c" => 0.2, "a" => 0.2, "b" => 0.5, "d" => 0.1 }
