@@ -78,8 +78,8 @@ module AccuracyAnalysis
   # pairs of multinomial draws. The reference is a sample too, so against it even a perfect
   # profiler with n samples expects this, not unbiased_overlap(p, n), which takes the
   # reference for the exact distribution; the two meet as m grows. A flat profile (many
-  # functions of small share) sets them far apart: rubocop's did by 0.04 with 2,923 samples of
-  # rbspy (bench/RESULTS.md, "Accuracy on each Ruby").
+  # functions of small share) sets them far apart: rubocop's by 0.04 with 1,300-2,900 samples
+  # of rbspy (bench/RESULTS.md, "Accuracy on each Ruby").
   #
   # @return [Float, nil] nil when n or m is 0 or p empty.
   def self.two_sample_overlap(p, n, m, draws: 200, seed: 1)
