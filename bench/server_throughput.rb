@@ -19,7 +19,6 @@ require "json"
 require "net/http"
 require "optparse"
 require "rbconfig"
-require "set"
 require "socket"
 require "tmpdir"
 require_relative "support/pprof_threads"
@@ -70,8 +69,8 @@ end
 # one worker, and the server's throughput came out at either ~280 or ~470 requests/s.
 #
 # With a block, it is called half way through with the processes that hold the load's
-# connections, as {process => [connections, CPU clock ticks then]}, and returns what the block
-# gives back and the requests per second.
+# connections, as {pid => [connections by route, CPU clock ticks then]}, and `load` returns the
+# requests per second and what the block gave back.
 def load(port, seconds, connections)
   outs = %w[/cpu /sleep].map do |path|
     r, w = IO.pipe
