@@ -133,7 +133,7 @@ RSpec.describe "ddprof-recorder record" do
 
   # Through the executable, as users see it.
   it "names each thread name once with the number of processes that have it, for a forking program" do
-    program = "def burn = (t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.02; nil while " \
+    program = "def burn = (t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.2; nil while " \
               "Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < t); pid = fork { burn }; burn; Process.wait(pid)"
     out, err, status = run_exe("record", "-o", "f.pb", "--", RbConfig.ruby, "-e", program, env: { "RUBYOPT" => nil })
     expect([err, status]).to eq(["", 0])

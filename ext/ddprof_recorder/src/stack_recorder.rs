@@ -575,6 +575,7 @@ pub fn fork_generation() -> u64 {
 /// `_native_slot_locks_before_fork_check`.
 mod testing {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::time::{Duration, Instant};
 
     use magnus::{function, prelude::*, Error, RClass, Ruby, Value};
 
@@ -719,11 +720,22 @@ mod testing {
             let timeout_ms = (timeout_seconds * 1000.0).clamp(0.0, f64::from(i32::MAX)) as i32;
             let held = nogvl(ruby, move || {
                 recorder.hold_active_slot(|| {
-                    let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-                    // SAFETY: `poll` is one valid pollfd that outlives the call; a bad fd is
-                    // reported in `revents` (POLLNVAL), not undefined behaviour.
-                    let ready = unsafe { libc::poll(&mut poll, 1, timeout_ms) };
-                    ready == 1 && poll.revents & libc::POLLIN != 0
+                    let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
+                    loop {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+                        // SAFETY: `poll` is one valid pollfd that outlives the call; a bad fd is
+                        // reported in `revents` (POLLNVAL), not undefined behaviour.
+                        let ready = unsafe { libc::poll(&mut poll, 1, left.as_millis() as i32) };
+                        // A signal handled on this thread (Ruby's SIGCHLD, when a child of
+                        // the spec exits) ends poll with EINTR even under SA_RESTART.
+                        let interrupted = ready == -1
+                            && std::io::Error::last_os_error().kind()
+                                == std::io::ErrorKind::Interrupted;
+                        if !interrupted {
+                            return ready == 1 && poll.revents & libc::POLLIN != 0;
+                        }
+                    }
                 })
             })?;
             held.map_err(|e| e.into_ruby_error(ruby))
