@@ -133,6 +133,9 @@ RSpec.describe "ddprof-recorder record" do
 
   # Through the executable, as users see it.
   it "names each thread name once with the number of processes that have it, for a forking program" do
+    # Each process burns 0.2 s of CPU, 20 periods at 99 Hz: with 0.02 s (5 scheduler ticks,
+    # each a sample with probability 0.4) a process could end with no sample, and the spec
+    # failed once in CI on 3.3.8.
     program = "def burn = (t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.2; nil while " \
               "Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < t); pid = fork { burn }; burn; Process.wait(pid)"
     out, err, status = run_exe("record", "-o", "f.pb", "--", RbConfig.ruby, "-e", program, env: { "RUBYOPT" => nil })
