@@ -50,9 +50,12 @@
 #   `micro_c`, perf: bench/RESULTS.md). stackprof takes the stack in its signal handler, where
 #   the CPU is, so it has no safepoint bias. Leaving GC out costs the real programs, which
 #   allocate much (14-19% of stackprof's samples are GC in `erb`, `json`, `rubocop`,
-#   `kramdown`): ours charges GC to the frame that allocated, stackprof's rest is renormalized
-#   as if GC were spread like the rest, which caps the overlap below 1 even for a perfect
-#   sampler. `--gc-apart` takes that out: ours is recorded with `record --gc` (GC time on
+#   `kramdown`). Ours does the same: on Ruby 3.1 a tick that comes inside the GC is no
+#   sample (its CPU goes to the next, so the GC is spread like the rest, as stackprof's
+#   renormalized rest), and from 3.3 it is one, on the allocating code under a
+#   `(garbage collection)` leaf (ext/ddprof_recorder/src/gc_ticks.rs), left out here. With
+#   rbspy, which charges GC to the frame that allocated, that leaf's CPU goes to the frame
+#   under it instead (`to_caller`). `--gc-apart`: ours is recorded with `record --gc` (GC time on
 #   `(garbage collection)` -> `(marking)`/`(sweeping)`, out of the code that triggered it) and
 #   those frames are left out of ours too (`GC left out` beside ours), so both compare the CPU
 #   outside GC. Not the default: `--gc` makes every allocation take the GC-event hook.
@@ -233,8 +236,11 @@ module AccuracyBench
     argv = [RbConfig.ruby, File.join(ROOT, "exe", "ddprof-recorder"), "record", "-o", pprof, "--hz", options.hz.to_s,
             *("--gc" if options.gc_apart), "--", *program_argv(program, options.seconds)]
     wall = spawn(argv, truth_env(program, base), "#{base}.log", options.timeout)
-    leave_out = options.gc_apart ? AccuracyAnalysis::GC_FRAMES : []
-    self_cpu = AccuracyAnalysis.pprof_self(File.binread(pprof), leave_out: leave_out, within: within(program, options))
+    rbspy = options.reference == "rbspy" && !options.gc_apart
+    leave_out = rbspy ? [] : AccuracyAnalysis::GC_FRAMES
+    to_caller = rbspy ? [AccuracyAnalysis::GC_FRAMES.first] : []
+    self_cpu = AccuracyAnalysis.pprof_self(File.binread(pprof), leave_out: leave_out, to_caller: to_caller,
+                                           within: within(program, options))
     truth, process_cpu = read_truth(program, "#{base}.truth.json")
     Run.new(weights: self_cpu[:weights], on_cpu_samples: self_cpu[:on_cpu_samples], truth: truth,
             process_cpu_ns: process_cpu, wall_s: wall, extra: { cpu_ns: self_cpu[:total], gc_ns: self_cpu[:left_out] })

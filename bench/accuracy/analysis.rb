@@ -146,8 +146,10 @@ module AccuracyAnalysis
   #   weights' sum), `left_out:` (the value of the samples left out).
   # @raise [ArgumentError] if it is not a pprof or lacks one of the two sample types.
   # `within`: if given, only the samples for whose frames' function names (leaf first) it
-  # returns true count.
-  def self.pprof_self(pprof, value: "cpu-time", count: "cpu-samples", leave_out: [], within: nil)
+  # returns true count. `to_caller`: leaf frames whose value goes to the first frame under
+  # them that is not one of them (ours' `(garbage collection)` leaf over the allocating
+  # code, next to a reference that charges the GC to that code).
+  def self.pprof_self(pprof, value: "cpu-time", count: "cpu-samples", leave_out: [], within: nil, to_caller: [])
     profile = Pprof.decode(pprof)
     vi = profile.value_index(value)
     ci = profile.value_index(count)
@@ -160,6 +162,9 @@ module AccuracyAnalysis
       next if within && !within.call(profile.names(location_ids))
 
       leaf = profile.leaf_name(location_ids)
+      if to_caller.include?(leaf)
+        leaf = profile.names(location_ids).find { |name| !to_caller.include?(name) } || leaf
+      end
       if leave_out.include?(leaf)
         left_out += v
         next

@@ -197,6 +197,20 @@ RSpec.describe AccuracyAnalysis do
       expect(described_class.pprof_self(pprof)[:weights]).to eq({ "crunch" => 100, "(marking)" => 30, "(sweeping)" => 20 })
     end
 
+    it "gives the value of a `to_caller` leaf to the first frame under it that is not one (GC over the allocating code)" do
+      recorder = DdprofRecorder::StackRecorder.new(compression: :gzip)
+      recorder.record_sample([["crunch", "a.rb", 3], ["run", "a.rb", 9]], [100, 1, 1000])
+      recorder.record_sample([["(garbage collection)", "", 0], ["Class#new", "a.rb", 4], ["run", "a.rb", 9]], [30, 2, 0])
+      recorder.record_sample([["(garbage collection)", "", 0]], [5, 1, 0]) # nothing under it: stays
+      pprof = recorder.serialize!
+
+      expect(described_class.pprof_self(pprof, to_caller: ["(garbage collection)"]))
+        .to eq(weights: { "crunch" => 100, "new" => 30, "(garbage collection)" => 5 }, on_cpu_samples: 4, total: 135,
+               left_out: 0)
+      expect(described_class.pprof_self(pprof, leave_out: described_class::GC_FRAMES))
+        .to eq(weights: { "crunch" => 100 }, on_cpu_samples: 1, total: 100, left_out: 35)
+    end
+
     it "counts only the samples whose frames `within` accepts, given their names leaf first" do
       recorder = DdprofRecorder::StackRecorder.new(compression: :gzip)
       recorder.record_sample([["crunch", "a.rb", 3], ["Work.run", "a.rb", 9]], [100, 1, 1000])

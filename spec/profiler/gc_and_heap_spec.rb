@@ -59,6 +59,8 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
       expect(100.0 * in_gc / total).to be_within(5).of(100.0 * gc_ms * 1e6 / cpu)
       # The GC's CPU is taken out of the thread's, not added to it.
       expect(total).to be_within(cpu / 10).of(cpu)
+      # Not also as the leaf over the allocating code (gc_ticks.rs): that would count it twice.
+      expect(main.count { |s| s[:frames].first.first == "(garbage collection)" }).to eq(0)
     end
 
     it "tells marking from sweeping and minor from major" do
@@ -79,6 +81,79 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
     it "leaves the GC in the code that triggered it without the option" do
       pprof = profiler_class.profile(compression: :none) { MemoryShape.churn(100_000) && GC.start }
       expect(gc_samples(samples_from(decode_pprof(pprof)))).to be_empty
+    end
+  end
+
+  # ext/ddprof_recorder/src/gc_ticks.rs: a CPU tick inside the GC, read at the GC step's end.
+  describe "without gc: true, a tick inside the GC" do
+    def churn_profile
+      GC.start
+      gc_ms = GC.stat(:time)
+      cpu = cpu_ns
+      profiler = profiler_class.new(hz: 199, compression: :none).start
+      deadline = cpu + 1_000_000_000
+      MemoryShape.churn(20_000) while cpu_ns < deadline
+      pprof = profiler.stop[2]
+      main = samples_from(decode_pprof(pprof)).select { |s| s[:labels]["thread name"] == "main" }
+      [main, (GC.stat(:time) - gc_ms) * 1e6 / (cpu_ns - cpu), profiler.stats[:signals]]
+    end
+
+    def leaf_gc(samples)
+      samples.select { |s| s[:frames].first.first == "(garbage collection)" }
+    end
+
+    if RUBY_VERSION >= "3.3"
+      it "is a sample of the allocating code under a (garbage collection) leaf, about GC.stat(:time)'s share" do
+        main, gc_share, signals = churn_profile
+        in_gc = leaf_gc(main)
+        total = main.sum { |s| s[:values]["cpu-time"] }
+        share = in_gc.sum { |s| s[:values]["cpu-time"] }.fdiv(total)
+        expect(signals[:signals_read_at_gc_exit]).to be_positive
+        # About 200 samples, a third or so in the GC: a wide margin.
+        expect(100 * share).to be_within(15).of(100 * gc_share)
+        # Under the leaf, the code that allocated: `"x" * 100` (String#*) in MemoryShape.churn.
+        callers = in_gc.map { |s| s[:frames][1..2].map(&:first) }.tally
+        expect(callers.fetch(["String#*", "MemoryShape.churn"], 0)).to be >= in_gc.size * 0.8, callers.inspect
+        expect(in_gc.map { |s| s[:frames].first }.uniq).to eq([["(garbage collection)", "", 0]])
+      end
+
+      # The stack is read at the end of the step that compacted (gc_ticks.rs): in a child, so
+      # that a crash is a failure and not the end of the suite.
+      it "reads stacks right through GC.compact and GC.auto_compact (999 Hz, 2 s, a child process)" do
+        program = <<~RUBY
+          require "ddprof_recorder"
+          GC.auto_compact = true
+          profiler = DdprofRecorder::Profiler.new(hz: 999, compression: :none).start
+          started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          kept = []
+          i = 0
+          while Process.clock_gettime(Process::CLOCK_MONOTONIC) - started < 2
+            kept << Array.new(50) { |j| "s\#{j}" }
+            kept.shift if kept.size > 200
+            GC.compact if ((i += 1) % 300).zero?
+          end
+          File.binwrite(ARGV[0], profiler.stop[2])
+          print profiler.stats[:signals][:signals_read_at_gc_exit]
+        RUBY
+        Dir.mktmpdir("ddprof_recorder_gc_ticks") do |dir|
+          path = File.join(dir, "compact.pb")
+          lib = File.expand_path("../../lib", __dir__)
+          out, err, status = Open3.capture3("timeout", "60", RbConfig.ruby, "-I", lib, "-e", program, path)
+          expect([status.exitstatus, err]).to eq([0, ""])
+          expect(Integer(out)).to be_positive
+          in_gc = leaf_gc(samples_from(decode_pprof(File.binread(path))))
+          expect(in_gc).not_to be_empty
+          # Named frames of the program under each leaf: none lost to a moved object.
+          expect(in_gc.map { |s| s[:frames].drop(1).any? { |f| f[1] == "-e" } }.uniq).to eq([true])
+        end
+      end
+    else
+      it "is no sample on Ruby 3.1 (a GC-event hook would slow every allocation down there)" do
+        main, _, signals = churn_profile
+        expect(leaf_gc(main)).to be_empty
+        expect(signals).to include(signals_read_at_gc_exit: 0)
+        expect(signals[:signals_in_gc]).to be_positive
+      end
     end
   end
 

@@ -89,6 +89,11 @@ static HOOK: InternalHook = InternalHook::new(
 static MAJOR_BY: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
 static LOST_NS: AtomicU64 = AtomicU64::new(0);
 
+/// Whether the GC's time is being measured (`gc: true`).
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Acquire)
+}
+
 fn state() -> MutexGuard<'static, GcState> {
     STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -7,6 +7,7 @@ mod convert;
 mod duty_cycle;
 mod errors;
 mod gc_events;
+mod gc_ticks;
 mod gvl_events;
 mod heap_tracker;
 mod internal_hook;
@@ -41,5 +42,6 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     allocation_sampler::init(ruby, module)?;
     heap_tracker::init(ruby, module)?;
     gc_events::init(ruby, module)?;
+    gc_ticks::init();
     gvl_events::init(ruby, module)
 }

@@ -127,6 +127,7 @@ fn stop() {
     ENABLED.store(false, Ordering::Release);
     trigger::stop();
     signal_sampler::stop();
+    crate::gc_ticks::stop();
     crate::thread_end::stop();
     HANDLER.store(rb_sys::Qnil as usize, Ordering::Release);
     OWNER.store(rb_sys::Qnil as usize, Ordering::Release);
@@ -205,7 +206,12 @@ fn native_sampling_start(
         stop();
         let signo = match mode {
             Some(mode) => {
-                signal_sampler::start(mode, hz, wall, signal_job).map_err(|e| gem_error(ruby, e))?
+                let signo = signal_sampler::start(mode, hz, wall, signal_job)
+                    .map_err(|e| gem_error(ruby, e))?;
+                if mode == signal_sampler::Mode::Handler {
+                    crate::gc_ticks::start();
+                }
+                signo
             }
             None => 0,
         };

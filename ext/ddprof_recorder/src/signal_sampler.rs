@@ -232,6 +232,11 @@ const READING: u8 = 4;
 
 /// `depth` of a sample whose stack the job must read (safepoint mode).
 const READ_AT_JOB: u32 = u32::MAX;
+/// `depth` of a sample whose tick came inside the GC: its stack is read at the GC step's end
+/// ([`read_gc_ticks`], `gc_ticks`).
+const READ_AT_GC_EXIT: u32 = u32::MAX - 1;
+/// Some slot has a sample [`READ_AT_GC_EXIT`].
+static GC_TICKS_WAITING: AtomicBool = AtomicBool::new(false);
 
 /// Frames read in the handler: what `rb_profile_frames` fills.
 struct Frames {
@@ -392,6 +397,8 @@ pub struct Counters {
     pub ahead: AtomicU64,
     pub read_in_handler: AtomicU64,
     pub read_at_job: AtomicU64,
+    /// Ticks inside the GC whose stack was read at the GC step's end (`gc_ticks`).
+    pub read_at_gc_exit: AtomicU64,
     pub without_gvl: AtomicU64,
     pub in_gc: AtomicU64,
     pub slot_busy: AtomicU64,
@@ -420,6 +427,7 @@ pub static COUNTERS: Counters = Counters {
     ahead: AtomicU64::new(0),
     read_in_handler: AtomicU64::new(0),
     read_at_job: AtomicU64::new(0),
+    read_at_gc_exit: AtomicU64::new(0),
     without_gvl: AtomicU64::new(0),
     in_gc: AtomicU64::new(0),
     slot_busy: AtomicU64::new(0),
@@ -435,7 +443,7 @@ pub static COUNTERS: Counters = Counters {
 
 impl Counters {
     /// Every counter with its name in `stats` (the one list `clear` and the stats share).
-    pub fn named(&self) -> [(&'static str, &AtomicU64); 19] {
+    pub fn named(&self) -> [(&'static str, &AtomicU64); 20] {
         [
             ("signals", &self.signals),
             ("wall_ticks_sent", &self.kicks),
@@ -445,6 +453,7 @@ impl Counters {
             ("signals_ahead", &self.ahead),
             ("signals_read_in_handler", &self.read_in_handler),
             ("signals_read_at_job", &self.read_at_job),
+            ("signals_read_at_gc_exit", &self.read_at_gc_exit),
             ("signals_without_gvl", &self.without_gvl),
             ("signals_in_gc", &self.in_gc),
             ("signals_slot_busy", &self.slot_busy),
@@ -833,6 +842,10 @@ fn drain_slot(slot: &Slot, own_tid: i32, take: &mut impl FnMut(Sample)) {
         let kept = if depth == READ_AT_JOB {
             // This thread's own (checked above).
             crate::stack_capture::capture_here(key)
+        } else if depth == READ_AT_GC_EXIT {
+            // Its GC step ended after the hook was turned off: no stack (`gc_ticks`).
+            COUNTERS.in_gc.fetch_add(1, Relaxed);
+            0
         } else {
             let frames = buffer.frames.load(Acquire);
             let depth = (depth as usize).min(DEPTH);
@@ -841,7 +854,9 @@ fn drain_slot(slot: &Slot, own_tid: i32, take: &mut impl FnMut(Sample)) {
             // (marked at every GC since); we hold the GVL.
             unsafe {
                 let frames = &*frames;
-                if frames.frames[..depth].iter().all(|&f| is_frame_object(f)) {
+                let read = &frames.frames[..depth];
+                let leaf = usize::from(read.first() == Some(&crate::stack_capture::GC_LEAF));
+                if read[leaf..].iter().all(|&f| is_frame_object(f)) {
                     crate::stack_capture::store_read_frames(
                         key,
                         &frames.frames[..depth],
@@ -917,12 +932,14 @@ fn handle(info: *mut libc::siginfo_t) {
         COUNTERS.without_gvl.fetch_add(1, Relaxed);
         return;
     }
+    let in_handler = IN_HANDLER.load(Acquire);
     // SAFETY: as above.
-    if unsafe { rb_sys::rb_during_gc() } != 0 {
+    let in_gc = unsafe { rb_sys::rb_during_gc() } != 0;
+    // Read at the GC step's end if `gc_ticks` is on, else dropped.
+    if in_gc && !(in_handler && crate::gc_ticks::on()) {
         COUNTERS.in_gc.fetch_add(1, Relaxed);
         return;
     }
-    let in_handler = IN_HANDLER.load(Acquire);
     let written = slot.written.load(Acquire);
     let waiting = written.wrapping_sub(slot.read.load(Acquire));
     let buffer = &slot.buffers[written as usize % BATCH];
@@ -937,7 +954,10 @@ fn handle(info: *mut libc::siginfo_t) {
     }
     buffer.cpu_ns.store(cpu, Release);
     buffer.at_ns.store(now, Release);
-    let depth = if in_handler {
+    let depth = if in_gc {
+        GC_TICKS_WAITING.store(true, Release);
+        READ_AT_GC_EXIT
+    } else if in_handler {
         // SAFETY: a Ruby thread with the GVL (checked above).
         if !unsafe { crate::vm::current_stack_walkable() } {
             COUNTERS.unwalkable.fetch_add(1, Relaxed);
@@ -965,6 +985,57 @@ fn handle(info: *mut libc::siginfo_t) {
     // A batch waits for one job (see "Batches"); at the job, each sample has its own.
     if !in_handler || waiting as usize + 1 >= BATCH {
         trigger_job();
+    }
+}
+
+/// The GC_EXIT hook (`gc_ticks`), at the end of a GC step, on the thread that ran it, with the
+/// GVL: reads this thread's stack for each of its samples whose tick came inside the GC
+/// ([`READ_AT_GC_EXIT`]), leaf first under [`crate::stack_capture::GC_LEAF`]. Any other
+/// thread's such sample (a thread that had the GVL taken by a time slice and waits for it
+/// back reads as holding it, module doc) gets no stack. No allocation, no lock, no Ruby call.
+pub fn read_gc_ticks() {
+    if !GC_TICKS_WAITING.swap(false, AcqRel) {
+        return;
+    }
+    let own_tid = crate::sampling_job::own_tid();
+    for slot in used_slots() {
+        if slot.state.load(Acquire) == FREE {
+            continue;
+        }
+        let own = slot.tid.load(Acquire) == own_tid;
+        for buffer in &slot.buffers {
+            if buffer.depth.load(Acquire) != READ_AT_GC_EXIT
+                || buffer.state.compare_exchange(FULL, WRITING, AcqRel, Acquire).is_err()
+            {
+                continue;
+            }
+            // SAFETY: a Ruby thread with the GVL (the GC's hook).
+            let depth = if own && unsafe { crate::vm::current_stack_walkable() } {
+                // SAFETY: allocated at arm, never freed; WRITING, so nobody else touches it.
+                let frames = unsafe { &mut *buffer.frames.load(Acquire) };
+                frames.frames[0] = crate::stack_capture::GC_LEAF;
+                frames.lines[0] = 0;
+                // SAFETY: the thread's own frames, with the GVL, after the GC step moved
+                // everything it moves (`gc_ticks`); no allocation, lock or system call.
+                let n = unsafe {
+                    crate::stack_capture::read_current(
+                        &mut frames.frames[1..],
+                        &mut frames.lines[1..],
+                    )
+                };
+                COUNTERS.read_at_gc_exit.fetch_add(1, Relaxed);
+                if n == 0 {
+                    0
+                } else {
+                    (n + 1).min(DEPTH) as u32
+                }
+            } else {
+                COUNTERS.in_gc.fetch_add(1, Relaxed);
+                0
+            };
+            buffer.depth.store(depth, Release);
+            buffer.state.store(FULL, Release);
+        }
     }
 }
 
@@ -1219,7 +1290,7 @@ impl DataTypeFunctions for SlotsRoot {
                 continue;
             }
             let depth = buffer.depth.load(Acquire);
-            if depth == READ_AT_JOB {
+            if depth == READ_AT_JOB || depth == READ_AT_GC_EXIT {
                 continue;
             }
             let frames = buffer.frames.load(Acquire);

@@ -380,8 +380,16 @@ fn resolve(
 /// How `<main>` is spelled (see [`spell`]).
 const MAIN: &str = "main";
 
+/// What stands, in a stack read by `signal_sampler`, for the GC that ran at the tick: the
+/// leaf of a sample whose tick came inside the GC (`gc_ticks`), named `(garbage collection)`,
+/// as the GC's frames of `gc: true` are. `false`, which is no frame object.
+pub const GC_LEAF: rb_sys::VALUE = rb_sys::Qfalse as rb_sys::VALUE;
+
 /// A frame's names (module doc, "Names").
 fn names_of(frame: rb_sys::VALUE) -> Names {
+    if frame == GC_LEAF {
+        return Names { name: "(garbage collection)".into(), path: Some("".into()) };
+    }
     if qualified() {
         qualified_names(frame)
     } else {

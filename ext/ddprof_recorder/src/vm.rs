@@ -198,6 +198,16 @@ pub const THREAD_HOOK_DISABLES_YJIT: bool = cfg!(ruby_eq_3_1);
 /// job.
 pub const HANDLER_READS_UNDER_YJIT: bool = !cfg!(ruby_eq_3_1);
 
+/// Whether an internal hook on the GC's events (GC_EXIT) leaves allocation on its fast path.
+/// On 3.1 a hook on any objspace event (`RUBY_INTERNAL_EVENT_OBJSPACE_MASK`: NEWOBJ, FREEOBJ
+/// and the GC's events) sets `objspace->flags.has_hook` (`rb_objspace_set_event_hook`), and
+/// `newobj_of` takes its slow path whenever it is set (`gc_event_hook_available_p`, Ruby 3.1
+/// `gc.c`; what that costs: `duty_cycle`). 3.3 tests the NEWOBJ event alone
+/// (`has_newobj_hook`, set by `rb_objspace_set_event_hook` and tested in `newobj_of`, 3.3.8
+/// `gc.c`), and so does 3.4 (`rb_gc_event_hook_required_p(RUBY_INTERNAL_EVENT_NEWOBJ)` in
+/// `newobj_of`, 3.4.5 `gc.c`).
+pub const GC_EXIT_HOOK_KEEPS_ALLOCATION_FAST: bool = !cfg!(ruby_eq_3_1);
+
 /// The interrupt bits of `interrupt_mask` (`vm_core.h`, the same in 3.1, 3.3 and 3.4).
 pub const PENDING_INTERRUPT_MASK: u32 = 0x2;
 pub const POSTPONED_JOB_INTERRUPT_MASK: u32 = 0x4;

@@ -1,0 +1,79 @@
+//! A CPU tick that comes while the thread runs the GC, read when that GC step ends: the GC's
+//! CPU is charged to the code that allocated, under a `(garbage collection)` leaf frame.
+//!
+//! # Why
+//!
+//! The signal handler does not read a stack while the GC runs (`rb_during_gc`: a compaction
+//! may be moving the very objects it would read, see `signal_sampler`). Such a tick used to
+//! be dropped, its CPU left for the thread's next sample, so the GC's CPU was spread over the
+//! whole profile as if every function had its share of it. But the GC runs on the thread
+//! that allocated, inside the allocation (`newobj_of` and the `gc_start` it calls when the
+//! heap is full): a sampler that reads the stack from outside (rbspy) or perf sees that CPU
+//! under the allocating frame (`Class#new`, `Array#[]`, a string method). On bench/accuracy's
+//! `rubocop`, which spends 13% of its CPU in the GC on Ruby 3.4, the profile then gave
+//! `Class#new` and `Array#[]` 1.4% and 1.7% where rbspy found 3.6% and 3.4%
+//! (bench/RESULTS.md, "Accuracy on each Ruby").
+//!
+//! # How
+//!
+//! The handler keeps such a tick as a sample whose stack is still to be read
+//! (`signal_sampler`, `READ_AT_GC_EXIT`), and this module's internal hook on
+//! `RUBY_INTERNAL_EVENT_GC_EXIT` reads it ([`crate::signal_sampler::read_gc_ticks`]). The event
+//! fires in `gc_exit` at the end of every GC step (a whole GC, or a slice of incremental
+//! marking or lazy sweeping), on the thread that ran it, with the GVL and the VM lock held,
+//! before `during_gc` is cleared (Ruby 3.3.8 `gc.c`, 3.4.5 `gc/default/default.c`): still
+//! inside the allocation, so the thread's stack is the allocating code's. A compaction is
+//! over by then: since Ruby 3.2 it moves objects and updates every reference within one step
+//! (`gc_sweep` calls `gc_sweep_compact`, which ends with `gc_compact_finish` and
+//! `gc_update_references`; 3.3.8 `gc.c`, 3.4.5 `gc/default/default.c`), so the frames read
+//! are where they stay. Like every internal hook this one neither allocates nor calls Ruby:
+//! it reads frames as the handler does (`stack_capture::read_current`, no allocation, no
+//! lock).
+//!
+//! Only on Ruby 3.3 and later: on 3.1 a GC-event hook sends every allocation through
+//! `newobj_of`'s slow path (`vm::GC_EXIT_HOOK_KEEPS_ALLOCATION_FAST`), and a tick in the GC
+//! stays dropped there. Not with `gc: true` either: `gc_events` then measures the GC's time
+//! and records it on its own frames, and the handler drops such ticks so as not to count the
+//! GC twice. Only when the handler reads stacks (`signals: :handler`): in the safepoint mode
+//! the job reads the stack, after the GC.
+//!
+//! A tick that comes inside this hook waits for the next step's end; one whose step ended
+//! after the profiler stopped is dropped at the drain, its CPU left for the next sample, as
+//! before (both counted in `signals_in_gc`).
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Once;
+
+use crate::internal_hook::InternalHook;
+
+static HOOK: InternalHook = InternalHook::new(rb_sys::RUBY_INTERNAL_EVENT_GC_EXIT, on_gc_exit);
+
+/// Makes the hook's TracePoint slot a GC root. Once, at load.
+pub fn init() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| HOOK.register());
+}
+
+/// Turns the hook on where it keeps allocation fast (GVL held). For a run whose handler reads
+/// stacks.
+pub fn start() {
+    if crate::vm::GC_EXIT_HOOK_KEEPS_ALLOCATION_FAST {
+        HOOK.enable();
+    }
+}
+
+/// Turns the hook off (GVL held).
+pub fn stop() {
+    HOOK.disable();
+}
+
+/// Whether a tick inside the GC is kept for the step's end: the hook is on, and `gc_events`
+/// does not measure the GC. Atomics only (the signal handler asks).
+pub fn on() -> bool {
+    HOOK.is_on() && !crate::gc_events::enabled()
+}
+
+/// The hook: never unwinds, never allocates.
+unsafe extern "C" fn on_gc_exit(_tracepoint: rb_sys::VALUE, _data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(crate::signal_sampler::read_gc_ticks));
+}
