@@ -5,7 +5,9 @@
 # while three threads run code that makes YJIT push and pop frames all the time (recursion,
 # blocks, `define_method` methods, `super`, C methods, exceptions raised and rescued, a Fiber),
 # with GC.compact now and then (moving the iseqs the frames point at). Each process must exit
-# 0 with its stacks read in the handler; a crash prints Ruby's `[BUG]` report.
+# 0 with its stacks read in the handler; a crash prints Ruby's `[BUG]` report. A tick that
+# lands in the GC (a compaction among them) has its stack read at that GC step's end
+# (`read_at_gc_exit`, ext/ddprof_recorder/src/gc_ticks.rs).
 #
 #   ruby bench/yjit_stress.rb [--runs 20] [--seconds 3] [--hz 999]
 #
@@ -84,7 +86,8 @@ PROGRAM = <<~'RUBY'
                      mode: stats[:sampling_mode],
                      expected: DdprofRecorder::Profiler::HANDLER_READS_UNDER_YJIT ? "handler" : "safepoint",
                      signal_samples: stats[:signal_samples],
-                     read_in_handler: stats[:signals][:signals_read_in_handler])
+                     read_in_handler: stats[:signals][:signals_read_in_handler],
+                     read_at_gc_exit: stats[:signals][:signals_read_at_gc_exit])
 RUBY
 
 results = Array.new(options[:runs]) do |i|
@@ -102,6 +105,7 @@ good = results.count { |r| r[:exit].zero? && !r[:bug] && r[:yjit] && r[:mode] ==
 summary = { bench: "yjit_stress", ruby: RUBY_VERSION, runs: options[:runs], hz: options[:hz],
             seconds: options[:seconds], good: good, crashes: results.count { |r| r[:bug] },
             signal_samples: results.sum { |r| r[:signal_samples].to_i },
-            read_in_handler: results.sum { |r| r[:read_in_handler].to_i } }
+            read_in_handler: results.sum { |r| r[:read_in_handler].to_i },
+            read_at_gc_exit: results.sum { |r| r[:read_at_gc_exit].to_i } }
 puts JSON.generate(summary)
 exit(good == options[:runs] ? 0 : 1)
