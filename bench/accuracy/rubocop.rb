@@ -10,9 +10,14 @@
 # 1 MB), in name order, with the configuration in bench/accuracy/rubocop.yml and no result
 # cache. RuboCop is run as its executable runs it (`RuboCop::CLI.new.run(args)`), on 5
 # files at a time, batch after batch (from the first file again after the last), until
-# SECONDS have passed since the first batch began (a batch takes 0.1-1 s), so every run lints
-# the same files in the same order. Before that, rubocop's start-up (`require "rubocop"`,
-# about 1 s on the dev VM) is in the profiles too. The offenses go to /dev/null.
+# FILES_PER_SECOND * SECONDS files (rounded up to whole batches: 25 for 3 s) are linted, so
+# every run lints the same files in the same order, however fast it runs: 25 files took 2.3
+# s on Ruby 3.1.2 here, 2.5 s on 3.3.8, 3.8 s on 3.4.5 and 5.2 s with YJIT (which compiles
+# much of rubocop in so short a run; the files differ per Ruby). Not a deadline: the files differ in what
+# they make rubocop do, and a profiler that slows the program down (rbspy stops it for each
+# sample) profiled fewer of them (20 against ours' 25 in 3 s, 3.4.5 with YJIT), a profile of
+# other work. Before that, rubocop's start-up (`require "rubocop"`, about 1 s on the dev VM)
+# is in the profiles too. The offenses go to /dev/null.
 require "rbconfig"
 # Debian 12 packages rubocop and the gems it needs for its own Ruby, 3.1. On the Rubies that
 # script/rubies builds (3.3, 3.4) three pure-Ruby libraries that rubocop 1.39 requires are
@@ -29,25 +34,25 @@ require "rubocop"
 module RubocopWorkload
   FILES = Dir.glob(File.join(RbConfig::CONFIG["rubylibdir"], "*.rb")).sort.freeze
   BATCH = 5
+  FILES_PER_SECOND = 8
   ARGS = ["--cache", "false", "--config", File.join(__dir__, "rubocop.yml"), "--format", "progress",
           "--out", File::NULL].freeze
 
   module_function
 
-  # @return [Array(Integer, Integer)] files linted, offenses.
+  # @return [Integer] files linted.
   def run(seconds)
     raise "rubocop workload: no Ruby files in #{RbConfig::CONFIG['rubylibdir']}" if FILES.empty?
 
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    files = [(seconds * FILES_PER_SECOND / BATCH).ceil, 1].max * BATCH
     linted = 0
-    loop do
+    while linted < files
       batch = FILES.rotate(linted % FILES.size).first(BATCH)
       status = RuboCop::CLI.new.run(ARGS + batch)
       # 0: no offense, 1: offenses; anything else is rubocop failing.
       raise "rubocop workload: rubocop exited with #{status} on #{batch.join(' ')}" if status > 1
 
       linted += batch.size
-      break if Process.clock_gettime(Process::CLOCK_MONOTONIC) >= deadline
     end
     linted
   end
@@ -55,5 +60,8 @@ end
 
 if $PROGRAM_NAME == __FILE__
   seconds = Float(ARGV.fetch(0, "3"))
-  puts "rubocop: #{RubocopWorkload.run(seconds)} files linted in #{seconds} s (#{RubocopWorkload::FILES.size} in the set)"
+  started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  linted = RubocopWorkload.run(seconds)
+  took = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+  puts format("rubocop: %d files linted in %.1f s (%d in the set)", linted, took, RubocopWorkload::FILES.size)
 end
