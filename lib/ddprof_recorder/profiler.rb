@@ -768,7 +768,7 @@ module DdprofRecorder
                cpu_plus_wall: "at each CPU tick, and on a CPU at wall ticks when CPU ticks fall below the rate" }
              .fetch(ticks)
       how = case @sampling_mode
-            when :handler then "each thread #{tick} (#{signal}), stacks read in the signal handler"
+            when :handler then "each thread #{tick} (#{signal}), stacks read in the signal handler#{gc_ticks_note}"
             when :safepoint
               "each thread #{tick} (#{signal}), stacks read at the next interrupt check (#{@sampling_mode_reason})"
             else "at the VM's interrupt checks, no signal (signals: false)"
@@ -776,6 +776,14 @@ module DdprofRecorder
       deferral = @interrupt_deferral ? "" : "; the program's Thread#raise and Timeout may be lost in the profiler's " \
                                                   "jobs (Ruby #{RUBY_VERSION}'s thread layout is not checked)"
       "sampling: #{how}, #{@hz} Hz#{deferral}"
+    end
+
+    # What becomes of a tick that comes inside the GC (ext/ddprof_recorder/src/gc_ticks.rs):
+    # nothing to say with gc: true, whose GC frames measure the GC's time.
+    def gc_ticks_note
+      return "" if @gc
+
+      GC_TICKS_READ ? " (in the GC: at its step's end)" : " (in the GC: not sampled, Ruby < 3.3)"
     end
 
     def choose_sampling_mode

@@ -106,6 +106,8 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     )?;
     // Whether the handler reads stacks with YJIT on, on this Ruby (see `vm`).
     class.const_set("HANDLER_READS_UNDER_YJIT", crate::vm::HANDLER_READS_UNDER_YJIT)?;
+    // Whether a tick inside the GC is read at the GC step's end on this Ruby (see `gc_ticks`).
+    class.const_set("GC_TICKS_READ", crate::vm::GC_EXIT_HOOK_KEEPS_ALLOCATION_FAST)?;
     let root_class = class.define_class("SignalSlotsRoot", ruby.class_object())?;
     root_class.undef_default_alloc_func();
     // One object for the process's life: marks the frames waiting in the signal slots.
