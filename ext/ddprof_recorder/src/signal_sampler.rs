@@ -102,7 +102,8 @@
 //!
 //! - the thread holds the GVL (`ruby_thread_has_gvl_p`, which is "not inside a blocking
 //!   region"): then no other thread runs Ruby, so nothing moves or frees the objects it reads;
-//! - no GC runs (`rb_during_gc`): the GC itself may be moving objects (compaction);
+//! - no GC runs (`rb_during_gc`): the GC itself may be moving objects (compaction). From 3.3
+//!   such a tick is kept, and its stack read when the GC step ends (`gc_ticks`);
 //! - its slot is empty: a sample still waiting for its job is not overwritten.
 //!
 //! Otherwise it counts why and returns: that thread's CPU is charged at its next sample
@@ -1023,7 +1024,8 @@ pub fn read_gc_ticks() {
                         &mut frames.lines[1..],
                     )
                 };
-                COUNTERS.read_at_gc_exit.fetch_add(1, Relaxed);
+                let counter = if n == 0 { &COUNTERS.in_gc } else { &COUNTERS.read_at_gc_exit };
+                counter.fetch_add(1, Relaxed);
                 if n == 0 {
                     0
                 } else {
