@@ -11,13 +11,13 @@
 # cache. RuboCop is run as its executable runs it (`RuboCop::CLI.new.run(args)`), on 5
 # files at a time, batch after batch (from the first file again after the last), until
 # FILES_PER_SECOND * SECONDS files (rounded up to whole batches: 25 for 3 s) are linted, so
-# every run lints the same files in the same order, however fast it runs: 25 files took 2.3
-# s on Ruby 3.1.2 here, 2.5 s on 3.3.8, 3.8 s on 3.4.5 and 5.2 s with YJIT (which compiles
-# much of rubocop in so short a run; the files differ per Ruby). Not a deadline: the files differ in what
-# they make rubocop do, and a profiler that slows the program down (rbspy stops it for each
-# sample) profiled fewer of them (20 against ours' 25 in 3 s, 3.4.5 with YJIT), a profile of
-# other work. Before that, rubocop's start-up (`require "rubocop"`, about 1 s on the dev VM)
-# is in the profiles too. The offenses go to /dev/null.
+# every run lints the same files in the same order, however fast it runs: 25 files took
+# 2.3 s on Ruby 3.1.2 here, 2.5 s on 3.3.8, 3.8 s on 3.4.5 and 5.2 s with YJIT (which
+# compiles much of rubocop in so short a run; the files differ per Ruby). Not a deadline:
+# the files differ in what they make rubocop do, and a profiler that slows the program down
+# (rbspy stops it for each sample) profiled fewer of them (20 against ours' 25 in 3 s, 3.4.5
+# with YJIT), a profile of other work. Before that, rubocop's start-up (`require "rubocop"`,
+# about 1 s on the dev VM) is in the profiles too. The offenses go to /dev/null.
 require "rbconfig"
 # Debian 12 packages rubocop and the gems it needs for its own Ruby, 3.1. On the Rubies that
 # script/rubies builds (3.3, 3.4) three pure-Ruby libraries that rubocop 1.39 requires are
