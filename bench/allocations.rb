@@ -29,7 +29,7 @@
 #   hook always on (every allocation seen; what the default was before the duty cycle);
 # - `default`: `allocations: true`, the defaults: the default interval, and the hook on for
 #   random slots of time only, about DEFAULT_ALLOCATION_OVERHEAD of the program's time
-#   (ext/ddprof_recorder/src/duty_cycle.rs);
+#   (ext/ddprof_recorder/src/memory/duty_cycle.rs);
 # - `every`: `allocations: true, allocation_interval: 1` (every object);
 # - `gc`: `gc: true` alone (its GC hooks send every allocation through Ruby 3.1's slow path
 #   too);

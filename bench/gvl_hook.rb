@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# What the GVL event hook (ext/ddprof_recorder/src/gvl_events.rs) costs a program that
+# What the GVL event hook (ext/ddprof_recorder/src/sampling/gvl_events.rs) costs a program that
 # switches threads all the time: 4 threads pass a token round a ring of Queues, so every pass
 # is a GVL hand-over (the receiver becomes READY, then RESUMED once it has the lock: two
 # events the hook handles). Rounds of PASSES passes alternate with the hook off and on (paired,

@@ -3,7 +3,7 @@
 # Short-lived threads under the profiler: how much of the process's CPU is in neither the
 # profile's cpu-time nor the profiler's own counters (stats[:sampler_cpu_ns] and
 # stats[:trigger_cpu_ns])? Issue 20, item 9: with 5,000 threads of 4 ms each, 3.2-3.9% of it on
-# Ruby 3.1.2 before the thread-end accounting (ext/ddprof_recorder/src/thread_end.rs).
+# Ruby 3.1.2 before the thread-end accounting (ext/ddprof_recorder/src/sampling/thread_end.rs).
 #
 #   ruby bench/short_threads.rb [--threads N] [--ms M] [--at-once K] [--hz N] [--runs R]
 #                               [--long] [--no-signals]

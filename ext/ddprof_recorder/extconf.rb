@@ -24,7 +24,7 @@ require_relative "cargo_build"
 # Before mkmf, whose exit handler would add its own banner to our one line.
 # Where it is built and tested (README, "Supported Rubies"): the profiler needs Linux (thread
 # CPU clocks by thread id, per-thread timers, /proc), and its VM facts are checked for these
-# Rubies only (ext/ddprof_recorder/src/vm.rs).
+# Rubies only (ext/ddprof_recorder/src/vm/mod.rs).
 TESTED_RUBIES = %w[3.1 3.3 3.4].freeze
 unless RUBY_PLATFORM.include?("linux")
   abort "ddprof_recorder: it builds on Linux only, not on #{RUBY_PLATFORM} (its profiler uses Linux's thread clocks and timers)"

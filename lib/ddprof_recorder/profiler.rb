@@ -29,8 +29,8 @@ module DdprofRecorder
   # Values are differences of clocks, so totals are exact whatever the sampling rate: the
   # rate decides only how finely time is split between stacks. How CPU is charged, how a
   # late job is handled and why, and how idle threads are added up: {ThreadSampler}. The
-  # native half: ext/ddprof_recorder/src/trigger.rs (the trigger thread),
-  # sampling_job.rs (the job) and thread_cpu.rs (per-thread CPU clocks).
+  # native half: ext/ddprof_recorder/src/sampling/trigger.rs (the trigger thread),
+  # job.rs (the job) and thread_cpu.rs (per-thread CPU clocks), in the same folder.
   #
   # Memory, on request (docs/profiler.md, "Memory"):
   #
@@ -94,7 +94,7 @@ module DdprofRecorder
     DEFAULT_ALLOCATION_OVERHEAD = 1.0
     # Ruby code that makes 10,000 objects of the usual kinds: what the allocation hook's cost
     # is measured on, with the hook off and on, when allocation sampling starts with a duty
-    # cycle (ext/ddprof_recorder/src/allocation_sampler.rs, `calibrate`).
+    # cycle (ext/ddprof_recorder/src/memory/allocations.rs, `calibrate`).
     # Each object is garbage at once: keeping them would grow the heap, and change how often
     # the program's GC runs (measured: 115 heap pages against 76, and half the GCs).
     ALLOCATION_CALIBRATION = lambda do
@@ -520,14 +520,14 @@ module DdprofRecorder
     #   jobs' own work, which the program's threads pay, and of {#start}'s work on the thread
     #   that called it, which the profile leaves out too), `:trigger_cpu_ns` (CPU of the
     #   native trigger thread), `:thread_ends` (threads whose CPU up to their end was
-    #   accounted at their end, ext/ddprof_recorder/src/thread_end.rs), `:thread_end_accounting`
+    #   accounted at their end, ext/ddprof_recorder/src/sampling/thread_end.rs), `:thread_end_accounting`
     #   (`:hook`: `"on"` when the run added the hook, else why not; `:exits`: native threads accounted at
     #   their exit; `:cpu_ns`: CPU charged at ends and exits; `:unsampled_cpu_ns`: of which to
     #   `(unsampled thread)`; `:dropped`: ends and exits not queued, their CPU left to the next
     #   charge of their native thread, if any),
     #   `:recorder` ({StackRecorder#stats}), `:interrupt_deferral` (whether the jobs defer
     #   the program's `Thread#raise`/`Timeout` to after them on this Ruby: its thread layout
-    #   passed the start's check, ext/ddprof_recorder/src/vm.rs; false means they may be
+    #   passed the start's check, ext/ddprof_recorder/src/vm/mod.rs; false means they may be
     #   lost, and the profile's `sampling` comment says so); with allocations or heap, `:allocations`
     #   (`:sampled`, `:recorded`, `:dropped` when too many waited for their job, and
     #   `:heap_tracked`, `:heap_freed`, `:heap_skipped` past {MAX_HEAP_TRACKED},
@@ -781,7 +781,7 @@ module DdprofRecorder
       "sampling: #{how}, #{@hz} Hz#{deferral}"
     end
 
-    # What becomes of a tick that comes inside the GC (ext/ddprof_recorder/src/gc_ticks.rs):
+    # What becomes of a tick that comes inside the GC (ext/ddprof_recorder/src/sampling/gc_ticks.rs):
     # nothing to say with gc: true, whose GC frames measure the GC's time.
     def gc_ticks_note
       return "" if @gc
@@ -795,7 +795,7 @@ module DdprofRecorder
         return [:safepoint, "YJIT is on (Ruby < 3.3)"]
       end
       unless Profiler._native_handler_can_read_stacks?
-        return [:safepoint, "Ruby #{RUBY_VERSION}'s thread layout is not checked (ext/ddprof_recorder/src/vm.rs)"]
+        return [:safepoint, "Ruby #{RUBY_VERSION}'s thread layout is not checked (ext/ddprof_recorder/src/vm/mod.rs)"]
       end
       if Gem::Version.new(RUBY_VERSION) < Gem::Version.new("3.2") && GC.respond_to?(:auto_compact) && GC.auto_compact
         return [:safepoint, "GC.auto_compact is on (Ruby < 3.2)"]

@@ -7,7 +7,7 @@ module DdprofRecorder
   # a pprof for each time window. A sampler thread recording samples never waits for the
   # thread that serializes, and Ruby keeps running while the profile is encoded.
   #
-  # The native half (`_native_*`) lives in ext/ddprof_recorder/src/stack_recorder.rs.
+  # The native half (`_native_*`) lives in ext/ddprof_recorder/src/recorder/stack_recorder.rs.
   class StackRecorder
     # dd-trace-rb 1.9.0's enabled value types, in value order.
     DEFAULT_VALUE_TYPES = [

@@ -7,7 +7,7 @@ require "rbconfig"
 require_relative "allocation_shape"
 
 # Allocation samples (Profiler.start(allocations: true)): the NEWOBJ hook of
-# ext/ddprof_recorder/src/allocation_sampler.rs and Profiler::AllocationRecorder, checked on
+# ext/ddprof_recorder/src/memory/allocations.rs and Profiler::AllocationRecorder, checked on
 # programs whose allocation shape is known, through the public API and google-protobuf.
 RSpec.describe "DdprofRecorder::Profiler allocation samples" do
   let(:profiler_class) { DdprofRecorder::Profiler }
@@ -103,7 +103,7 @@ RSpec.describe "DdprofRecorder::Profiler allocation samples" do
   end
 
   # The duty cycle (allocation_overhead: 0.02; the default was this until the estimate was
-  # found to wander, it is now 1.0): the hook on for random slots of time only (ext/ddprof_recorder/src/duty_cycle.rs),
+  # found to wander, it is now 1.0): the hook on for random slots of time only (ext/ddprof_recorder/src/memory/duty_cycle.rs),
   # each sample weighted by the slots it did not see. This loop gets one slot seen in about 50:
   # sampling 1 in 256 of what is seen (not the default 4096) gives enough samples for a
   # 5-point check in a second (about 2,500; at 4096 the share's spread is about 2.6 points).

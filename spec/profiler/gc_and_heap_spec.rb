@@ -2,8 +2,8 @@
 
 require "objspace"
 
-# GC time (Profiler.new(gc: true), ext/ddprof_recorder/src/gc_events.rs) and the live heap
-# (heap: true, ext/ddprof_recorder/src/heap_tracker.rs), on programs whose truth is known,
+# GC time (Profiler.new(gc: true), ext/ddprof_recorder/src/memory/gc_events.rs) and the live heap
+# (heap: true, ext/ddprof_recorder/src/memory/heap.rs), on programs whose truth is known,
 # decoded with google-protobuf.
 RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
   let(:profiler_class) { DdprofRecorder::Profiler }
@@ -84,7 +84,7 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
     end
   end
 
-  # ext/ddprof_recorder/src/gc_ticks.rs: a CPU tick inside the GC, read at the GC step's end.
+  # ext/ddprof_recorder/src/sampling/gc_ticks.rs: a CPU tick inside the GC, read at the GC step's end.
   describe "without gc: true, a tick inside the GC" do
     def churn_profile
       GC.start

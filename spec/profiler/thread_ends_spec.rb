@@ -8,7 +8,7 @@ require "tmpdir"
 # Issue 20, item 9: a thread that ends between two passes took the CPU it used since its last
 # charge with it, and one that no pass saw took all of it (with threads of a few ms, 4-5% of
 # the process's CPU on Ruby 3.1.2, most of it on 3.3 and 3.4). Now each thread's end (and its
-# native thread's exit) is accounted (ext/ddprof_recorder/src/thread_end.rs), so the profile's
+# native thread's exit) is accounted (ext/ddprof_recorder/src/sampling/thread_end.rs), so the profile's
 # cpu-time and the profiler's own counters add up to the process's CPU.
 #
 # Each example runs a fresh Ruby, so that the program's threads are the only ones. No timing

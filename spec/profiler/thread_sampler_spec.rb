@@ -213,7 +213,7 @@ RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
   end
 
   describe "looking for new threads (#list_threads)" do
-    # The thread-event hook's count of threads begun (ext/ddprof_recorder/src/thread_end.rs).
+    # The thread-event hook's count of threads begun (ext/ddprof_recorder/src/sampling/thread_end.rs).
     let(:begun) { [0] }
 
     before do
@@ -264,7 +264,7 @@ RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
     end
   end
 
-  describe "thread ends (ext/ddprof_recorder/src/thread_end.rs)" do
+  describe "thread ends (ext/ddprof_recorder/src/sampling/thread_end.rs)" do
     # What the end hook and the exit watches would have queued, taken at the next pass.
     let(:queued) { [] }
 

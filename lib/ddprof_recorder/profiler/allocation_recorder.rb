@@ -3,7 +3,7 @@
 module DdprofRecorder
   class Profiler
     # Records the sampled allocations: the postponed job of
-    # ext/ddprof_recorder/src/allocation_sampler.rs calls {#call} on the allocating thread,
+    # ext/ddprof_recorder/src/memory/allocations.rs calls {#call} on the allocating thread,
     # after the NEWOBJ hook read the allocating stack and the job named it (kept natively
     # under `stack_key`). Each sample gets `alloc-samples` 1 and
     # `alloc-count` its weight (the allocations it stands for), the thread's labels and

@@ -3,11 +3,11 @@
 module DdprofRecorder
   class Profiler
     # One way of naming frames for every stack the profiler records, whichever thread and
-    # whichever path read it (the rules: "Names" in ext/ddprof_recorder/src/stack_capture.rs;
+    # whichever path read it (the rules: "Names" in ext/ddprof_recorder/src/sampling/stack_capture.rs;
     # for users: docs/profiler.md, "Frame names").
     #
     # Frames are named `Klass#meth`. They are read natively, for the current thread and for
-    # others, through the VM's own structures (ext/ddprof_recorder/src/vm_frames.rs, on 3.1,
+    # others, through the VM's own structures (ext/ddprof_recorder/src/vm/frames.rs, on 3.1,
     # 3.3 and 3.4). That reader checks itself once per process ({.check}) before anything is
     # named. If the check fails, on 3.3+ frames are read through the public API
     # (`rb_profile_frames`, `rb_profile_thread_frames`) and still named `Klass#meth`; on 3.1

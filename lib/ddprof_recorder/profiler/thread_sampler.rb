@@ -7,7 +7,7 @@ module DdprofRecorder
     # What the profiler records, thread by thread: the per-thread accounts of CPU and wall
     # time, and the samples made from them. It is driven from two places:
     #
-    # - {#call}: the sampling job (ext/ddprof_recorder/src/sampling_job.rs), about `hz` times a
+    # - {#call}: the sampling job (ext/ddprof_recorder/src/sampling/job.rs), about `hz` times a
     #   second on the thread that holds the GVL, with that thread's CPU clock. The thread is
     #   on the CPU, so this is an *on-CPU sample*: its stack gets the CPU the thread used since
     #   its previous on-CPU sample. Then it makes a {#pass} over the other threads.
@@ -29,7 +29,7 @@ module DdprofRecorder
     #
     # Thread ends: a thread that ends between two passes would take the CPU it used since its
     # last charge with it (a dead thread's clock cannot be read), and a thread no pass saw all
-    # of it. ext/ddprof_recorder/src/thread_end.rs queues each thread's CPU clock at its end
+    # of it. ext/ddprof_recorder/src/sampling/thread_end.rs queues each thread's CPU clock at its end
     # (and each native thread's at its exit), which every pass and flush takes first
     # (#take_thread_ends): see #thread_ended and #thread_exited.
     #
@@ -54,7 +54,7 @@ module DdprofRecorder
       LIST_EVERY = 64
       # The keys of the stacks that passes read of other threads (#pass_stack), one per
       # ThreadState, counting down from here: apart from the signal samples' and the jobs'
-      # (ext/ddprof_recorder/src/signal_sampler.rs, `key`; #call).
+      # (ext/ddprof_recorder/src/sampling/signal_sampler.rs, `key`; #call).
       PASS_STACK_KEYS = -(1 << 40)
       # How a signal sample's cpu-time is made (see #signal_charge): the thread's average CPU
       # per sample is taken over about this many of its samples...
@@ -93,7 +93,7 @@ module DdprofRecorder
         [[[phase, "", 0].freeze, GC_FRAME].freeze, [GC_KIND_LABEL, kind].freeze].freeze
       end.freeze
 
-      # The real clocks, native functions (ext/ddprof_recorder/src/native_clock.rs), called
+      # The real clocks, native functions (ext/ddprof_recorder/src/sampling/native_clock.rs), called
       # with no Ruby method in between (the jobs read them with cold caches):
       # - `now_ns`: the monotonic clock;
       # - `thread_cpu_ns(tid)`: thread `tid`'s CPU clock, nil if it cannot be read;
@@ -141,7 +141,7 @@ module DdprofRecorder
       #   #native_id); found by {.forked_thread} if not given.
       # @param extra_values [Integer] value types the recorder has after the three it records
       #   (they get 0).
-      # @param gc [Boolean] charge the GC time that ext/ddprof_recorder/src/gc_events.rs
+      # @param gc [Boolean] charge the GC time that ext/ddprof_recorder/src/memory/gc_events.rs
       #   measures to a `(garbage collection)` frame, out of the thread's CPU.
       # @param timeline [Boolean] samples of a time (on-CPU, wall, idle, GC) carry it as an
       #   {END_TIMESTAMP_LABEL} (see #timed).
@@ -334,7 +334,7 @@ module DdprofRecorder
         end
       end
 
-      # The sampling job of the signal handler (ext/ddprof_recorder/src/signal_sampler.rs),
+      # The sampling job of the signal handler (ext/ddprof_recorder/src/sampling/signal_sampler.rs),
       # with the GVL: each sample was taken at a thread's CPU tick, with its stack read then.
       # The thread's CPU since its previous on-CPU sample is charged to that stack.
       #
@@ -345,12 +345,12 @@ module DdprofRecorder
       # @param now_ns [Integer] the monotonic clock then.
       # @return [Boolean] whether it also made the wall pass, as it does once half a period
       #   went by since the last one: the trigger then registers no job for a period
-      #   (ext/ddprof_recorder/src/trigger.rs, SIGNAL_PASS_NS), so a busy thread runs one job
+      #   (ext/ddprof_recorder/src/sampling/trigger.rs, SIGNAL_PASS_NS), so a busy thread runs one job
       #   where it would run two. False too if the samples wait for the next job (a pass is
       #   under way).
       #
       # Which ticks are samples: every scheduler tick a thread runs through is a candidate,
-      # drawn independently with the same probability (ext/ddprof_recorder/src/signal_sampler.rs),
+      # drawn independently with the same probability (ext/ddprof_recorder/src/sampling/signal_sampler.rs),
       # so the samples fall on the thread's stacks in proportion to the CPU they use.
       def signal_samples(samples, job_cpu_ns, now_ns)
         unless !gave_up? && @lock.try_lock
@@ -506,7 +506,7 @@ module DdprofRecorder
       end
 
       # The signal samples still waiting natively: the handler keeps a busy thread's samples
-      # in batches (ext/ddprof_recorder/src/signal_sampler.rs, "Batches"), which every pass
+      # in batches (ext/ddprof_recorder/src/sampling/signal_sampler.rs, "Batches"), which every pass
       # and flush records first, before any thread's end or idle time is accounted. With the
       # lock.
       def take_signal_samples

@@ -9,7 +9,7 @@
 //! answer the same six names.
 use magnus::{function, prelude::*, Error, RModule, Ruby};
 
-use crate::errors::entry;
+use crate::recorder::errors::entry;
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let profiler = module.define_class("Profiler", ruby.class_object())?;
@@ -19,29 +19,31 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     // `thread_cpu_ns(tid)`: thread `tid`'s CPU clock, or nil.
     clock.define_singleton_method(
         "thread_cpu_ns",
-        function!(crate::thread_cpu::native_thread_cpu_time_ns, 1),
+        function!(crate::sampling::thread_cpu::native_thread_cpu_time_ns, 1),
     )?;
     // `current_cpu_ns`: the calling thread's CPU clock.
     clock.define_singleton_method(
         "current_cpu_ns",
-        function!(crate::sampling_job::native_current_thread_cpu_time_ns, 0),
+        function!(crate::sampling::job::native_current_thread_cpu_time_ns, 0),
     )?;
     // `moved(tids, seen)`: the indices whose thread's CPU clock does not read `seen[i]`.
-    clock
-        .define_singleton_method("moved", function!(crate::thread_cpu::native_moved_threads, 2))?;
+    clock.define_singleton_method(
+        "moved",
+        function!(crate::sampling::thread_cpu::native_moved_threads, 2),
+    )?;
     // `thread_ends`: nil, or what the thread-end hook and the exit watches queued.
     clock.define_singleton_method(
         "thread_ends",
-        function!(crate::thread_end::native_take_thread_ends, 0),
+        function!(crate::sampling::thread_end::native_take_thread_ends, 0),
     )?;
     // `threads_begun`: how many threads the thread-event hook saw begin, or nil while it is off.
     clock.define_singleton_method(
         "threads_begun",
-        function!(crate::thread_end::native_threads_begun, 0),
+        function!(crate::sampling::thread_end::native_threads_begun, 0),
     )?;
     Ok(())
 }
 
 fn now_ns(ruby: &Ruby) -> Result<i64, Error> {
-    entry(ruby, || Ok(crate::trigger::monotonic_ns()))
+    entry(ruby, || Ok(crate::sampling::trigger::monotonic_ns()))
 }

@@ -13,7 +13,7 @@ use magnus::{
     value::Opaque, Error, Fixnum, RArray, RBignum, RClass, RHash, RString, Ruby, Symbol, Value,
 };
 
-use crate::errors::{arg_error, type_error};
+use crate::recorder::errors::{arg_error, type_error};
 
 /// `Thread::Backtrace::Location`, set once at init.
 static LOCATION_CLASS: std::sync::OnceLock<Opaque<RClass>> = std::sync::OnceLock::new();

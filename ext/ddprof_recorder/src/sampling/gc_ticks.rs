@@ -18,7 +18,7 @@
 //!
 //! The handler keeps such a tick as a sample whose stack is still to be read
 //! (`signal_sampler`, `READ_AT_GC_EXIT`), and this module's internal hook on
-//! `RUBY_INTERNAL_EVENT_GC_EXIT` reads it ([`crate::signal_sampler::read_gc_ticks`]). The event
+//! `RUBY_INTERNAL_EVENT_GC_EXIT` reads it ([`crate::sampling::signal_sampler::read_gc_ticks`]). The event
 //! fires in `gc_exit` at the end of every GC step (a whole GC, or a slice of incremental
 //! marking or lazy sweeping), on the thread that ran it, with the GVL and the VM lock held,
 //! before `during_gc` is cleared (Ruby 3.3.8 `gc.c`, 3.4.5 `gc/default/default.c`): still
@@ -44,7 +44,7 @@ use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
 
-use crate::internal_hook::InternalHook;
+use crate::memory::internal_hook::InternalHook;
 
 static HOOK: InternalHook = InternalHook::new(rb_sys::RUBY_INTERNAL_EVENT_GC_EXIT, on_gc_exit);
 
@@ -70,10 +70,10 @@ pub fn stop() {
 /// Whether a tick inside the GC is kept for the step's end: the hook is on, and `gc_events`
 /// does not measure the GC. Atomics only (the signal handler asks).
 pub fn on() -> bool {
-    HOOK.is_on() && !crate::gc_events::enabled()
+    HOOK.is_on() && !crate::memory::gc_events::enabled()
 }
 
 /// The hook: never unwinds, never allocates.
 unsafe extern "C" fn on_gc_exit(_tracepoint: rb_sys::VALUE, _data: *mut c_void) {
-    let _ = catch_unwind(AssertUnwindSafe(crate::signal_sampler::read_gc_ticks));
+    let _ = catch_unwind(AssertUnwindSafe(crate::sampling::signal_sampler::read_gc_ticks));
 }

@@ -112,7 +112,7 @@
 //! `rb_profile_frames` reads the running thread's control frames (`ec->cfp` down to the end
 //! frame, Ruby 3.1 `vm_backtrace.c`), and for each its iseq or method entry and line, with no
 //! allocation and no lock; the handler reads them that way too, through
-//! `stack_capture::read_current` (`vm_frames` on 3.1, 3.3 and 3.4 once its self-check passed, which
+//! `stack_capture::read_current` (`vm::frames` on 3.1, 3.3 and 3.4 once its self-check passed, which
 //! reads the same fields and gives a `define_method` method its method entry; else
 //! `rb_profile_frames` itself). Reading them in a handler is sound since Ruby 3.0: `vm_push_frame`
 //! fills a frame before it moves `ec->cfp` to it (ruby/ruby PR #3296, commit 0e276dc), so an
@@ -142,7 +142,7 @@
 //!
 //! # The job
 //!
-//! The handler then registers [`Setup::job`] (`sampling_job`), a postponed job that runs at
+//! The handler then registers [`Setup::job`] (`job`), a postponed job that runs at
 //! the thread's next interrupt check with the GVL: [`drain`] names the frames
 //! (`stack_capture::store_read_frames`) and hands each sample to the profiler. Between the
 //! handler and the job the frame objects are marked by [`SlotsRoot`], a GC root (marking
@@ -181,7 +181,7 @@ use std::sync::Mutex;
 
 use magnus::{gc, rb_sys::FromRawValue, DataTypeFunctions, TypedData, Value};
 
-use crate::thread_cpu::{clock_ns, cpu_clock_id, own_cpu_ns};
+use crate::sampling::thread_cpu::{clock_ns, cpu_clock_id, own_cpu_ns};
 
 /// The CPU timers' period: far below any scheduler tick (1 to 10 ms), so that a timer has
 /// expired at every tick its thread runs through (see "Which CPU ticks are samples").
@@ -625,7 +625,7 @@ fn install() -> Result<i32, String> {
 /// In a forked child, the slots describe the parent's timers, which the child does not have:
 /// forget them (no `timer_delete`: the ids mean nothing here). Called with [`ARMING`].
 fn forget_if_forked() {
-    let generation = crate::stack_recorder::fork_generation();
+    let generation = crate::recorder::stack_recorder::fork_generation();
     if SLOTS_GENERATION.swap(generation, AcqRel) == generation {
         return;
     }
@@ -773,7 +773,7 @@ fn disarm_slot(slot: &Slot) {
     // Its samples are the profiler's still: kept for its next drain (with the GVL, as the
     // callers are).
     if let Ok(mut kept) = KEPT.lock() {
-        drain_slot(slot, crate::sampling_job::own_tid(), &mut |sample| kept.push(sample));
+        drain_slot(slot, crate::sampling::job::own_tid(), &mut |sample| kept.push(sample));
     }
     // A handler on another thread may still be writing (see the module doc): let it finish.
     for buffer in &slot.buffers {
@@ -842,7 +842,7 @@ fn drain_slot(slot: &Slot, own_tid: i32, take: &mut impl FnMut(Sample)) {
         let key = key(tid, slot.taken.fetch_add(1, AcqRel));
         let kept = if depth == READ_AT_JOB {
             // This thread's own (checked above).
-            crate::stack_capture::capture_here(key)
+            crate::sampling::stack_capture::capture_here(key)
         } else if depth == READ_AT_GC_EXIT {
             // Its GC step ended after the hook was turned off: no stack (`gc_ticks`).
             COUNTERS.in_gc.fetch_add(1, Relaxed);
@@ -856,9 +856,10 @@ fn drain_slot(slot: &Slot, own_tid: i32, take: &mut impl FnMut(Sample)) {
             unsafe {
                 let frames = &*frames;
                 let read = &frames.frames[..depth];
-                let leaf = usize::from(read.first() == Some(&crate::stack_capture::GC_LEAF));
+                let leaf =
+                    usize::from(read.first() == Some(&crate::sampling::stack_capture::GC_LEAF));
                 if read[leaf..].iter().all(|&f| is_frame_object(f)) {
-                    crate::stack_capture::store_read_frames(
+                    crate::sampling::stack_capture::store_read_frames(
                         key,
                         &frames.frames[..depth],
                         &frames.lines[..depth],
@@ -937,7 +938,7 @@ fn handle(info: *mut libc::siginfo_t) {
     // SAFETY: as above.
     let in_gc = unsafe { rb_sys::rb_during_gc() } != 0;
     // Read at the GC step's end if `gc_ticks` is on, else dropped.
-    if in_gc && !(in_handler && crate::gc_ticks::on()) {
+    if in_gc && !(in_handler && crate::sampling::gc_ticks::on()) {
         COUNTERS.in_gc.fetch_add(1, Relaxed);
         return;
     }
@@ -971,8 +972,9 @@ fn handle(info: *mut libc::siginfo_t) {
         let frames = unsafe { &mut *frames };
         // SAFETY: reads the thread's own frames as rb_profile_frames does, with no allocation,
         // lock or system call (vm_frames, or rb_profile_frames itself): sound here (module doc).
-        let n =
-            unsafe { crate::stack_capture::read_current(&mut frames.frames, &mut frames.lines) };
+        let n = unsafe {
+            crate::sampling::stack_capture::read_current(&mut frames.frames, &mut frames.lines)
+        };
         COUNTERS.read_in_handler.fetch_add(1, Relaxed);
         n.min(DEPTH) as u32
     } else {
@@ -991,14 +993,14 @@ fn handle(info: *mut libc::siginfo_t) {
 
 /// The GC_EXIT hook (`gc_ticks`), at the end of a GC step, on the thread that ran it, with the
 /// GVL: reads this thread's stack for each of its samples whose tick came inside the GC
-/// ([`READ_AT_GC_EXIT`]), leaf first under [`crate::stack_capture::GC_LEAF`]. Any other
+/// ([`READ_AT_GC_EXIT`]), leaf first under [`crate::sampling::stack_capture::GC_LEAF`]. Any other
 /// thread's such sample (a thread that had the GVL taken by a time slice and waits for it
 /// back reads as holding it, module doc) gets no stack. No allocation, no lock, no Ruby call.
 pub fn read_gc_ticks() {
     if !GC_TICKS_WAITING.swap(false, AcqRel) {
         return;
     }
-    let own_tid = crate::sampling_job::own_tid();
+    let own_tid = crate::sampling::job::own_tid();
     for slot in used_slots() {
         if slot.state.load(Acquire) == FREE {
             continue;
@@ -1014,12 +1016,12 @@ pub fn read_gc_ticks() {
             let depth = if own && unsafe { crate::vm::current_stack_walkable() } {
                 // SAFETY: allocated at arm, never freed; WRITING, so nobody else touches it.
                 let frames = unsafe { &mut *buffer.frames.load(Acquire) };
-                frames.frames[0] = crate::stack_capture::GC_LEAF;
+                frames.frames[0] = crate::sampling::stack_capture::GC_LEAF;
                 frames.lines[0] = 0;
                 // SAFETY: the thread's own frames, with the GVL, after the GC step moved
                 // everything it moves (`gc_ticks`); no allocation, lock or system call.
                 let n = unsafe {
-                    crate::stack_capture::read_current(
+                    crate::sampling::stack_capture::read_current(
                         &mut frames.frames[1..],
                         &mut frames.lines[1..],
                     )
@@ -1275,8 +1277,8 @@ fn trigger_job() {
     let job = JOB.load(Acquire);
     if job != 0 {
         // SAFETY: JOB only ever holds the `postponed::Job` given to `start`.
-        let job: crate::postponed::Job = unsafe { std::mem::transmute(job) };
-        crate::postponed::trigger(job);
+        let job: crate::vm::postponed::Job = unsafe { std::mem::transmute(job) };
+        crate::vm::postponed::trigger(job);
     }
 }
 

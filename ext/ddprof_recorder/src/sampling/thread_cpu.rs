@@ -31,7 +31,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
 /// with Linux id `tid` has used since it started, or nil when it cannot be read (the thread
 /// exited, `tid` is nil or not a thread of this process, or not on Linux).
 pub fn native_thread_cpu_time_ns(ruby: &Ruby, tid: Option<i64>) -> Result<Option<i64>, Error> {
-    crate::errors::entry(ruby, || Ok(thread_cpu_time_ns(tid)))
+    crate::recorder::errors::entry(ruby, || Ok(thread_cpu_time_ns(tid)))
 }
 
 /// The CPU time of the thread with Linux id `tid`, if it can be read.
@@ -44,7 +44,7 @@ fn thread_cpu_time_ns(tid: Option<i64>) -> Option<i64> {
 /// thread that cannot be read counts as moved): the sampler's idle scan, one call a pass
 /// rather than one per thread.
 pub fn native_moved_threads(ruby: &Ruby, tids: RArray, seen: RArray) -> Result<RArray, Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         let moved = ruby.ary_new();
         for i in 0..tids.len() {
             let tid: Option<i64> = tids.entry(i as isize)?;

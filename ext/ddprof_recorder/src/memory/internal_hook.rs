@@ -1,6 +1,6 @@
 //! A native TracePoint on Ruby's internal events (`RUBY_INTERNAL_EVENT_*`, Ruby 3.1
-//! `ruby/debug.h`, `vm_trace.c`): the NEWOBJ, FREEOBJ and GC hooks of `allocation_sampler`,
-//! `heap_tracker` and `gc_events`. Internal events cannot be hooked from Ruby; a TracePoint
+//! `ruby/debug.h`, `vm_trace.c`): the NEWOBJ, FREEOBJ and GC hooks of `allocations`,
+//! `heap` and `gc_events`. Internal events cannot be hooked from Ruby; a TracePoint
 //! made by `rb_tracepoint_new` with a C function can. The TracePoint object is made on first
 //! use and kept for the process's life in a static registered as a GC root
 //! (`rb_gc_register_address`, which also pins it). Everything here runs with the GVL held.

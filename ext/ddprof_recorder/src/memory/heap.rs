@@ -1,4 +1,4 @@
-//! The live heap: the objects of the sampled allocations (see `allocation_sampler`) that the
+//! The live heap: the objects of the sampled allocations (see `allocations`) that the
 //! GC has not freed yet, by allocating stack and class. Relies on Ruby 3.1's internal
 //! `RUBY_INTERNAL_EVENT_FREEOBJ` event and on `rb_gc_location` for compaction.
 //!
@@ -29,7 +29,7 @@ use magnus::{
 };
 use rustc_hash::{FxHashMap, FxHasher};
 
-use crate::internal_hook::InternalHook;
+use crate::memory::internal_hook::InternalHook;
 
 /// Most objects tracked at once. A tracked object costs about 64 bytes here (plus its stack,
 /// shared with the others of that stack), and one `rb_obj_memsize_of` per report.
@@ -129,7 +129,7 @@ pub fn stop() {
 }
 
 fn native_stop(ruby: &Ruby) -> Result<(), Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         stop();
         Ok(())
     })
@@ -142,7 +142,7 @@ pub fn track(object: rb_sys::VALUE, key: i64, class: RString, weight: u64) {
     }
     // SAFETY: GVL held; copied at once, before any Ruby code runs.
     let class_text = String::from_utf8_lossy(unsafe { class.as_slice() }).into_owned();
-    let frames = crate::stack_capture::with_captured(key, |frames| {
+    let frames = crate::sampling::stack_capture::with_captured(key, |frames| {
         frames
             .iter()
             .map(|f| OwnedFrame {
@@ -211,7 +211,7 @@ struct Live {
 /// object's `ObjectSpace.memsize_of` times its sample's weight, an estimate of the bytes
 /// that stack's live objects hold).
 fn native_live(ruby: &Ruby) -> Result<RArray, Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         let lines = {
             let mut guard = heap();
             let Some(heap) = guard.as_mut() else { return Ok(ruby.ary_new()) };

@@ -1,5 +1,5 @@
 //! The duty cycle of the allocation hook: a native thread that turns the NEWOBJ hook of
-//! `allocation_sampler` on for random slices of time only, so that what the hook costs stays
+//! `allocations` on for random slices of time only, so that what the hook costs stays
 //! under a target share of the program's time, and says how much each sample then stands for.
 //!
 //! # Why
@@ -29,7 +29,7 @@
 //!   The block is lengthened the same way by all the hook cost in it, also after the on-slot
 //!   (a C method that allocates without an interrupt check keeps the hook on until it
 //!   returns). What the hook costs an allocation is measured when sampling starts
-//!   (`allocation_sampler::calibrate`), then from the program itself ([`Ledger`]).
+//!   (`allocations::calibrate`), then from the program itself ([`Ledger`]).
 //!   The edges' timing matters as much: see [`run`].
 //! - **The hook is switched by a postponed job**, at the next interrupt check of the thread
 //!   holding the GVL, not at the slot's edge. The hook's state at any moment is then that of
@@ -56,8 +56,8 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::native_thread::NativeThread;
-use crate::trigger::Jitter;
+use crate::sampling::native_thread::NativeThread;
+use crate::sampling::trigger::Jitter;
 
 /// The length of a slot, in the program's time. Each on-slot costs more than its hook's
 /// allocations: with 1 ms slots `JSON.parse`/`JSON.generate` ran 3.6% slower at a 2% target
@@ -257,7 +257,7 @@ fn every_for(target: f64, overhead: f64) -> u64 {
 /// Sets what the hook should be, and has a job apply it if that changed.
 fn want(word: u64, job: unsafe extern "C" fn(*mut c_void)) {
     if DESIRED.swap(word, Ordering::AcqRel) != word {
-        crate::postponed::trigger(job);
+        crate::vm::postponed::trigger(job);
     }
 }
 
@@ -280,10 +280,11 @@ fn sleep_until(deadline: Instant, stop: &AtomicBool) -> bool {
 /// This thread's own wake-ups fall mostly in the on-slots; counted, they made the hook look 5
 /// ns an allocation dearer, and the count 6% high.
 pub fn program_cpu_ns() -> u64 {
-    let process = crate::thread_cpu::clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0);
+    let process =
+        crate::sampling::thread_cpu::clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0);
     let own = match THREAD_TID.load(Ordering::Acquire) {
         0 => 0,
-        tid => crate::thread_cpu::cpu_time_ns(tid).unwrap_or(0),
+        tid => crate::sampling::thread_cpu::cpu_time_ns(tid).unwrap_or(0),
     };
     (process - own).max(0) as u64
 }
@@ -374,7 +375,7 @@ fn run(setup: &Setup, stop: &AtomicBool) {
 }
 
 fn monotonic_ns() -> u64 {
-    crate::trigger::monotonic_ns().max(0) as u64
+    crate::sampling::trigger::monotonic_ns().max(0) as u64
 }
 
 fn run_blocks(setup: &Setup, stop: &AtomicBool) {

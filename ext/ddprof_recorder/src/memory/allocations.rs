@@ -22,7 +22,7 @@
 //!   whose class field is not a class (`T_IMEMO`, `T_NODE`: internal objects keep other data
 //!   there) or is 0 (hidden objects) get no class;
 //! - reads the stack into a preallocated buffer (`stack_capture::read_current`:
-//!   `rb_profile_frames`, `vm_backtrace.c`, or `vm_frames`, which reads the same way): it walks
+//!   `rb_profile_frames`, `vm_backtrace.c`, or `vm::frames`, which reads the same way): it walks
 //!   the control frames and copies frame objects (iseqs, method entries) without allocating;
 //! - registers the postponed job (`rb_postponed_job_register_one`, which only claims a slot
 //!   of the VM's job buffer and sets an interrupt flag, `vm_trace.c`).
@@ -48,7 +48,7 @@
 //! # Reentrancy, fork and exit
 //!
 //! The job's own allocations, and those of the sampling job, are not sampled: each job marks
-//! the thread it runs on ([`JOB_HERE`], `sampling_job::in_job_here`), so that a job switched
+//! the thread it runs on ([`JOB_HERE`], `job::in_job_here`), so that a job switched
 //! out in its Ruby handler does not hide the other threads' allocations. Nor are those of
 //! Profiler#start and #stop, on the thread that calls them ([`OWN_HERE`]). Any thread's job
 //! records the pending samples of every thread, each taking the next one not taken; a taken
@@ -69,8 +69,8 @@ use magnus::{
     DataTypeFunctions, Error, RHash, RModule, RString, Ruby, TypedData, Value,
 };
 
-use crate::internal_hook::InternalHook;
-use crate::trigger::Jitter;
+use crate::memory::internal_hook::InternalHook;
+use crate::sampling::trigger::Jitter;
 
 /// The keys under which a sampled allocation's stack is kept in `stack_capture` while it is
 /// recorded are this plus the recording thread's id: the sampler's keys, native thread ids
@@ -218,8 +218,8 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         // with the GVL (at load).
         unsafe { rb_sys::rb_gc_register_address(HANDLER.as_ptr().cast()) };
         HOOK.register();
-        crate::postponed::prepare(job);
-        crate::postponed::prepare(window_job);
+        crate::vm::postponed::prepare(job);
+        crate::vm::postponed::prepare(window_job);
         // SAFETY: a plain function with no data, run with the GVL after every `at_exit` block
         // (Ruby 3.1 `eval_jump.c`, `rb_ec_exec_end_proc`).
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
@@ -240,14 +240,14 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
 unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
     let _ = catch_unwind(|| {
         stop();
-        crate::heap_tracker::stop();
+        crate::memory::heap::stop();
     });
 }
 
 fn stop() {
     ENABLED.store(false, Ordering::Release);
     RUN.fetch_add(1, Ordering::AcqRel);
-    crate::duty_cycle::stop();
+    crate::memory::duty_cycle::stop();
     HOOK.disable();
     if let Some(state) = state().as_mut() {
         state.pending.clear();
@@ -260,7 +260,7 @@ fn stop() {
 /// samples one allocation in about every `interval` the hook sees and calls
 /// `handler.call(thread, class_name, weight, key)` for each, from a postponed job on the
 /// allocating thread; with `heap`, also tracks the sampled objects until the GC frees them
-/// (see `heap_tracker`).
+/// (see `heap`).
 /// With `overhead` under 1 and `interval` over 1, the hook is on only part of the time, to
 /// cost about `overhead` of the program's time (`duty_cycle`), and `calibration.call` (Ruby
 /// code that allocates) first measures what the hook costs; else it is always on.
@@ -272,13 +272,13 @@ fn native_start(
     overhead: f64,
     calibration: Value,
 ) -> Result<(), Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         // An Integer, not anything `to_int` or a Float would turn into one.
         let interval = magnus::Integer::from_value(interval)
             .and_then(|i| i.to_u64().ok())
             .filter(|i| (1..=MAX_INTERVAL).contains(i))
             .ok_or_else(|| {
-                crate::errors::arg_error(
+                crate::recorder::errors::arg_error(
                     ruby,
                     format!(
                         "allocation interval must be an Integer in 1..{MAX_INTERVAL}, got {}",
@@ -287,13 +287,13 @@ fn native_start(
                 )
             })?;
         if !(overhead > 0.0 && overhead <= 1.0) {
-            return Err(crate::errors::arg_error(
+            return Err(crate::recorder::errors::arg_error(
                 ruby,
                 format!("allocation overhead must be a Float in (0, 1], got {overhead}"),
             ));
         }
         stop();
-        crate::heap_tracker::stop();
+        crate::memory::heap::stop();
         let duty = interval > 1 && overhead < 1.0;
         let hook_cost_ns = if duty { calibrate(ruby, calibration)? } else { 0.0 };
         // The counters are this run's.
@@ -310,14 +310,14 @@ fn native_start(
             carried: 0,
             accounted: 0,
             rng: Jitter::new(),
-            generation: crate::stack_recorder::fork_generation(),
+            generation: crate::recorder::stack_recorder::fork_generation(),
             heap,
         };
         fresh.step = fresh.draw();
         COUNTDOWN.store(fresh.step, Ordering::Relaxed);
         *state() = Some(fresh);
         if heap {
-            crate::heap_tracker::start();
+            crate::memory::heap::start();
         }
         HANDLER.store(handler.as_raw() as usize, Ordering::Release);
         SEEN_EVERY.store(1, Ordering::Relaxed);
@@ -325,21 +325,25 @@ fn native_start(
         DUTY.store(duty, Ordering::Release);
         // On, seeing everything, until the duty cycle's thread says otherwise (a job queued
         // by an earlier run then finds nothing to change).
-        crate::duty_cycle::DESIRED.store(1, Ordering::Release);
-        SEEN_AT_START.store(crate::duty_cycle::SEEN.load(Ordering::Relaxed), Ordering::Relaxed);
+        crate::memory::duty_cycle::DESIRED.store(1, Ordering::Release);
+        SEEN_AT_START
+            .store(crate::memory::duty_cycle::SEEN.load(Ordering::Relaxed), Ordering::Relaxed);
         RUN.fetch_add(1, Ordering::AcqRel);
         ENABLED.store(true, Ordering::Release);
         HOOK.enable();
         if duty {
-            let setup =
-                crate::duty_cycle::Setup { target: overhead, hook_cost_ns, job: window_job };
-            if let Err(e) = crate::duty_cycle::start(
+            let setup = crate::memory::duty_cycle::Setup {
+                target: overhead,
+                hook_cost_ns,
+                job: window_job,
+            };
+            if let Err(e) = crate::memory::duty_cycle::start(
                 setup,
-                crate::duty_cycle::program_cpu_ns(),
+                crate::memory::duty_cycle::program_cpu_ns(),
                 total_allocated(),
             ) {
                 stop();
-                return Err(crate::errors::gem_error(
+                return Err(crate::recorder::errors::gem_error(
                     ruby,
                     format!("could not start the allocation duty cycle's thread: {e}"),
                 ));
@@ -357,31 +361,32 @@ fn native_own(on: bool) -> bool {
 }
 
 fn native_stop(ruby: &Ruby) -> Result<(), Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         stop();
         Ok(())
     })
 }
 
 fn native_stats(ruby: &Ruby) -> Result<RHash, Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         let hash = ruby.hash_new();
         hash.aset(ruby.to_symbol("sampled"), SAMPLED.load(Ordering::Relaxed))?;
         hash.aset(ruby.to_symbol("recorded"), RECORDED.load(Ordering::Relaxed))?;
         hash.aset(ruby.to_symbol("dropped"), DROPPED.load(Ordering::Relaxed))?;
         let calibrated = f64::from_bits(HOOK_COST_NS.load(Ordering::Relaxed));
-        let duty = DUTY.load(Ordering::Relaxed).then(|| crate::duty_cycle::stats(calibrated));
+        let duty =
+            DUTY.load(Ordering::Relaxed).then(|| crate::memory::duty_cycle::stats(calibrated));
         hash.aset(ruby.to_symbol("hook_cost_calibrated_ns"), calibrated)?;
         hash.aset(ruby.to_symbol("hook_cost_ns"), duty.as_ref().map_or(0.0, |d| d.hook_cost_ns))?;
         hash.aset(ruby.to_symbol("hook_on_share"), duty.as_ref().map_or(1.0, |d| d.on_share))?;
         hash.aset(ruby.to_symbol("seen_every"), duty.as_ref().map_or(1, |d| d.every))?;
-        let seen = crate::duty_cycle::SEEN.load(Ordering::Relaxed);
+        let seen = crate::memory::duty_cycle::SEEN.load(Ordering::Relaxed);
         hash.aset(
             ruby.to_symbol("seen"),
             seen.wrapping_sub(SEEN_AT_START.load(Ordering::Relaxed)),
         )?;
         hash.aset(ruby.to_symbol("weighed_allocations"), duty.as_ref().map(|d| d.weighed))?;
-        crate::heap_tracker::add_stats(ruby, hash)?;
+        crate::memory::heap::add_stats(ruby, hash)?;
         Ok(hash)
     })
 }
@@ -392,8 +397,8 @@ unsafe extern "C" fn on_newobj(tracepoint: rb_sys::VALUE, _data: *mut c_void) {
     // GVL makes each load and store one step), no lock, no thread-local. What an allocation
     // still pays is Ruby's: with any NEWOBJ hook enabled, Ruby 3.1 takes `newobj_of`'s slow
     // path and builds a trace arg for every object (see the cost in docs/profiler.md).
-    let seen = crate::duty_cycle::SEEN.load(Ordering::Relaxed);
-    crate::duty_cycle::SEEN.store(seen.wrapping_add(1), Ordering::Relaxed);
+    let seen = crate::memory::duty_cycle::SEEN.load(Ordering::Relaxed);
+    crate::memory::duty_cycle::SEEN.store(seen.wrapping_add(1), Ordering::Relaxed);
     let countdown = COUNTDOWN.load(Ordering::Relaxed);
     if countdown > 1 {
         COUNTDOWN.store(countdown - 1, Ordering::Relaxed);
@@ -409,13 +414,13 @@ fn newobj(tracepoint: rb_sys::VALUE) {
     if !ENABLED.load(Ordering::Relaxed)
         || JOB_HERE.with(Cell::get)
         || OWN_HERE.with(Cell::get)
-        || crate::sampling_job::in_job_here()
+        || crate::sampling::job::in_job_here()
     {
         return;
     }
     let Ok(mut guard) = STATE.try_lock() else { return };
     let Some(state) = guard.as_mut() else { return };
-    if state.generation != crate::stack_recorder::fork_generation() {
+    if state.generation != crate::recorder::stack_recorder::fork_generation() {
         return; // a forked child that has not started sampling
     }
     // Each allocation seen stands for the `every` of the slot it was seen in (`duty_cycle`).
@@ -445,7 +450,7 @@ fn newobj(tracepoint: rb_sys::VALUE) {
     let klass = if flags & T_MASK <= T_SYMBOL { klass } else { 0 };
     // SAFETY: GVL held; does not allocate (reads as `rb_profile_frames` does).
     let depth = unsafe {
-        crate::stack_capture::read_current(
+        crate::sampling::stack_capture::read_current(
             &mut state.frames[start..start + DEPTH],
             &mut state.lines[start..start + DEPTH],
         )
@@ -456,7 +461,7 @@ fn newobj(tracepoint: rb_sys::VALUE) {
     state.pending.push(Pending { thread, klass, object, weight, start, depth });
     drop(guard);
     // Registering only sets an interrupt flag.
-    crate::postponed::trigger(job);
+    crate::vm::postponed::trigger(job);
 }
 
 /// The postponed job. Never unwinds.
@@ -484,35 +489,35 @@ fn run_job() {
     }
     // What the samples cost is the hook's too: the duty cycle lengthens the on-slots by it.
     // This thread's CPU, not the clock: time it is switched out is no cost of ours.
-    let started = crate::thread_cpu::own_cpu_ns();
+    let started = crate::sampling::thread_cpu::own_cpu_ns();
     // The handler is Ruby code: the program's Thread#raise, Thread#kill and Timeout wait
     // until the job is over, so that they reach the program, not the handler.
     // SAFETY: in a postponed job with the GVL; dropped at the end of this function.
-    let deferred = unsafe { crate::interrupt_mask::defer_async_interrupts() };
+    let deferred = unsafe { crate::sampling::interrupt_mask::defer_async_interrupts() };
     if let Ok(ruby) = Ruby::get() {
         // This thread's key for the stacks it names (another thread's job may run while
         // this one is switched out in its handler).
-        let tid = crate::sampling_job::own_tid();
+        let tid = crate::sampling::job::own_tid();
         let key = ALLOCATION_KEY + i64::from(tid.max(0));
         // A CPU tick in here is no sample: its stack would be the handler's, in the gem
         // (seen at interval 1: AllocationRecorder#call frames with the program's CPU). Its
         // CPU stays to be charged at the thread's next sample, as the hook's own cost is.
         // Not when the sampling job runs here (its handler's end clears the mark).
-        let mark = !crate::sampling_job::in_job_here();
+        let mark = !crate::sampling::job::in_job_here();
         if mark {
-            crate::signal_sampler::set_in_job(tid, true);
+            crate::sampling::signal_sampler::set_in_job(tid, true);
         }
         while let Some(taken) = take() {
             record(&ruby, &taken, key);
             done(taken.id);
         }
         if mark {
-            crate::signal_sampler::set_in_job(tid, false);
+            crate::sampling::signal_sampler::set_in_job(tid, false);
         }
-        crate::stack_capture::forget(key);
+        crate::sampling::stack_capture::forget(key);
     }
-    let spent = crate::thread_cpu::own_cpu_ns().saturating_sub(started).max(0) as u64;
-    crate::duty_cycle::JOB_NS.fetch_add(spent, Ordering::Relaxed);
+    let spent = crate::sampling::thread_cpu::own_cpu_ns().saturating_sub(started).max(0) as u64;
+    crate::memory::duty_cycle::JOB_NS.fetch_add(spent, Ordering::Relaxed);
     JOB_HERE.with(|here| here.set(false));
     drop(deferred);
 }
@@ -525,16 +530,16 @@ unsafe extern "C" fn window_job(_data: *mut c_void) {
         // off the hook of a run without a duty cycle.
         let live = ENABLED.load(Ordering::Acquire)
             && DUTY.load(Ordering::Acquire)
-            && state()
-                .as_ref()
-                .is_some_and(|s| s.generation == crate::stack_recorder::fork_generation());
+            && state().as_ref().is_some_and(|s| {
+                s.generation == crate::recorder::stack_recorder::fork_generation()
+            });
         if !live {
             return;
         }
-        let at_ns = crate::duty_cycle::program_cpu_ns();
+        let at_ns = crate::memory::duty_cycle::program_cpu_ns();
         let seen_every = SEEN_EVERY.load(Ordering::Relaxed);
-        crate::duty_cycle::switched(HOOK.is_on(), seen_every, at_ns, total_allocated());
-        match crate::duty_cycle::DESIRED.load(Ordering::Acquire) {
+        crate::memory::duty_cycle::switched(HOOK.is_on(), seen_every, at_ns, total_allocated());
+        match crate::memory::duty_cycle::DESIRED.load(Ordering::Acquire) {
             0 => HOOK.disable(),
             every => {
                 let before = SEEN_EVERY.swap(every, Ordering::Relaxed);
@@ -591,18 +596,18 @@ fn calibrate(ruby: &Ruby, calibration: Value) -> Result<f64, Error> {
         if hooked {
             HOOK.enable();
         }
-        let seen = crate::duty_cycle::SEEN.load(Ordering::Relaxed);
-        let started = crate::thread_cpu::own_cpu_ns();
+        let seen = crate::memory::duty_cycle::SEEN.load(Ordering::Relaxed);
+        let started = crate::sampling::thread_cpu::own_cpu_ns();
         let called = calibration.funcall::<_, _, Value>("call", ());
-        let spent = crate::thread_cpu::own_cpu_ns() - started;
+        let spent = crate::sampling::thread_cpu::own_cpu_ns() - started;
         HOOK.disable();
         called?;
-        Ok((spent, crate::duty_cycle::SEEN.load(Ordering::Relaxed).wrapping_sub(seen)))
+        Ok((spent, crate::memory::duty_cycle::SEEN.load(Ordering::Relaxed).wrapping_sub(seen)))
     };
     // No sample is due during the passes (`native_start` sets the countdown after).
     COUNTDOWN.store(u64::MAX, Ordering::Relaxed);
     // Nor a signal sample: its job's CPU would be taken for the hook's (held until the end).
-    let _blocked = crate::signal_sampler::BlockedHere::new();
+    let _blocked = crate::sampling::signal_sampler::BlockedHere::new();
     // A first pass warms what a fresh process has not run yet (measured: 100 ns an object
     // otherwise, against about 40).
     pass(false)?;
@@ -629,7 +634,7 @@ fn take() -> Option<Taken> {
     let mut guard = state();
     let state = guard.as_mut()?;
     let live = ENABLED.load(Ordering::Acquire)
-        && state.generation == crate::stack_recorder::fork_generation();
+        && state.generation == crate::recorder::stack_recorder::fork_generation();
     let index = state.taken;
     let Some(pending) = state.pending.get(index).filter(|_| live) else {
         // Every sample in the buffer is taken (or none may be): it starts over at once,
@@ -686,8 +691,9 @@ fn hold(marks: Vec<rb_sys::VALUE>) -> u64 {
 /// heap tracker).
 fn record(ruby: &Ruby, taken: &Taken, key: i64) {
     // SAFETY: GVL held; the frames are still marked (held in FLYING until `done`).
-    let depth =
-        unsafe { crate::stack_capture::store_read_frames(key, &taken.frames, &taken.lines) };
+    let depth = unsafe {
+        crate::sampling::stack_capture::store_read_frames(key, &taken.frames, &taken.lines)
+    };
     if depth == 0 {
         return;
     }
@@ -712,7 +718,7 @@ fn record(ruby: &Ruby, taken: &Taken, key: i64) {
         // Only if this run is still the one whose buffer marks the object (the handler may
         // have been switched out while another thread stopped or restarted sampling).
         if taken.object != 0 && RUN.load(Ordering::Acquire) == taken.run {
-            crate::heap_tracker::track(taken.object, key, class_name, taken.weight);
+            crate::memory::heap::track(taken.object, key, class_name, taken.weight);
         }
     }
 }

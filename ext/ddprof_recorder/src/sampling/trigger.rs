@@ -1,6 +1,6 @@
 //! The sampling trigger: a plain native thread that ticks `hz` times a second (fewer while it
 //! has nothing to do: "Quiet ticks") and, on each tick, asks Ruby to run the sampling job
-//! ([`crate::sampling_job`]) on whichever thread holds the GVL. No signal is involved, and the
+//! ([`crate::sampling::job`]) on whichever thread holds the GVL. No signal is involved, and the
 //! thread holds no Ruby object and never the GVL.
 //!
 //! # Why calling Ruby from this thread is sound (Ruby 3.1)
@@ -26,7 +26,7 @@
 //! On each tick the trigger also reads the CPU clock of the thread that ran the previous job
 //! (most often still the GVL holder) and publishes it with the tick's time ([`TickInfo`]). A
 //! job can then tell whether its thread used the CPU since the tick or was blocked, and so ran
-//! late (see `sampling_job`).
+//! late (see `job`).
 //!
 //! # Randomized ticks
 //!
@@ -83,9 +83,9 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::native_thread::{NativeThread, Stopped};
+use crate::sampling::native_thread::{NativeThread, Stopped};
 
-use crate::thread_cpu::{cpu_time_ns, own_cpu_ns};
+use crate::sampling::thread_cpu::{cpu_time_ns, own_cpu_ns};
 
 /// What the trigger saw at its latest tick, for the job to judge how late it runs. A seqlock:
 /// `seq` is odd while the trigger writes.
@@ -126,7 +126,7 @@ pub static PASS_NS: AtomicI64 = AtomicI64::new(0);
 /// Periods a pass may wait while the signal handler keeps its samples in batches and nothing
 /// else needs one (see "Batches"): twice the batch, so that a busy thread's batch (about
 /// `BATCH` periods of its CPU) nearly always fills, and its job makes the pass, first.
-const BATCH_PASS_PERIODS: i64 = 2 * crate::signal_sampler::BATCH as i64;
+const BATCH_PASS_PERIODS: i64 = 2 * crate::sampling::signal_sampler::BATCH as i64;
 
 /// The running trigger thread's Linux id (0: none), and the CPU the last one used in all.
 static THREAD_TID: AtomicI32 = AtomicI32::new(0);
@@ -193,7 +193,7 @@ impl TickInfo {
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of Ruby's `Process.clock_gettime(
 /// Process::CLOCK_MONOTONIC, :nanosecond)`, which the Ruby side compares with.
 pub fn monotonic_ns() -> i64 {
-    crate::thread_cpu::clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0)
+    crate::sampling::thread_cpu::clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0)
 }
 
 static THREAD: NativeThread = NativeThread::new();
@@ -264,7 +264,7 @@ fn run_ticks(setup: &Setup, stop: &AtomicBool) {
     let mut jobless_ticks = 0u32;
     let mut quiet = 0u32;
     let mut asked = false;
-    let mut events = crate::thread_end::events();
+    let mut events = crate::sampling::thread_end::events();
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
         if now < deadline {
@@ -319,20 +319,21 @@ fn tick(
     period: Duration,
     events: &mut Option<u64>,
 ) -> Done {
-    let look = crate::signal_sampler::kick();
+    let look = crate::sampling::signal_sampler::kick();
     let tid = LAST_JOB_TID.load(Ordering::Relaxed);
     let cpu_ns = if tid > 0 { cpu_time_ns(tid).unwrap_or(-1) } else { -1 };
     let at_ns = monotonic_ns();
     TICK.publish(Tick { at_ns, tid, cpu_ns });
     let period_ns = i64::try_from(period.as_nanos()).unwrap_or(i64::MAX);
-    let events_now = crate::thread_end::events();
+    let events_now = crate::sampling::thread_end::events();
     // With wall ticks a signal pass follows nearly every tick, and ticks are up to 1.5
     // periods apart: the trigger's own job waits for two periods without one.
-    let spared = if crate::signal_sampler::wall_ticks() { 2 * period_ns } else { period_ns };
+    let spared =
+        if crate::sampling::signal_sampler::wall_ticks() { 2 * period_ns } else { period_ns };
     let skip = at_ns.saturating_sub(SIGNAL_PASS_NS.load(Ordering::Relaxed)) < spared
-        || (crate::signal_sampler::batching()
+        || (crate::sampling::signal_sampler::batching()
             && !look.stopped
-            && crate::signal_sampler::all_armed()
+            && crate::sampling::signal_sampler::all_armed()
             && events_now.is_some()
             && events_now == *events
             && at_ns.saturating_sub(PASS_NS.load(Ordering::Relaxed))
@@ -342,7 +343,7 @@ fn tick(
     }
     *events = events_now;
     // Callable from a thread Ruby does not know (module doc, and `postponed`).
-    crate::postponed::trigger(job);
+    crate::vm::postponed::trigger(job);
     TICKS.fetch_add(1, Ordering::Relaxed);
     Done { asked: true, work: true }
 }

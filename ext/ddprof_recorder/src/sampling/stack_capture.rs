@@ -5,7 +5,7 @@
 //! Frames are read as `rb_profile_frames` (Ruby 3.1 `vm_backtrace.c`) reads them: a method
 //! entry for each Ruby method (and the blocks inside it) and each C method, an instruction
 //! sequence for other Ruby frames (`<main>`, a class body, a required file's top level and
-//! the blocks in them), and the line numbers, without allocating; `vm_frames` reads them the
+//! the blocks in them), and the line numbers, without allocating; `vm::frames` reads them the
 //! same way for any thread, and gives a method made with `define_method` its method entry.
 //! Each frame object is turned into names once and kept in [`CACHE`], so that a sample costs
 //! a hash lookup per frame. A C method takes the path (and line) of the Ruby frame that
@@ -14,7 +14,7 @@
 //! # Names
 //!
 //! Frames are named as stackprof names them, from the frame object alone, whichever thread
-//! it was read on. Frames are read by `vm_frames` once its self-check passed (checked once by
+//! it was read on. Frames are read by `vm::frames` once its self-check passed (checked once by
 //! `Profiler::FrameNames` before anything is named, on 3.1, 3.3 and 3.4); if it failed, on 3.3
 //! and later by the public API (`rb_profile_frames`, and `rb_profile_thread_frames` for other
 //! threads), still named as below; on 3.1, the weaker way (below):
@@ -27,7 +27,7 @@
 //!   `Integer#times`). A block inside a method runs with the method's entry
 //!   (`rb_vm_frame_method_entry` walks the block's ep chain up to the method's), so it is
 //!   named as its method, as in stackprof.
-//! - a method made with `define_method` (a bmethod): `vm_frames` gives its method entry,
+//! - a method made with `define_method` (a bmethod): `vm::frames` gives its method entry,
 //!   named by the entry's `original_id` (`rb_profile_frame_method_name` gives nil for a
 //!   bmethod); `rb_profile_frames` gives the block it runs, an iseq, named as Ruby's own
 //!   backtraces name it (`block in class Node`): so on 3.3+ when the check failed.
@@ -175,7 +175,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
 /// (its caller's frame and this C method's own are left out) and keeps it under `key`.
 /// Returns its depth (0: nothing to record).
 fn native_capture_stack(ruby: &Ruby, key: i64) -> Result<usize, Error> {
-    crate::errors::entry(ruby, || Ok(capture(key)))
+    crate::recorder::errors::entry(ruby, || Ok(capture(key)))
 }
 
 /// Drops what is kept under `key`.
@@ -230,7 +230,7 @@ fn read_stack(key: i64, skip: Skip) -> usize {
     })
 }
 
-/// Reads the current thread's frames, leaf first, with `vm_frames` when its self-check passed
+/// Reads the current thread's frames, leaf first, with `vm::frames` when its self-check passed
 /// (so that a `define_method` method has its method entry), else with `rb_profile_frames`.
 /// Returns how many. Does not allocate, lock or make a system call: callable from a NEWOBJ
 /// hook and from the signal handler (`signal_sampler`).
@@ -240,12 +240,12 @@ fn read_stack(key: i64, skip: Skip) -> usize {
 /// GVL held.
 pub unsafe fn read_current(frames: &mut [rb_sys::VALUE], lines: &mut [i32]) -> usize {
     let limit = frames.len().min(lines.len());
-    if crate::vm_frames::available() {
+    if crate::vm::frames::available() {
         // SAFETY: GVL held; the running thread is alive.
-        if let Some(ec) = unsafe { crate::vm_frames::thread_ec(rb_sys::rb_thread_current()) } {
+        if let Some(ec) = unsafe { crate::vm::frames::thread_ec(rb_sys::rb_thread_current()) } {
             // SAFETY: its context, GVL held since.
             return unsafe {
-                crate::vm_frames::read(ec, frames, lines, crate::vm_frames::Bmethods::Named)
+                crate::vm::frames::read(ec, frames, lines, crate::vm::frames::Bmethods::Named)
             };
         }
     }
@@ -258,7 +258,7 @@ pub unsafe fn read_current(frames: &mut [rb_sys::VALUE], lines: &mut [i32]) -> u
 
 /// Keeps under `key` a stack that [`read_current`] read earlier (leaf first), whole:
 /// the allocation sampler's, read in the NEWOBJ hook where frames cannot be named (see
-/// `allocation_sampler`). Returns its depth (0: nothing kept).
+/// `allocations`). Returns its depth (0: nothing kept).
 ///
 /// # Safety
 ///
@@ -399,9 +399,9 @@ fn names_of(frame: rb_sys::VALUE) -> Names {
 
 /// Whether frames get qualified names (module doc, "Names"): on Ruby 3.3 and later always,
 /// since every frame object then comes from the public API (`rb_profile_frames`,
-/// `rb_profile_thread_frames`); on 3.1 once `vm_frames`' self-check passed.
+/// `rb_profile_thread_frames`); on 3.1 once `vm::frames`' self-check passed.
 fn qualified() -> bool {
-    cfg!(ruby_gte_3_3) || crate::vm_frames::available()
+    cfg!(ruby_gte_3_3) || crate::vm::frames::available()
 }
 
 /// The weaker names: what a Location gives.
@@ -437,28 +437,28 @@ fn qualified_names(frame: rb_sys::VALUE) -> Names {
         }
         // A C method's entry has no path (`rb_profile_frame_path`: nil when `frame2iseq`
         // finds no iseq). On 3.3+ `rb_profile_frames` gives no bmethod entry (it gives the
-        // block's iseq), so the type is read only where `vm_frames`' layouts were checked.
-        let kind = if crate::vm_frames::available() {
-            crate::vm_frames::method_type(frame)
+        // block's iseq), so the type is read only where `vm::frames`' layouts were checked.
+        let kind = if crate::vm::frames::available() {
+            crate::vm::frames::method_type(frame)
         } else if rb_sys::rb_profile_frame_path(frame) == rb_sys::Qnil as rb_sys::VALUE {
-            crate::vm_frames::METHOD_CFUNC
+            crate::vm::frames::METHOD_CFUNC
         } else {
-            crate::vm_frames::METHOD_ISEQ
+            crate::vm::frames::METHOD_ISEQ
         };
         match kind {
-            crate::vm_frames::METHOD_BMETHOD => {
+            crate::vm::frames::METHOD_BMETHOD => {
                 // `rb_profile_frame_method_name` and `_path` are nil for a bmethod's entry:
                 // the name it was defined with, and the path of the block it runs.
-                let method = text(rb_sys::rb_id2str(crate::vm_frames::original_id(frame)));
+                let method = text(rb_sys::rb_id2str(crate::vm::frames::original_id(frame)));
                 let name = qualify(frame, &method.unwrap_or_default());
-                let path = crate::vm_frames::bmethod_iseq(frame)
+                let path = crate::vm::frames::bmethod_iseq(frame)
                     .and_then(|iseq| text(rb_sys::rb_profile_frame_path(iseq)));
                 Names { name: name.into(), path }
             }
             kind => {
                 let method = text(rb_sys::rb_profile_frame_method_name(frame));
                 let name = method.map_or_else(String::new, |method| qualify(frame, &method));
-                let path = if kind == crate::vm_frames::METHOD_CFUNC {
+                let path = if kind == crate::vm::frames::METHOD_CFUNC {
                     None
                 } else {
                     text(rb_sys::rb_profile_frame_path(frame))
@@ -526,11 +526,11 @@ pub fn spell(label: &str, path: &str) -> String {
 /// line]` triples named as the sampling job names the current thread's, or nil when frames
 /// are named the weaker way (then `Thread#backtrace_locations` reads it: module doc). Empty
 /// for a thread that has no stack (not started, or finished). With the GVL, for a thread that
-/// is alive (`thread.status` not false or nil): see `vm_frames`' module doc.
+/// is alive (`thread.status` not false or nil): see `vm::frames`' module doc.
 fn native_thread_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         if !thread.is_kind_of(ruby.class_thread()) {
-            return Err(crate::errors::type_error(ruby, "thread must be a Thread"));
+            return Err(crate::recorder::errors::type_error(ruby, "thread must be a Thread"));
         }
         if !qualified() {
             return Ok(None);
@@ -550,9 +550,9 @@ fn native_capture_thread_stack(
     thread: Value,
     key: i64,
 ) -> Result<Option<usize>, Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         if !thread.is_kind_of(ruby.class_thread()) {
-            return Err(crate::errors::type_error(ruby, "thread must be a Thread"));
+            return Err(crate::recorder::errors::type_error(ruby, "thread must be a Thread"));
         }
         if !qualified() {
             return Ok(None);
@@ -572,7 +572,7 @@ fn native_capture_thread_stack(
 
 /// `Profiler._native_forget_stack(key)`: drops the stack kept under `key`.
 fn native_forget_stack(ruby: &Ruby, key: i64) -> Result<(), Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         forget(key);
         Ok(())
     })
@@ -612,7 +612,7 @@ fn thread_frames(ruby: &Ruby, thread: rb_sys::VALUE) -> RArray {
 }
 
 /// Reads `thread`'s frames, leaf first, as [`read_current`] reads the current thread's:
-/// with `vm_frames` once its self-check passed (or while it runs), else, on 3.3+, with
+/// with `vm::frames` once its self-check passed (or while it runs), else, on 3.3+, with
 /// `rb_profile_thread_frames` (Ruby 3.3.8 and 3.4.5 `vm_backtrace.c`: the walk of
 /// `rb_profile_frames` over `th->ec`), once `vm::stack_walkable` found its stack whole.
 /// Returns how many (0: no stack, not started or finished).
@@ -625,12 +625,12 @@ unsafe fn read_thread(
     frames: &mut [rb_sys::VALUE],
     lines: &mut [i32],
 ) -> usize {
-    if crate::vm_frames::available() {
+    if crate::vm::frames::available() {
         // SAFETY: the caller's contract.
-        let Some(ec) = (unsafe { crate::vm_frames::thread_ec(thread) }) else { return 0 };
+        let Some(ec) = (unsafe { crate::vm::frames::thread_ec(thread) }) else { return 0 };
         // SAFETY: its context, GVL held since.
         return unsafe {
-            crate::vm_frames::read(ec, frames, lines, crate::vm_frames::Bmethods::Named)
+            crate::vm::frames::read(ec, frames, lines, crate::vm::frames::Bmethods::Named)
         };
     }
     #[cfg(ruby_gte_3_3)]
@@ -660,18 +660,18 @@ unsafe fn read_thread(
     }
 }
 
-/// `Profiler._native_check_frames(thread)`: the self-check of `vm_frames` (its module doc),
+/// `Profiler._native_check_frames(thread)`: the self-check of `vm::frames` (its module doc),
 /// called from a bmethod that a Ruby method calls. Returns nil if the current thread's part
 /// failed (frames are then named the weaker way), else `thread`'s triples, for the caller to
 /// compare with `thread.backtrace_locations` and end the check with
 /// `_native_frame_names_checked`.
 fn native_check_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         if !thread.is_kind_of(ruby.class_thread()) {
-            return Err(crate::errors::type_error(ruby, "thread must be a Thread"));
+            return Err(crate::recorder::errors::type_error(ruby, "thread must be a Thread"));
         }
         // SAFETY: GVL held, called from this C method.
-        if crate::vm_frames::decided() || !unsafe { crate::vm_frames::check() } {
+        if crate::vm::frames::decided() || !unsafe { crate::vm::frames::check() } {
             return Ok(None);
         }
         *cache() = None; // names made before the check are made again
@@ -682,8 +682,8 @@ fn native_check_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Err
 /// `Profiler._native_frame_names_checked(passed)`: ends the self-check. Names made meanwhile
 /// are dropped, so that every name comes from one way of naming.
 fn native_frame_names_checked(ruby: &Ruby, passed: bool) -> Result<bool, Error> {
-    crate::errors::entry(ruby, || {
-        crate::vm_frames::finish_check(passed);
+    crate::recorder::errors::entry(ruby, || {
+        crate::vm::frames::finish_check(passed);
         *cache() = None;
         Ok(qualified())
     })
@@ -691,19 +691,19 @@ fn native_frame_names_checked(ruby: &Ruby, passed: bool) -> Result<bool, Error> 
 
 /// `Profiler._native_qualified_names?`: whether frames get qualified names (module doc).
 fn native_qualified(ruby: &Ruby) -> Result<bool, Error> {
-    crate::errors::entry(ruby, || Ok(qualified()))
+    crate::recorder::errors::entry(ruby, || Ok(qualified()))
 }
 
 /// `Profiler._native_frame_reader?`: whether this build has the VM frame reader at all
-/// (`vm_frames`: Ruby 3.1), so whether its self-check is worth running.
+/// (`vm::frames`: Ruby 3.1), so whether its self-check is worth running.
 fn native_frame_reader(ruby: &Ruby) -> Result<bool, Error> {
-    crate::errors::entry(ruby, || Ok(crate::vm_frames::BUILT))
+    crate::recorder::errors::entry(ruby, || Ok(crate::vm::frames::BUILT))
 }
 
 /// `Profiler._native_frame_name(base_label, path)`: a Location's `base_label` spelled as the
 /// profiler spells names ([`spell`]).
 fn native_frame_name(ruby: &Ruby, label: RString, path: RString) -> Result<String, Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         // SAFETY: copied at once, before any Ruby code runs.
         let (label, path) = unsafe {
             (String::from_utf8_lossy(label.as_slice()), String::from_utf8_lossy(path.as_slice()))

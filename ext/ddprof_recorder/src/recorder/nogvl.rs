@@ -5,7 +5,7 @@ use std::ptr::null_mut;
 
 use magnus::{Error, Ruby};
 
-use crate::errors::{gem_error, panic_error};
+use crate::recorder::errors::{gem_error, panic_error};
 
 struct Call<F, R> {
     work: Option<F>,

@@ -23,9 +23,9 @@ use ddprof_recorder_core::views::{
 use ddprof_recorder_core::Compression;
 use magnus::{function, prelude::*, Error, RArray, RHash, RModule, RString, Ruby, Symbol, Value};
 
-use crate::convert::class_name;
-use crate::errors::{arg_error, entry, gem_error, IntoRubyError, MergeInputError};
-use crate::nogvl::nogvl;
+use crate::recorder::convert::class_name;
+use crate::recorder::errors::{arg_error, entry, gem_error, IntoRubyError, MergeInputError};
+use crate::recorder::nogvl::nogvl;
 
 /// Label keys the profiler sets on every sample; the summary counts their distinct values.
 const THREAD_ID_LABEL: &str = "thread id";

@@ -44,7 +44,7 @@ use std::sync::Once;
 
 use magnus::{function, prelude::*, rb_sys::AsRawValue, Error, RModule, Ruby, Value};
 
-use crate::errors::entry;
+use crate::recorder::errors::entry;
 
 /// Whether this Ruby has the thread event API with the event's thread (3.3 and later).
 pub const AVAILABLE: bool = cfg!(ruby_gte_3_3);
@@ -184,7 +184,7 @@ fn native_start(ruby: &Ruby) -> Result<bool, Error> {
         if !AVAILABLE {
             return Ok(false);
         }
-        let generation = crate::stack_recorder::fork_generation() as usize;
+        let generation = crate::recorder::stack_recorder::fork_generation() as usize;
         if GENERATION.swap(generation, Ordering::AcqRel) != generation {
             imp::remove_hook();
             HOOKED.store(false, Ordering::Release);

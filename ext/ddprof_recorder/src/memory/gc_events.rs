@@ -32,8 +32,8 @@ use std::sync::{Mutex, MutexGuard, Once};
 
 use magnus::{function, prelude::*, Error, RArray, RModule, Ruby};
 
-use crate::internal_hook::InternalHook;
-use crate::thread_cpu::own_cpu_ns;
+use crate::memory::internal_hook::InternalHook;
+use crate::sampling::thread_cpu::own_cpu_ns;
 
 /// Threads whose GC time can wait to be taken at once; past it, GC time is counted in `lost`.
 const MAX_THREADS: usize = 64;
@@ -124,7 +124,7 @@ fn stop() {
 }
 
 fn native_start(ruby: &Ruby) -> Result<(), Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         stop();
         {
             let mut state = state();
@@ -146,7 +146,7 @@ fn native_start(ruby: &Ruby) -> Result<(), Error> {
 }
 
 fn native_stop(ruby: &Ruby) -> Result<(), Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         stop();
         Ok(())
     })
@@ -156,7 +156,7 @@ fn native_stop(ruby: &Ruby) -> Result<(), Error> {
 /// `[cpu, wall]` ns for marking minor, marking major, sweeping minor, sweeping major (eight
 /// Integers), or nil if none; then forgets it.
 fn native_take(ruby: &Ruby, tid: i32) -> Result<Option<RArray>, Error> {
-    crate::errors::entry(ruby, || {
+    crate::recorder::errors::entry(ruby, || {
         let mut state = state();
         let Some(entry) = state.threads.iter_mut().find(|t| t.tid == tid && tid != 0) else {
             return Ok(None);
@@ -175,7 +175,7 @@ fn native_take(ruby: &Ruby, tid: i32) -> Result<Option<RArray>, Error> {
 }
 
 fn native_lost_ns(ruby: &Ruby) -> Result<u64, Error> {
-    crate::errors::entry(ruby, || Ok(LOST_NS.load(Ordering::Relaxed)))
+    crate::recorder::errors::entry(ruby, || Ok(LOST_NS.load(Ordering::Relaxed)))
 }
 
 /// The GC hook. Never unwinds, never allocates.
@@ -194,11 +194,11 @@ unsafe extern "C" fn on_gc_event(tracepoint: rb_sys::VALUE, _data: *mut c_void) 
 
 fn gc_event(event: rb_sys::rb_event_flag_t) {
     let Ok(mut state) = STATE.try_lock() else { return };
-    let (cpu, wall) = (own_cpu_ns(), crate::trigger::monotonic_ns());
+    let (cpu, wall) = (own_cpu_ns(), crate::sampling::trigger::monotonic_ns());
     if event == rb_sys::RUBY_INTERNAL_EVENT_GC_ENTER {
         state.inside = true;
-        state.counted = !crate::sampling_job::in_job_here();
-        state.tid = crate::sampling_job::own_tid();
+        state.counted = !crate::sampling::job::in_job_here();
+        state.tid = crate::sampling::job::own_tid();
         state.last_cpu = cpu;
         state.last_wall = wall;
         return;

@@ -50,9 +50,9 @@ use magnus::{
     Ruby, TypedData, Value,
 };
 
-use crate::errors::entry;
-use crate::stack_recorder::fork_generation;
-use crate::thread_cpu::own_cpu_ns;
+use crate::recorder::errors::entry;
+use crate::recorder::stack_recorder::fork_generation;
+use crate::sampling::thread_cpu::own_cpu_ns;
 
 /// Records kept until the sampler's next pass takes them; past this, ends are counted in
 /// [`DROPPED`] and their CPU is left on the native thread (the next charge there takes it).
@@ -280,9 +280,9 @@ unsafe extern "C" fn on_thread_event(
         }
         let ended = Ended {
             thread,
-            tid: crate::sampling_job::own_tid(),
+            tid: crate::sampling::job::own_tid(),
             cpu_ns: own_cpu_ns(),
-            at_ns: crate::trigger::monotonic_ns(),
+            at_ns: crate::sampling::trigger::monotonic_ns(),
         };
         // With the GVL, as every user of ENDS: never contended but by a thread that vanished in
         // a fork (the child then never reaches here with the old lock: `start` checks first).

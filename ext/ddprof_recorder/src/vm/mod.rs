@@ -1,5 +1,10 @@
 //! Facts about the Ruby VM that no public API gives, each with the Ruby source it comes from,
 //! for every Ruby version the gem runs on. Code elsewhere asks here rather than knowing them.
+//! The two VM interfaces that need such facts live here too: [`frames`] reads any thread's
+//! control frames, and [`postponed`] asks Ruby to run a postponed job.
+
+pub mod frames;
+pub mod postponed;
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
@@ -87,7 +92,7 @@ pub const THREAD_EC_OFFSET: Option<usize> = if cfg!(ruby_eq_3_1) {
 pub const EC_INTERRUPT_MASK_OFFSET: usize = 0x24;
 /// `sizeof(rb_control_frame_t)` (`vm_core.h`): on 3.1 eight words (`pc`, `sp`, `iseq`, `self`,
 /// `ep`, `block_code`, `__bp__`, `jit_return`); 3.3 and 3.4 dropped `__bp__`, seven words
-/// (`VM_DEBUG_BP_CHECK` is 0, so no `bp_check`). The fields `vm_frames` reads (`pc` 0x00,
+/// (`VM_DEBUG_BP_CHECK` is 0, so no `bp_check`). The fields `vm::frames` reads (`pc` 0x00,
 /// `iseq` 0x10, `ep` 0x20) are at the same offsets in all three.
 pub const CFP_SIZE: usize = if cfg!(ruby_eq_3_1) { 0x40 } else { 0x38 };
 /// `rb_control_frame_t::jit_return` on 3.3 and 3.4 (cfp[6]): set while JIT code runs the frame.
@@ -192,7 +197,7 @@ pub const THREAD_HOOK_DISABLES_YJIT: bool = cfg!(ruby_eq_3_1);
 /// `pc` unwritten until it needs it, which `rb_profile_frames` allows for: it gives line 0 to
 /// the top frame when its `jit_return` is set (`thread_profile_frames`, 3.3.8 and 3.4.5
 /// `vm_backtrace.c`, PR #8415), the only frame whose `pc` can be stale ("the JIT compiler will
-/// update the PC before entering a new function"). `vm_frames::read` does the same. Before
+/// update the PC before entering a new function"). `vm::frames::read` does the same. Before
 /// 3.3 neither holds (stackprof #179/#180: crashes; stackprof reads in its handler with YJIT
 /// on from 3.3 only, its `lib/stackprof.rb`), so on 3.1 with YJIT the stack is read at the
 /// job.

@@ -1,4 +1,4 @@
-//! The sampling job: what the trigger ([`crate::trigger`]) asks Ruby to run, `hz` times a
+//! The sampling job: what the trigger ([`crate::sampling::trigger`]) asks Ruby to run, `hz` times a
 //! second, on the thread that holds the GVL. It runs at that thread's next interrupt check,
 //! inside `rb_postponed_job_flush` (Ruby 3.1 `vm_trace.c`), with the GVL held and the
 //! `POSTPONED_JOB` interrupt masked for that thread, so it is never nested in itself on one
@@ -25,10 +25,10 @@ use magnus::{
     RModule, Ruby, Symbol, Value,
 };
 
-use crate::errors::{arg_error, entry, gem_error};
-use crate::signal_sampler;
-use crate::thread_cpu::own_cpu_ns;
-use crate::trigger::{self, Tick};
+use crate::recorder::errors::{arg_error, entry, gem_error};
+use crate::sampling::signal_sampler;
+use crate::sampling::thread_cpu::own_cpu_ns;
+use crate::sampling::trigger::{self, Tick};
 
 /// A job that runs more than this after its tick may have waited for a blocked thread.
 /// Interrupt checks come every few microseconds in Ruby code, so a running thread's job comes
@@ -63,7 +63,7 @@ thread_local! {
 }
 
 /// Whether the calling thread is running the job: the memory hooks leave its allocations
-/// and GC out (see `allocation_sampler`, `gc_events`).
+/// and GC out (see `allocations`, `gc_events`).
 pub fn in_job_here() -> bool {
     JOB_HERE.with(Cell::get)
 }
@@ -71,8 +71,8 @@ pub fn in_job_here() -> bool {
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        crate::postponed::prepare(job);
-        crate::postponed::prepare(signal_job);
+        crate::vm::postponed::prepare(job);
+        crate::vm::postponed::prepare(signal_job);
         // SAFETY: `HANDLER` is a static, so the address stays valid for the process's life;
         // an AtomicUsize has the layout of a VALUE. Called once, with the GVL (at load).
         unsafe { rb_sys::rb_gc_register_address(HANDLER.as_ptr().cast()) };
@@ -129,8 +129,8 @@ fn stop() {
     ENABLED.store(false, Ordering::Release);
     trigger::stop();
     signal_sampler::stop();
-    crate::gc_ticks::stop();
-    crate::thread_end::stop();
+    crate::sampling::gc_ticks::stop();
+    crate::sampling::thread_end::stop();
     HANDLER.store(rb_sys::Qnil as usize, Ordering::Release);
     OWNER.store(rb_sys::Qnil as usize, Ordering::Release);
 }
@@ -211,7 +211,7 @@ fn native_sampling_start(
                 let signo = signal_sampler::start(mode, hz, wall, signal_job)
                     .map_err(|e| gem_error(ruby, e))?;
                 if mode == signal_sampler::Mode::Handler {
-                    crate::gc_ticks::start();
+                    crate::sampling::gc_ticks::start();
                 }
                 signo
             }
@@ -232,7 +232,7 @@ fn native_sampling_start(
                 }
             }
         }
-        crate::thread_end::start(yjit);
+        crate::sampling::thread_end::start(yjit);
         let setup = trigger::Setup { hz, job, jobs_run: &JOBS, wake_fd };
         trigger::start(setup).map_err(|e| {
             stop();
@@ -275,7 +275,7 @@ fn native_signal_disarm(ruby: &Ruby, tid: i32) -> Result<(), Error> {
 /// interrupts on this Ruby (`interrupt_mask`'s layout guards pass on the calling thread).
 fn native_interrupt_deferral_checked(ruby: &Ruby) -> Result<bool, Error> {
     // SAFETY: a Ruby method, so on a Ruby thread with the GVL.
-    entry(ruby, || Ok(unsafe { crate::interrupt_mask::layout_checks() }))
+    entry(ruby, || Ok(unsafe { crate::sampling::interrupt_mask::layout_checks() }))
 }
 
 /// `Profiler._native_handler_can_read_stacks?`: whether the signal handler can check that a
@@ -289,10 +289,10 @@ fn native_handler_can_read_stacks(ruby: &Ruby) -> Result<bool, Error> {
 /// `tid`: its jobs' (`tid`, `-tid`) and its signal samples' (`signal_sampler::key`).
 fn native_forget_thread_stacks(ruby: &Ruby, tid: i32) -> Result<(), Error> {
     entry(ruby, || {
-        crate::stack_capture::forget(i64::from(tid));
-        crate::stack_capture::forget(-i64::from(tid));
+        crate::sampling::stack_capture::forget(i64::from(tid));
+        crate::sampling::stack_capture::forget(-i64::from(tid));
         for n in 0..signal_sampler::KEYS_PER_THREAD {
-            crate::stack_capture::forget(signal_sampler::key(tid, n));
+            crate::sampling::stack_capture::forget(signal_sampler::key(tid, n));
         }
         Ok(())
     })
@@ -312,11 +312,11 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
         hash.aset(ruby.to_symbol("trigger_cpu_ns"), trigger::thread_cpu_ns())?;
         hash.aset(
             ruby.to_symbol("jobs_deferring_interrupts"),
-            crate::interrupt_mask::DEFERRING.load(Ordering::Relaxed),
+            crate::sampling::interrupt_mask::DEFERRING.load(Ordering::Relaxed),
         )?;
         hash.aset(
             ruby.to_symbol("interrupt_deferral_refused"),
-            crate::interrupt_mask::REFUSED.load(Ordering::Relaxed),
+            crate::sampling::interrupt_mask::REFUSED.load(Ordering::Relaxed),
         )?;
         // The signal handler's own, apart: `Profiler#stats[:signals]`.
         let signals = ruby.hash_new();
@@ -331,26 +331,26 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
         signals.aset(ruby.to_symbol("threads_armed"), signal_sampler::armed())?;
         signals.aset(ruby.to_symbol("tick_ns"), signal_sampler::tick_ns())?;
         hash.aset(ruby.to_symbol("signals"), signals)?;
-        hash.aset(ruby.to_symbol("thread_end_hook"), crate::thread_end::hook_state())?;
+        hash.aset(ruby.to_symbol("thread_end_hook"), crate::sampling::thread_end::hook_state())?;
         hash.aset(
             ruby.to_symbol("thread_end_hook_on_every_end"),
             crate::vm::THREAD_END_ON_EVERY_END,
         )?;
         hash.aset(
             ruby.to_symbol("thread_ends_seen"),
-            crate::thread_end::ENDS_SEEN.load(Ordering::Relaxed),
+            crate::sampling::thread_end::ENDS_SEEN.load(Ordering::Relaxed),
         )?;
         hash.aset(
             ruby.to_symbol("thread_exits_seen"),
-            crate::thread_end::EXITS_SEEN.load(Ordering::Relaxed),
+            crate::sampling::thread_end::EXITS_SEEN.load(Ordering::Relaxed),
         )?;
         hash.aset(
             ruby.to_symbol("thread_ends_dropped"),
-            crate::thread_end::DROPPED.load(Ordering::Relaxed),
+            crate::sampling::thread_end::DROPPED.load(Ordering::Relaxed),
         )?;
         hash.aset(
             ruby.to_symbol("gvl_untracked_events"),
-            crate::gvl_events::UNTRACKED.load(Ordering::Relaxed),
+            crate::sampling::gvl_events::UNTRACKED.load(Ordering::Relaxed),
         )?;
         Ok(hash)
     })
@@ -374,7 +374,7 @@ pub fn native_current_thread_cpu_time_ns(ruby: &Ruby) -> Result<i64, Error> {
 
 /// The calling thread's Linux id (cached per thread and fork generation).
 pub fn own_tid() -> i32 {
-    let generation = crate::stack_recorder::fork_generation();
+    let generation = crate::recorder::stack_recorder::fork_generation();
     TID.with(|cached| {
         let (read_in, tid) = cached.get();
         if read_in == generation {
@@ -520,7 +520,7 @@ fn call_handler<T>(call: impl FnOnce(Value) -> Result<T, Error>) -> Option<T> {
     // The program's Thread#raise / Thread#kill / Timeout wait until the job is over, so
     // that they reach the program's code, not the handler (see `interrupt_mask`).
     // SAFETY: in a postponed job with the GVL; dropped before the job returns.
-    let deferred = unsafe { crate::interrupt_mask::defer_async_interrupts() };
+    let deferred = unsafe { crate::sampling::interrupt_mask::defer_async_interrupts() };
     let was_here = JOB_HERE.with(|here| here.replace(true));
     let tid = own_tid();
     // Jobs do not nest on a thread (the flush masks the postponed-job interrupt), so the

@@ -39,9 +39,9 @@ use magnus::{
     TypedData, Value,
 };
 
-use crate::convert;
-use crate::errors::{arg_error, entry, IntoRubyError};
-use crate::nogvl::{nogvl, nogvl_or_here};
+use crate::recorder::convert;
+use crate::recorder::errors::{arg_error, entry, IntoRubyError};
+use crate::recorder::nogvl::{nogvl, nogvl_or_here};
 
 #[derive(TypedData)]
 #[magnus(class = "DdprofRecorder::StackRecorder", free_immediately, size)]
@@ -312,7 +312,7 @@ fn native_record_captured(
             (values, labels),
             config.value_types(),
             |values, labels| {
-                crate::stack_capture::with_captured(key, |frames| {
+                crate::sampling::stack_capture::with_captured(key, |frames| {
                     // Frames past `max_frames - 1` become the placeholder, as for Locations.
                     let kept =
                         if frames.len() > max_frames { max_frames - 1 } else { frames.len() };
@@ -580,8 +580,8 @@ mod testing {
     use magnus::{function, prelude::*, Error, RClass, Ruby, Value};
 
     use super::{record_endpoint, StackRecorder};
-    use crate::errors::{entry, IntoRubyError};
-    use crate::nogvl::nogvl;
+    use crate::recorder::errors::{entry, IntoRubyError};
+    use crate::recorder::nogvl::nogvl;
 
     /// Set by `_native_panic_in_next_reset`: the next reset panics before changing anything.
     static PANIC_IN_NEXT_RESET: AtomicBool = AtomicBool::new(false);
