@@ -8,6 +8,15 @@ require "tmpdir"
 
 require_relative "../lib/ddprof_recorder"
 
+# The specs run on the checkout's build, `rake compile`, which turns on the cargo features they
+# need (DdprofRecorderBuild::TEST_FEATURES). A library built without them (the gem's build, or
+# the build at the first require) lacks the deliberate panics of panic_spec.rb: say so once,
+# rather than fail or skip those examples one by one.
+unless DdprofRecorder::StackRecorder::Testing.respond_to?(:_native_panic)
+  raise LoadError, "spec/spec_helper.rb: the native extension was built without the test-panics feature " \
+                   "(the gem's build): build with `rake compile`"
+end
+
 module SpecSupport
   SUPPORT_DIR = File.expand_path("support", __dir__)
 

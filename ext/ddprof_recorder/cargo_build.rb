@@ -24,6 +24,12 @@ module DdprofRecorderBuild
                  "for bindgen (Debian/Ubuntu: apt-get install libclang-dev; or set LIBCLANG_PATH) " \
                  "and Ruby's headers (ruby-dev)."
 
+  # The cargo features of the checkout's build (`rake compile`), which the specs, the GC.stress
+  # run and `rake rubies` run on: `test-panics`, the deliberate panics of
+  # StackRecorder::Testing (ext/ddprof_recorder/Cargo.toml). The gem's build (extconf.rb) and
+  # the build at the first require (lib/ddprof_recorder/source_build.rb) turn none on.
+  TEST_FEATURES = %w[test-panics].freeze
+
   # Raised with a one-line message for the person installing the gem.
   class Error < StandardError; end
 
@@ -77,9 +83,12 @@ module DdprofRecorderBuild
   # @param target_dir [String] cargo's target directory.
   # @param locked [Boolean] refuse to change Cargo.lock (an installed gem builds exactly the
   #   versions it was tested with).
+  # @param features [Array<String>] the package's cargo features to turn on: none for the gem,
+  #   {TEST_FEATURES} for the specs.
   # @return [Array<String>] the `cargo build` command line (cargo's path first).
-  def command(cargo, target_dir:, locked:)
+  def command(cargo, target_dir:, locked:, features: [])
     [cargo, "build", "--release", *("--locked" if locked), "--package", PACKAGE,
+     *(["--features", features.join(",")] unless features.empty?),
      "--manifest-path", File.join(WORKSPACE, "Cargo.toml"), "--target-dir", target_dir]
   end
 
@@ -92,9 +101,10 @@ module DdprofRecorderBuild
   # @param target_dir [String] cargo's target directory.
   # @param locked [Boolean] see {.command}.
   # @param dest [String] where the library goes, e.g. `lib/ddprof_recorder/ddprof_recorder.so`.
+  # @param features [Array<String>] see {.command}.
   # @raise [Error] if cargo is missing or the build fails.
-  def build(target_dir:, locked:, dest:)
-    command = command(cargo, target_dir: target_dir, locked: locked)
+  def build(target_dir:, locked:, dest:, features: [])
+    command = command(cargo, target_dir: target_dir, locked: locked, features: features)
     yield command if block_given?
     raise Error, BUILD_FAILED unless system(env, *command)
 

@@ -46,6 +46,7 @@ puts "ddprof_recorder: building with #{cargo} against #{RbConfig.ruby}"
 
 own_target_dir = ENV["CARGO_TARGET_DIR"].to_s.empty?
 target_dir = own_target_dir ? File.join(Dir.pwd, "target") : File.expand_path(ENV["CARGO_TARGET_DIR"])
+# No cargo features: TEST_FEATURES are the specs' (`rake compile`), not the gem's.
 build = DdprofRecorderBuild.command(cargo, target_dir: target_dir, locked: true)
 cargo_env = DdprofRecorderBuild.env.map { |k, v| "#{k}=#{v.shellescape}" }.join(" ")
 # Removes the target directory, only when it is ours.

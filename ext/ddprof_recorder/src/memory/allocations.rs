@@ -310,7 +310,7 @@ fn native_start(
             carried: 0,
             accounted: 0,
             rng: Jitter::new(),
-            generation: crate::recorder::stack_recorder::fork_generation(),
+            generation: crate::recorder::fork::fork_generation(),
             heap,
         };
         fresh.step = fresh.draw();
@@ -420,7 +420,7 @@ fn newobj(tracepoint: rb_sys::VALUE) {
     }
     let Ok(mut guard) = STATE.try_lock() else { return };
     let Some(state) = guard.as_mut() else { return };
-    if state.generation != crate::recorder::stack_recorder::fork_generation() {
+    if state.generation != crate::recorder::fork::fork_generation() {
         return; // a forked child that has not started sampling
     }
     // Each allocation seen stands for the `every` of the slot it was seen in (`duty_cycle`).
@@ -530,9 +530,9 @@ unsafe extern "C" fn window_job(_data: *mut c_void) {
         // off the hook of a run without a duty cycle.
         let live = ENABLED.load(Ordering::Acquire)
             && DUTY.load(Ordering::Acquire)
-            && state().as_ref().is_some_and(|s| {
-                s.generation == crate::recorder::stack_recorder::fork_generation()
-            });
+            && state()
+                .as_ref()
+                .is_some_and(|s| s.generation == crate::recorder::fork::fork_generation());
         if !live {
             return;
         }
@@ -634,7 +634,7 @@ fn take() -> Option<Taken> {
     let mut guard = state();
     let state = guard.as_mut()?;
     let live = ENABLED.load(Ordering::Acquire)
-        && state.generation == crate::recorder::stack_recorder::fork_generation();
+        && state.generation == crate::recorder::fork::fork_generation();
     let index = state.taken;
     let Some(pending) = state.pending.get(index).filter(|_| live) else {
         // Every sample in the buffer is taken (or none may be): it starts over at once,

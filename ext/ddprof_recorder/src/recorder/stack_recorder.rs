@@ -5,16 +5,13 @@
 //! Every entry point's body runs through [`StackRecorder::entry`]: the fork check, then the
 //! body, with a panic in either caught and raised as `DdprofRecorder::Error`. Each Rust entry
 //! point is named after its Ruby method, `native_` for `_native_` (a `?` dropped); the
-//! Testing hooks are in the [`testing`] module.
+//! `StackRecorder::Testing` hooks are in [`crate::recorder::testing`].
 //!
-//! # Fork safety without a hook
+//! # Reset after a fork, without a hook
 //!
-//! A `pthread_atfork` child handler, installed once, bumps [`FORK_GENERATION`] in every
-//! forked child. Each recorder remembers the generation it last ran in; the fork check is one
-//! relaxed atomic load and a compare, and on a mismatch the recorder is reset before anything
-//! else. A generation rather than `getpid()`: the load costs nothing on the sampler's path
-//! (glibc no longer caches the pid, so `getpid` is a system call), and a recycled pid cannot
-//! fool it.
+//! Each recorder remembers the fork generation ([`crate::recorder::fork`]) it last ran in;
+//! the fork check compares it with the process's, and on a mismatch the recorder is reset
+//! before anything else.
 //!
 //! A reset never touches the locks of the recorder it replaces: the object holds the core
 //! recorder in a cell, and the reset swaps a new one in (the core's `Recorder::after_fork` in a
@@ -27,7 +24,7 @@
 //! that did not survive the fork is ever waited for.
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Once};
+use std::sync::Arc;
 
 use ddprof_recorder_core::pprof::{output_capacity, LARGE_OUTPUT};
 use ddprof_recorder_core::{
@@ -41,7 +38,9 @@ use magnus::{
 
 use crate::recorder::convert;
 use crate::recorder::errors::{arg_error, entry, IntoRubyError};
+use crate::recorder::fork::{self, fork_generation};
 use crate::recorder::nogvl::{nogvl, nogvl_or_here};
+use crate::recorder::testing;
 
 #[derive(TypedData)]
 #[magnus(class = "DdprofRecorder::StackRecorder", free_immediately, size)]
@@ -50,9 +49,9 @@ pub struct StackRecorder {
     /// (see [`StackRecorder::recorder`]).
     recorder: UnsafeCell<Arc<Recorder>>,
     compression: Compression,
-    /// [`FORK_GENERATION`] when this process last used the recorder.
+    /// The fork generation when this process last used the recorder.
     fork_generation: AtomicU64,
-    /// [`FORK_GENERATION`] when the Ruby serializer `Mutex` (`@serialize_mutex`) was made, or
+    /// The fork generation when the Ruby serializer `Mutex` (`@serialize_mutex`) was made, or
     /// [`NO_MUTEX`] when the next serializer must make a new one.
     mutex_generation: AtomicU64,
 }
@@ -69,42 +68,15 @@ impl DataTypeFunctions for StackRecorder {
     }
 }
 
-/// How many forks separate this process from the one that loaded the extension: bumped in
-/// each child by [`after_fork_in_child`]. A process's threads all see its own count.
-static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
-
 /// `mutex_generation` of a recorder whose serializer `Mutex` must be (re)made.
 const NO_MUTEX: u64 = u64::MAX;
-
-/// The `pthread_atfork` child handler. Runs in the child's only thread before `fork` returns
-/// there; it must be async-signal-safe, and one atomic add is.
-extern "C" fn after_fork_in_child() {
-    FORK_GENERATION.fetch_add(1, Relaxed);
-}
-
-fn install_fork_handler(ruby: &Ruby) -> Result<(), Error> {
-    static INSTALL: Once = Once::new();
-    let mut status = 0;
-    INSTALL.call_once(|| {
-        // SAFETY: registers a plain `extern "C"` function with no captured state; handlers
-        // are inherited by children, so once per process tree is enough.
-        status = unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
-    });
-    if status != 0 {
-        return Err(Error::new(
-            ruby.exception_runtime_error(),
-            format!("pthread_atfork failed (error {status}): fork detection unavailable"),
-        ));
-    }
-    Ok(())
-}
 
 impl StackRecorder {
     fn new(recorder: Recorder, compression: Compression) -> Self {
         Self {
             recorder: UnsafeCell::new(Arc::new(recorder)),
             compression,
-            fork_generation: AtomicU64::new(FORK_GENERATION.load(Relaxed)),
+            fork_generation: AtomicU64::new(fork_generation()),
             mutex_generation: AtomicU64::new(NO_MUTEX),
         }
     }
@@ -112,13 +84,13 @@ impl StackRecorder {
     /// Runs the body of an entry point on this recorder: the fork check (a reset if this is the
     /// first use in a forked child), then `body` with the core recorder, a panic in either
     /// becoming a `DdprofRecorder::Error`. Called with the GVL held, as entry points are.
-    fn entry<T>(
+    pub(super) fn entry<T>(
         &self,
         ruby: &Ruby,
         body: impl FnOnce(Arc<Recorder>) -> Result<T, Error>,
     ) -> Result<T, Error> {
         entry(ruby, || {
-            if self.fork_generation.load(Relaxed) != FORK_GENERATION.load(Relaxed) {
+            if self.fork_generation.load(Relaxed) != fork_generation() {
                 self.reset(Reset::AfterFork);
             }
             body(self.recorder())
@@ -126,7 +98,7 @@ impl StackRecorder {
     }
 
     /// The core recorder, as an `Arc` that stays valid whatever a reset swaps in meanwhile.
-    fn recorder(&self) -> Arc<Recorder> {
+    pub(super) fn recorder(&self) -> Arc<Recorder> {
         // SAFETY: only called with the GVL held (from entry points), and every write of the
         // cell (`reset`) holds it too, so no write runs during this read.
         Arc::clone(unsafe { &*self.recorder.get() })
@@ -138,7 +110,8 @@ impl StackRecorder {
     #[cold]
     fn reset(&self, why: Reset) {
         let now = Timestamp::now();
-        testing::maybe_panic_in_reset();
+        #[cfg(feature = "test-panics")]
+        testing::panics::maybe_panic_in_reset();
         let renewed = match why {
             Reset::AfterFork => None,
             Reset::ByHand => Some(Arc::new(self.recorder().renewed(now))),
@@ -154,7 +127,7 @@ impl StackRecorder {
             Some(renewed) => drop(std::mem::replace(cell, renewed)),
         }
         self.mutex_generation.store(NO_MUTEX, Relaxed);
-        self.fork_generation.store(FORK_GENERATION.load(Relaxed), Relaxed);
+        self.fork_generation.store(fork_generation(), Relaxed);
     }
 }
 
@@ -167,7 +140,8 @@ enum Reset {
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     convert::init(ruby)?;
-    install_fork_handler(ruby)?;
+    // Process-wide, for every folder's state; here because this init runs first (lib.rs).
+    fork::install_handler(ruby)?;
     let class = module.define_class("StackRecorder", ruby.class_object())?;
     // Instances only come from `_native_new`: a bare `allocate` would have no recorder.
     class.undef_default_alloc_func();
@@ -347,7 +321,7 @@ fn native_record_endpoint(
 }
 
 /// `record_endpoint`'s body, shared with its Testing hook.
-fn record_endpoint(
+pub(super) fn record_endpoint(
     ruby: &Ruby,
     recorder: &Recorder,
     local_root_span_id: Value,
@@ -513,7 +487,7 @@ fn native_reset_after_fork(ruby: &Ruby, rb_self: &StackRecorder) -> Result<bool,
 /// and pick the old one.
 fn native_serializer_mutex(ruby: &Ruby, rb_self: Obj<StackRecorder>) -> Result<Value, Error> {
     rb_self.entry(ruby, |_| {
-        let generation = FORK_GENERATION.load(Relaxed);
+        let generation = fork_generation();
         if rb_self.mutex_generation.load(Relaxed) == generation {
             let mutex: Value = rb_self.ivar_get("@serialize_mutex")?;
             if !mutex.is_nil() {
@@ -563,212 +537,4 @@ fn native_comments(ruby: &Ruby, rb_self: &StackRecorder) -> Result<RArray, Error
         let comments = recorder.comments();
         Ok(ruby.ary_from_iter(comments.iter().map(|c| ruby.str_new(c))))
     })
-}
-
-/// How many forks separate this process from the one that loaded the extension.
-pub fn fork_generation() -> u64 {
-    FORK_GENERATION.load(Relaxed)
-}
-
-/// `StackRecorder::Testing`: hooks for RSpec only, not part of the API a profiler should use.
-/// Each is an entry point like any other (the fork check and the panic guard), except
-/// `_native_slot_locks_before_fork_check`.
-mod testing {
-    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-    use std::time::{Duration, Instant};
-
-    use magnus::{function, prelude::*, Error, RClass, Ruby, Value};
-
-    use super::{record_endpoint, StackRecorder};
-    use crate::recorder::errors::{entry, IntoRubyError};
-    use crate::recorder::nogvl::nogvl;
-
-    /// Set by `_native_panic_in_next_reset`: the next reset panics before changing anything.
-    static PANIC_IN_NEXT_RESET: AtomicBool = AtomicBool::new(false);
-
-    pub(super) fn init(class: RClass) -> Result<(), Error> {
-        let testing = class.define_module("Testing")?;
-        testing.define_singleton_method("_native_active_slot", function!(native_active_slot, 1))?;
-        testing.define_singleton_method(
-            "_native_slot_one_mutex_locked?",
-            function!(native_slot_one_mutex_locked, 1),
-        )?;
-        testing.define_singleton_method(
-            "_native_slot_two_mutex_locked?",
-            function!(native_slot_two_mutex_locked, 1),
-        )?;
-        testing.define_singleton_method(
-            "_native_fork_generation",
-            function!(native_fork_generation, 0),
-        )?;
-        testing
-            .define_singleton_method("_native_malloc_in_use", function!(native_malloc_in_use, 0))?;
-        testing.define_singleton_method(
-            "_native_slot_locks_before_fork_check",
-            function!(native_slot_locks_before_fork_check, 1),
-        )?;
-        testing.define_singleton_method(
-            "_native_record_endpoint",
-            function!(native_record_endpoint, 3),
-        )?;
-        testing.define_singleton_method(
-            "_native_hold_active_slot",
-            function!(native_hold_active_slot, 3),
-        )?;
-        testing.define_singleton_method("_native_panic", function!(native_panic, 2))?;
-        testing.define_singleton_method(
-            "_native_panic_without_gvl",
-            function!(native_panic_without_gvl, 2),
-        )?;
-        testing.define_singleton_method(
-            "_native_panic_in_module_function",
-            function!(native_panic_in_module_function, 1),
-        )?;
-        testing.define_singleton_method(
-            "_native_panic_in_next_reset",
-            function!(native_panic_in_next_reset, 0),
-        )?;
-        Ok(())
-    }
-
-    /// Called by every reset, before it changes anything.
-    pub(super) fn maybe_panic_in_reset() {
-        if PANIC_IN_NEXT_RESET.swap(false, Relaxed) {
-            panic_on_purpose(
-                "a reset panicked on purpose (Testing._native_panic_in_next_reset)".into(),
-            );
-        }
-    }
-
-    /// Unwinds as a panic does (the guard catches it, a lock held on the way is poisoned: the
-    /// panic count is raised all the same), but through `resume_unwind`, which skips the panic
-    /// hook: a green run prints no backtrace for a panic the specs asked for.
-    fn panic_on_purpose(message: String) -> ! {
-        std::panic::resume_unwind(Box::new(message))
-    }
-
-    fn native_active_slot(ruby: &Ruby, rb_self: &StackRecorder) -> Result<u8, Error> {
-        rb_self.entry(ruby, |recorder| Ok(recorder.active_slot()))
-    }
-
-    fn native_slot_one_mutex_locked(ruby: &Ruby, rb_self: &StackRecorder) -> Result<bool, Error> {
-        rb_self.entry(ruby, |recorder| Ok(recorder.slot_is_locked(1)))
-    }
-
-    fn native_slot_two_mutex_locked(ruby: &Ruby, rb_self: &StackRecorder) -> Result<bool, Error> {
-        rb_self.entry(ruby, |recorder| Ok(recorder.slot_is_locked(2)))
-    }
-
-    fn native_fork_generation(ruby: &Ruby) -> Result<u64, Error> {
-        entry(ruby, || Ok(super::fork_generation()))
-    }
-
-    /// Bytes glibc malloc has handed out and not had back (heap chunks in use plus mmapped
-    /// chunks): lets the soak test compare `ObjectSpace.memsize_of` with what freeing a
-    /// recorder really returns. glibc only (2.33+): nil elsewhere.
-    fn native_malloc_in_use(ruby: &Ruby) -> Result<Option<u64>, Error> {
-        entry(ruby, || Ok(malloc_in_use()))
-    }
-
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    fn malloc_in_use() -> Option<u64> {
-        // SAFETY: mallinfo2 has no preconditions; it only reads the allocator's statistics.
-        let info = unsafe { libc::mallinfo2() };
-        Some((info.uordblks + info.hblkhd) as u64)
-    }
-
-    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    fn malloc_in_use() -> Option<u64> {
-        None
-    }
-
-    /// The slot locks of the recorder as it is, without the fork check: lets a child see the
-    /// state the fork left (both slots held mid-flip, for instance). The panic guard only.
-    fn native_slot_locks_before_fork_check(
-        ruby: &Ruby,
-        rb_self: &StackRecorder,
-    ) -> Result<(bool, bool), Error> {
-        entry(ruby, || {
-            let recorder = rb_self.recorder();
-            Ok((recorder.slot_is_locked(1), recorder.slot_is_locked(2)))
-        })
-    }
-
-    fn native_record_endpoint(
-        ruby: &Ruby,
-        rb_self: &StackRecorder,
-        local_root_span_id: Value,
-        endpoint: Value,
-    ) -> Result<bool, Error> {
-        rb_self.entry(ruby, |recorder| {
-            record_endpoint(ruby, &recorder, local_root_span_id, endpoint).map(|()| true)
-        })
-    }
-
-    /// `_native_hold_active_slot(recorder, fd, timeout_seconds)`: holds the active slot as a
-    /// sampler inside `record_sample` does, without the GVL, until `fd` is readable (a byte
-    /// written to a pipe) or `timeout_seconds` passed, so that a serialization meanwhile waits
-    /// in its flip (parked on the slot). Returns true if released through `fd`; raises
-    /// `RuntimeError` if both slots were taken.
-    fn native_hold_active_slot(
-        ruby: &Ruby,
-        rb_self: &StackRecorder,
-        fd: i32,
-        timeout_seconds: f64,
-    ) -> Result<bool, Error> {
-        rb_self.entry(ruby, |recorder| {
-            let timeout_ms = (timeout_seconds * 1000.0).clamp(0.0, f64::from(i32::MAX)) as i32;
-            let held = nogvl(ruby, move || {
-                recorder.hold_active_slot(|| {
-                    let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
-                    loop {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        let mut poll = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-                        // SAFETY: `poll` is one valid pollfd that outlives the call; a bad fd is
-                        // reported in `revents` (POLLNVAL), not undefined behaviour.
-                        let ready = unsafe { libc::poll(&mut poll, 1, left.as_millis() as i32) };
-                        // A signal handled on this thread (Ruby's SIGCHLD, when a child of
-                        // the spec exits) ends poll with EINTR even under SA_RESTART.
-                        let interrupted = ready == -1
-                            && std::io::Error::last_os_error().kind()
-                                == std::io::ErrorKind::Interrupted;
-                        if !interrupted {
-                            return ready == 1 && poll.revents & libc::POLLIN != 0;
-                        }
-                    }
-                })
-            })?;
-            held.map_err(|e| e.into_ruby_error(ruby))
-        })
-    }
-
-    /// `_native_panic(recorder, message)`: panics in the body of an entry point on a recorder.
-    fn native_panic(ruby: &Ruby, rb_self: &StackRecorder, message: String) -> Result<(), Error> {
-        rb_self.entry(ruby, |_| panic_on_purpose(message))
-    }
-
-    /// `_native_panic_without_gvl(recorder, message)`: panics inside an entry point's no-GVL
-    /// section.
-    fn native_panic_without_gvl(
-        ruby: &Ruby,
-        rb_self: &StackRecorder,
-        message: String,
-    ) -> Result<(), Error> {
-        rb_self.entry(ruby, |_| nogvl(ruby, move || panic_on_purpose(message)))
-    }
-
-    /// `_native_panic_in_module_function(message)`: panics in an entry point with no recorder
-    /// (the panic guard only).
-    fn native_panic_in_module_function(ruby: &Ruby, message: String) -> Result<(), Error> {
-        entry(ruby, || panic_on_purpose(message))
-    }
-
-    /// `_native_panic_in_next_reset`: the next reset (by hand, or a forked child's first use of
-    /// a recorder) panics before changing anything; later ones work again.
-    fn native_panic_in_next_reset(ruby: &Ruby) -> Result<bool, Error> {
-        entry(ruby, || {
-            PANIC_IN_NEXT_RESET.store(true, Relaxed);
-            Ok(true)
-        })
-    }
 }

@@ -76,7 +76,7 @@ const TOMB: usize = 2;
 /// Slots a lookup or a claim looks at, from the one the VALUE hashes to.
 const PROBES: usize = 32;
 
-/// The fork generation the slots were claimed in (`stack_recorder::fork_generation`).
+/// The fork generation the slots were claimed in (`recorder::fork`).
 static GENERATION: AtomicUsize = AtomicUsize::new(0);
 static HOOKED: AtomicBool = AtomicBool::new(false);
 /// The hook `rb_internal_thread_add_event_hook` returned (null: none).
@@ -184,7 +184,7 @@ fn native_start(ruby: &Ruby) -> Result<bool, Error> {
         if !AVAILABLE {
             return Ok(false);
         }
-        let generation = crate::recorder::stack_recorder::fork_generation() as usize;
+        let generation = crate::recorder::fork::fork_generation() as usize;
         if GENERATION.swap(generation, Ordering::AcqRel) != generation {
             imp::remove_hook();
             HOOKED.store(false, Ordering::Release);

@@ -374,7 +374,7 @@ pub fn native_current_thread_cpu_time_ns(ruby: &Ruby) -> Result<i64, Error> {
 
 /// The calling thread's Linux id (cached per thread and fork generation).
 pub fn own_tid() -> i32 {
-    let generation = crate::recorder::stack_recorder::fork_generation();
+    let generation = crate::recorder::fork::fork_generation();
     TID.with(|cached| {
         let (read_in, tid) = cached.get();
         if read_in == generation {

@@ -55,7 +55,7 @@ impl NativeThread {
         *self.running() = Some(Running {
             stop,
             handle,
-            fork_generation: crate::recorder::stack_recorder::fork_generation(),
+            fork_generation: crate::recorder::fork::fork_generation(),
         });
         Ok(())
     }
@@ -63,7 +63,7 @@ impl NativeThread {
     /// Stops the thread and waits for it to end (it is woken at once).
     pub fn stop(&self) -> Stopped {
         let Some(running) = self.running().take() else { return Stopped::None };
-        if running.fork_generation != crate::recorder::stack_recorder::fork_generation() {
+        if running.fork_generation != crate::recorder::fork::fork_generation() {
             std::mem::forget(running.handle);
             return Stopped::Forgotten;
         }
@@ -75,8 +75,8 @@ impl NativeThread {
 
     /// Whether a thread started in this process runs.
     pub fn is_running(&self) -> bool {
-        self.running().as_ref().is_some_and(|r| {
-            r.fork_generation == crate::recorder::stack_recorder::fork_generation()
-        })
+        self.running()
+            .as_ref()
+            .is_some_and(|r| r.fork_generation == crate::recorder::fork::fork_generation())
     }
 }

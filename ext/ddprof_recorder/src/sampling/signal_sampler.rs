@@ -625,7 +625,7 @@ fn install() -> Result<i32, String> {
 /// In a forked child, the slots describe the parent's timers, which the child does not have:
 /// forget them (no `timer_delete`: the ids mean nothing here). Called with [`ARMING`].
 fn forget_if_forked() {
-    let generation = crate::recorder::stack_recorder::fork_generation();
+    let generation = crate::recorder::fork::fork_generation();
     if SLOTS_GENERATION.swap(generation, AcqRel) == generation {
         return;
     }

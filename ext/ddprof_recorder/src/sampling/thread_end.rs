@@ -51,7 +51,7 @@ use magnus::{
 };
 
 use crate::recorder::errors::entry;
-use crate::recorder::stack_recorder::fork_generation;
+use crate::recorder::fork::fork_generation;
 use crate::sampling::thread_cpu::own_cpu_ns;
 
 /// Records kept until the sampler's next pass takes them; past this, ends are counted in
