@@ -128,6 +128,20 @@ module DdprofRecorder
         options.group_by = label
       end
 
+      # The OptionParser of a command that takes FILE... (a view or `merge`): its help is the
+      # `banner`, the `about` lines between two blank lines, the options the block adds to the
+      # parser it yields, then --max-decompressed and --max-input (#read_limit_options).
+      def files_parser(options, banner, *about)
+        OptionParser.new do |o|
+          o.banner = banner
+          o.separator ""
+          about.each { |line| o.separator(line) }
+          o.separator ""
+          yield o
+          read_limit_options(o, options)
+        end
+      end
+
       # Parses `argv` for a command that takes FILE... (a view or `merge`): the block checks the
       # options first (usage errors), then at least one FILE must be there.
       #

@@ -19,19 +19,17 @@ module DdprofRecorder
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new(value: DEFAULT_VALUE, filenames: false)
-        parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder flamegraph FILE... [-o out.svg] [--value TYPE] [--by-thread|--by-process]"
-          o.separator ""
-          o.separator "Draws a pprof (raw or gzip) as an SVG flamegraph (open it in a browser: click to zoom,"
-          o.separator "Ctrl-F to search). Several FILEs are merged."
-          o.separator ""
+        parser = files_parser(
+          options, "Usage: ddprof-recorder flamegraph FILE... [-o out.svg] [--value TYPE] [--by-thread|--by-process]",
+          "Draws a pprof (raw or gzip) as an SVG flamegraph (open it in a browser: click to zoom,",
+          "Ctrl-F to search). Several FILEs are merged."
+        ) do |o|
           o.on("-o", "--output FILE", "where to write the SVG (default: the first FILE with .svg; - for stdout)") do |v|
             options.out = v
           end
           value_option(o, options)
           o.on("--title TEXT", "the title (default: \"<value> flamegraph\")") { |v| options.title = v }
           stack_options(o, options)
-          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options)
       end

@@ -16,15 +16,13 @@ module DdprofRecorder
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new(value: DEFAULT_VALUE, filenames: false)
-        parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder folded FILE... [--value TYPE] [--by-thread|--by-process] [--filenames]"
-          o.separator ""
-          o.separator "Prints a pprof (raw or gzip) as folded stacks, one `root;...;leaf value` line per stack:"
-          o.separator "the input of flamegraph.pl, inferno-flamegraph and speedscope. Several FILEs are merged."
-          o.separator ""
+        parser = files_parser(
+          options, "Usage: ddprof-recorder folded FILE... [--value TYPE] [--by-thread|--by-process] [--filenames]",
+          "Prints a pprof (raw or gzip) as folded stacks, one `root;...;leaf value` line per stack:",
+          "the input of flamegraph.pl, inferno-flamegraph and speedscope. Several FILEs are merged."
+        ) do |o|
           value_option(o, options)
           stack_options(o, options)
-          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options)
       end

@@ -18,17 +18,15 @@ module DdprofRecorder
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new
-        parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder merge -o OUT FILE... [--max-decompressed BYTES] [--max-input BYTES]"
-          o.separator ""
-          o.separator "Merges pprof files (raw or gzip, with the same value types) into one, e.g. the"
-          o.separator "profiles of a server's processes that `record` wrote. Samples with the same stack and"
-          o.separator "labels are added up; the \"process id\" label keeps the processes apart."
-          o.separator ""
+        parser = files_parser(
+          options, "Usage: ddprof-recorder merge -o OUT FILE... [--max-decompressed BYTES] [--max-input BYTES]",
+          "Merges pprof files (raw or gzip, with the same value types) into one, e.g. the",
+          "profiles of a server's processes that `record` wrote. Samples with the same stack and",
+          "labels are added up; the \"process id\" label keeps the processes apart."
+        ) do |o|
           o.on("-o", "--output OUT", "where to write the pprof (gzip if OUT ends in .gz; - for stdout, raw)") do |v|
             options.out = v
           end
-          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options) do
           raise usage_error("merge: give the output file with -o OUT") unless options.out

@@ -20,15 +20,14 @@ module DdprofRecorder
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new(values: [], timeline: false)
-        parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder speedscope FILE... [-o out.speedscope.json] [--value TYPE]... " \
-                     "[--by-thread|--by-process|--timeline]"
-          o.separator ""
-          o.separator "Writes a pprof (raw or gzip) as a speedscope file: open it at https://www.speedscope.app"
-          o.separator "or with `speedscope FILE` (npm install -g speedscope). One profile per value type"
-          o.separator "(cpu-time first), or per value type and thread/process; speedscope's profile menu"
-          o.separator "switches between them. Several FILEs are merged."
-          o.separator ""
+        parser = files_parser(
+          options, "Usage: ddprof-recorder speedscope FILE... [-o out.speedscope.json] [--value TYPE]... " \
+                   "[--by-thread|--by-process|--timeline]",
+          "Writes a pprof (raw or gzip) as a speedscope file: open it at https://www.speedscope.app",
+          "or with `speedscope FILE` (npm install -g speedscope). One profile per value type",
+          "(cpu-time first), or per value type and thread/process; speedscope's profile menu",
+          "switches between them. Several FILEs are merged."
+        ) do |o|
           o.on("-o", "--output FILE", "where to write the JSON (default: the first FILE with .speedscope.json; - for stdout)") do |v|
             options.out = v
           end
@@ -40,7 +39,6 @@ module DdprofRecorder
                "GVL], [blocked], [gc]): speedscope's Time Order view shows what each did when") do
             options.timeline = true
           end
-          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options) do
           if options.timeline && (!options.values.empty? || options.group_by)

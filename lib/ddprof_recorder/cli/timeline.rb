@@ -19,15 +19,14 @@ module DdprofRecorder
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new
-        parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder timeline FILE... [-o out.svg|out.html] [--format svg|html]"
-          o.separator ""
-          o.separator "Draws the samples of a pprof recorded with --timeline (record --timeline, or"
-          o.separator "Profiler.new(timeline: true)): one lane per thread (per process and thread for several"
-          o.separator "processes' files), colored by what it was doing (running, waiting for GVL, blocked, gc),"
-          o.separator "with the stack on hover and a time axis. The HTML page adds a table of each thread's"
-          o.separator "shares of wall time. Several FILEs are merged."
-          o.separator ""
+        parser = files_parser(
+          options, "Usage: ddprof-recorder timeline FILE... [-o out.svg|out.html] [--format svg|html]",
+          "Draws the samples of a pprof recorded with --timeline (record --timeline, or",
+          "Profiler.new(timeline: true)): one lane per thread (per process and thread for several",
+          "processes' files), colored by what it was doing (running, waiting for GVL, blocked, gc),",
+          "with the stack on hover and a time axis. The HTML page adds a table of each thread's",
+          "shares of wall time. Several FILEs are merged."
+        ) do |o|
           o.on("-o", "--output FILE", "where to write it (default: the first FILE with .timeline.html; - for stdout)") do |v|
             options.out = v
           end
@@ -35,7 +34,6 @@ module DdprofRecorder
             options.format = v.to_sym
           end
           o.on("--title TEXT", "the title (default: the first FILE's name)") { |v| options.title = v }
-          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options)
       end

@@ -148,6 +148,19 @@ fn with_whole_profile<R: Send>(
     .map_err(|e| to_ruby_error(ruby, e, array))
 }
 
+/// A view whose result is text: reads `pprof` (see [`pprof_inputs`]), runs `view` on the
+/// profile without the GVL, and returns the text as a Ruby String.
+fn text_view(
+    ruby: &Ruby,
+    pprof: Value,
+    max_decompressed_bytes: u64,
+    view: impl Send + FnOnce(&StackProfile) -> Result<String, CoreError>,
+) -> Result<RString, Error> {
+    let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
+    let text = with_whole_profile(ruby, inputs, view)?;
+    Ok(ruby.str_new(&text))
+}
+
 /// `_native_folded(pprof, value, filenames, root_label, max_decompressed_bytes)` → String of
 /// folded stack lines.
 fn native_folded(
@@ -159,10 +172,10 @@ fn native_folded(
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
         let opts = options(filenames, root_label);
-        let folded = with_profile(ruby, inputs, value, move |p, i| p.folded(i, &opts))?;
-        Ok(ruby.str_new(&folded))
+        text_view(ruby, pprof, max_decompressed_bytes, move |p| {
+            p.folded(p.value_index(&value)?, &opts)
+        })
     })
 }
 
@@ -178,12 +191,10 @@ fn native_flamegraph(
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
         let opts = options(filenames, root_label);
-        let svg = with_profile(ruby, inputs, value, move |p, i| {
-            p.flamegraph(i, title.as_deref(), &opts)
-        })?;
-        Ok(ruby.str_new(&svg))
+        text_view(ruby, pprof, max_decompressed_bytes, move |p| {
+            p.flamegraph(p.value_index(&value)?, title.as_deref(), &opts)
+        })
     })
 }
 
@@ -200,9 +211,8 @@ fn native_speedscope(
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
         let options = SpeedscopeOptions { name, exporter, group_by };
-        let json = with_whole_profile(ruby, inputs, move |p| {
+        text_view(ruby, pprof, max_decompressed_bytes, move |p| {
             let indices = match values {
                 None => (0..p.value_types.len()).collect(),
                 Some(names) => {
@@ -210,8 +220,7 @@ fn native_speedscope(
                 }
             };
             p.speedscope(&indices, &options)
-        })?;
-        Ok(ruby.str_new(&json))
+        })
     })
 }
 
@@ -225,10 +234,8 @@ fn native_speedscope_timeline(
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
         let options = SpeedscopeOptions { name, exporter, group_by: None };
-        let json = with_whole_profile(ruby, inputs, move |p| p.speedscope_timeline(&options))?;
-        Ok(ruby.str_new(&json))
+        text_view(ruby, pprof, max_decompressed_bytes, move |p| p.speedscope_timeline(&options))
     })
 }
 
@@ -243,9 +250,7 @@ fn native_timeline(
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let format = symbol_choice(ruby, "format", format, TIMELINE_FORMATS)?;
-        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
-        let out = with_whole_profile(ruby, inputs, move |p| p.timeline(format, &title))?;
-        Ok(ruby.str_new(&out))
+        text_view(ruby, pprof, max_decompressed_bytes, move |p| p.timeline(format, &title))
     })
 }
 
