@@ -9,13 +9,11 @@ module DdprofRecorder
       NAME = "folded"
       DESCRIPTION = "print a pprof as folded stacks (root;...;leaf value)"
 
-      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
-      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
-      Options = Struct.new(:paths, :value, :group_by, :filenames, :max_decompressed, :max_input, keyword_init: true)
+      Options = files_options(:value, :group_by, :filenames)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
-        options = Options.new(value: DEFAULT_VALUE, filenames: false)
+        options = Options.new
         parser = files_parser(
           options, "Usage: ddprof-recorder folded FILE... [--value TYPE] [--by-thread|--by-process] [--filenames]",
           "Prints a pprof (raw or gzip) as folded stacks, one `root;...;leaf value` line per stack:",

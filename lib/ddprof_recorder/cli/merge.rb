@@ -11,9 +11,7 @@ module DdprofRecorder
       DESCRIPTION = "merge pprof files into one"
 
       # @!attribute out [String] the pprof's path (gzip for a .gz name), or "-" for @out (raw).
-      # @!attribute max_decompressed [Integer] the views' read limit, in bytes, for each FILE.
-      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
-      Options = Struct.new(:paths, :out, :max_decompressed, :max_input, keyword_init: true)
+      Options = files_options(:out)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
@@ -24,9 +22,7 @@ module DdprofRecorder
           "profiles of a server's processes that `record` wrote. Samples with the same stack and",
           "labels are added up; the \"process id\" label keeps the processes apart."
         ) do |o|
-          o.on("-o", "--output OUT", "where to write the pprof (gzip if OUT ends in .gz; - for stdout, raw)") do |v|
-            options.out = v
-          end
+          output_option(o, options, "where to write the pprof (gzip if OUT ends in .gz; - for stdout, raw)", "OUT")
         end
         parse_with_files(parser, argv, options) do
           raise usage_error("merge: give the output file with -o OUT") unless options.out

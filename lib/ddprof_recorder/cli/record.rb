@@ -44,7 +44,7 @@ module DdprofRecorder
           o.separator "writes the pprof (gzip if FILE ends in .gz) and prints a summary."
           o.separator "Exits with COMMAND's exit status."
           o.separator ""
-          o.on("-o", "--output FILE", "where to write the pprof (default #{DEFAULT_OUT})") { |v| options.out = v }
+          output_option(o, options, "where to write the pprof (default #{DEFAULT_OUT})")
           o.on("--hz N", Integer, "samples per second and thread (#{Profiler::HZ_RANGE}, default #{Profiler::DEFAULT_HZ})") do |v|
             options.hz = v
           end

@@ -11,11 +11,8 @@ module DdprofRecorder
 
       # @!attribute values [Array<String>] the value types to write; empty: all of them.
       # @!attribute out [String, nil] the JSON's path, "-" for @out; nil: after the first FILE.
-      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
-      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
       # @!attribute timeline [Boolean] one time-ordered profile per thread (--timeline).
-      Options = Struct.new(:paths, :values, :out, :group_by, :timeline, :max_decompressed, :max_input,
-                           keyword_init: true)
+      Options = files_options(:values, :out, :group_by, :timeline)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
@@ -28,9 +25,7 @@ module DdprofRecorder
           "(cpu-time first), or per value type and thread/process; speedscope's profile menu",
           "switches between them. Several FILEs are merged."
         ) do |o|
-          o.on("-o", "--output FILE", "where to write the JSON (default: the first FILE with .speedscope.json; - for stdout)") do |v|
-            options.out = v
-          end
+          output_option(o, options, "where to write the JSON (default: the first FILE with .speedscope.json; - for stdout)")
           o.on("--value TYPE", "only this sample type (again for more; default: all of them)") { |v| options.values << v }
           group_options(o, options, "one profile per value type and \"thread name\" label",
                         "one profile per value type and \"process id\" label")

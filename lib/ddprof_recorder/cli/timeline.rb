@@ -12,9 +12,7 @@ module DdprofRecorder
 
       # @!attribute out [String, nil] the file's path, "-" for @out; nil: after the first FILE.
       #   Its extension (.svg or .html) says the format unless --format does.
-      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
-      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
-      Options = Struct.new(:paths, :out, :format, :title, :max_decompressed, :max_input, keyword_init: true)
+      Options = files_options(:out, :format, :title)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
@@ -27,9 +25,7 @@ module DdprofRecorder
           "with the stack on hover and a time axis. The HTML page adds a table of each thread's",
           "shares of wall time. Several FILEs are merged."
         ) do |o|
-          o.on("-o", "--output FILE", "where to write it (default: the first FILE with .timeline.html; - for stdout)") do |v|
-            options.out = v
-          end
+          output_option(o, options, "where to write it (default: the first FILE with .timeline.html; - for stdout)")
           o.on("--format FORMAT", %w[svg html], "svg or html (default: from -o's extension, else html)") do |v|
             options.format = v.to_sym
           end

@@ -18,13 +18,11 @@ module DdprofRecorder
       # @!attribute value [String] the value type to rank by.
       # @!attribute limit [Integer] how many rows to print.
       # @!attribute sort [Symbol] :self or :total.
-      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
-      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
-      Options = Struct.new(:paths, :value, :limit, :sort, :max_decompressed, :max_input, keyword_init: true)
+      Options = files_options(:value, :limit, :sort)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
-        options = Options.new(value: DEFAULT_VALUE, limit: DEFAULT_LIMIT, sort: :self)
+        options = Options.new(limit: DEFAULT_LIMIT, sort: :self)
         parser = files_parser(
           options, "Usage: ddprof-recorder top FILE... [--value TYPE] [-n N] [--sort self|total] " \
                    "[--max-decompressed BYTES] [--max-input BYTES]",
