@@ -120,10 +120,6 @@ fn pprof_inputs(ruby: &Ruby, pprofs: Value, max_decompressed_bytes: u64) -> Resu
     }
 }
 
-fn options(filenames: bool, root_label: Option<String>) -> FoldOptions {
-    FoldOptions { filenames, root_label }
-}
-
 /// Decodes (and merges) `inputs` and runs `view` on value `value`, all without the GVL.
 fn with_profile<R: Send>(
     ruby: &Ruby,
@@ -161,6 +157,21 @@ fn text_view(
     Ok(ruby.str_new(&text))
 }
 
+/// A [`text_view`] of the value type named `value`, drawn as stacks with [`FoldOptions`]:
+/// folded stacks, a flamegraph.
+fn stacks_view(
+    ruby: &Ruby,
+    pprof: Value,
+    value: String,
+    options: FoldOptions,
+    max_decompressed_bytes: u64,
+    view: impl Send + FnOnce(&StackProfile, usize, &FoldOptions) -> Result<String, CoreError>,
+) -> Result<RString, Error> {
+    text_view(ruby, pprof, max_decompressed_bytes, move |p| {
+        view(p, p.value_index(&value)?, &options)
+    })
+}
+
 /// `_native_folded(pprof, value, filenames, root_label, max_decompressed_bytes)` → String of
 /// folded stack lines.
 fn native_folded(
@@ -171,11 +182,9 @@ fn native_folded(
     root_label: Option<String>,
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
+    let options = FoldOptions { filenames, root_label };
     entry(ruby, || {
-        let opts = options(filenames, root_label);
-        text_view(ruby, pprof, max_decompressed_bytes, move |p| {
-            p.folded(p.value_index(&value)?, &opts)
-        })
+        stacks_view(ruby, pprof, value, options, max_decompressed_bytes, |p, i, o| p.folded(i, o))
     })
 }
 
@@ -190,10 +199,10 @@ fn native_flamegraph(
     root_label: Option<String>,
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
+    let options = FoldOptions { filenames, root_label };
     entry(ruby, || {
-        let opts = options(filenames, root_label);
-        text_view(ruby, pprof, max_decompressed_bytes, move |p| {
-            p.flamegraph(p.value_index(&value)?, title.as_deref(), &opts)
+        stacks_view(ruby, pprof, value, options, max_decompressed_bytes, move |p, i, o| {
+            p.flamegraph(i, title.as_deref(), o)
         })
     })
 }
