@@ -12,7 +12,8 @@ module DdprofRecorder
   #
   # A pprof is untrusted input: each one is read only up to `max_decompressed_bytes` of
   # protobuf (after gunzip, or as given), and reading it, like the folded or flamegraph text
-  # made from it, may take at most 8 times that in memory (crates/core/src/views/reader.rs).
+  # made from it, may take at most a fixed multiple of that in memory (`MEMORY_PER_BYTE` in
+  # crates/core/src/views/reader.rs, whose module doc states the limits).
   # A pprof over these limits raises DdprofRecorder::Error naming the keyword.
 
   # The default `max_decompressed_bytes:` of the views: 1 GiB, far above any real profile.

@@ -67,7 +67,9 @@ module DdprofRecorder
   #   DdprofRecorder::Profiler.stop
   class Profiler
     DEFAULT_HZ = 99
-    HZ_RANGE = (1..1000).freeze
+    # The rates a profiler takes; the bound, MAX_HZ, comes from the native side (the sampling
+    # job), which refuses any other.
+    HZ_RANGE = (1..MAX_HZ).freeze
     # The shortest `interval:`, in seconds. The sampler thread looks at the windows every
     # {HOUSEKEEPING_SECONDS} while jobs run, so shorter windows would not come on time; and at
     # 1e-12 s the next window was always due: the thread cut windows in a busy loop (1,598
@@ -125,9 +127,6 @@ module DdprofRecorder
     # that stalls that long loses nothing. Past it, the oldest waiting window is dropped
     # (see {Exporter} for why the oldest).
     DEFAULT_MAX_QUEUED_WINDOWS = 4
-    # The Ruby sampler thread makes a pass itself when no job came for this many periods
-    # (no thread runs Ruby, so no job runs).
-    JOBLESS_PERIODS = 2
     # How often the sampler thread looks at the log and the windows while jobs run.
     HOUSEKEEPING_SECONDS = 0.1
 
@@ -209,7 +208,7 @@ module DdprofRecorder
     # @return [Numeric, nil] seconds between two windows handed to the exporter.
     attr_reader :interval
 
-    # @param hz [Integer] sampling passes per second, 1..1000.
+    # @param hz [Integer] sampling passes per second, in {HZ_RANGE}.
     # @param interval [Numeric, nil] with an exporter, hand it a window every `interval`
     #   seconds (default 60; at least {MIN_INTERVAL}); the last window goes to it at {#stop}.
     #   The sampler thread cuts the windows (a few ms: encoding runs without the GVL).
@@ -264,7 +263,7 @@ module DdprofRecorder
                    allocation_overhead: DEFAULT_ALLOCATION_OVERHEAD, heap: false, gc: false, timeline: false,
                    signals: Profiler.signals_default, ticks: Profiler.ticks_default, max_queued_windows: DEFAULT_MAX_QUEUED_WINDOWS,
                    export_timeout: EXPORT_TIMEOUT, &block)
-      raise ArgumentError, "hz must be an Integer in #{HZ_RANGE}, got #{hz.inspect}" unless hz.is_a?(Integer) && HZ_RANGE.cover?(hz)
+      Profiler.check_hz(hz)
 
       { allocations: allocations, heap: heap, gc: gc, signals: signals, timeline: timeline }.each do |name, value|
         raise ArgumentError, "#{name} must be true or false, got #{shown(value)}" unless [true, false].include?(value)
@@ -390,6 +389,17 @@ module DdprofRecorder
 
     # @return [String, nil] why the mode is not `:handler`, when signals were asked for.
     attr_reader :sampling_mode_reason
+
+    # The check of `hz:`, here and in {DdprofRecorder::Rack} (which checks it when it is built,
+    # before any request asks for a profile).
+    #
+    # @api private
+    # @raise [ArgumentError] unless `hz` is an Integer in {HZ_RANGE}.
+    def self.check_hz(hz)
+      return if hz.is_a?(Integer) && HZ_RANGE.cover?(hz)
+
+      raise ArgumentError, "hz must be an Integer in #{HZ_RANGE}, got #{hz.inspect}"
+    end
 
     # The default of `ticks:`: what {TICKS_ENV} says (`cpu`, `wall`), else `:auto`.
     def self.ticks_default(env = ENV)
@@ -703,9 +713,11 @@ module DdprofRecorder
     end
 
     # The Ruby sampler thread: passes when no job runs (every thread blocked: the trigger then
-    # writes to `wake` on each tick), windows, and the log of failed jobs. While jobs run, it
-    # wakes only every {HOUSEKEEPING_SECONDS}: a Ruby thread woken `hz` times a second would
-    # cost the process about 50 µs each time on this VM (1% of a core at 99 Hz, measured).
+    # writes to `wake`; the rule, with {JOBLESS_TICKS}, is stated in the module doc of
+    # ext/ddprof_recorder/src/sampling/trigger.rs, "Waking the Ruby sampler thread"), windows,
+    # and the log of failed jobs. While jobs run, it wakes only every {HOUSEKEEPING_SECONDS}:
+    # a Ruby thread woken `hz` times a second would cost the process about 50 µs each time on
+    # this VM (1% of a core at 99 Hz, measured).
     def run_sampler_thread(wake, run)
       cpu_base = Profiler._native_current_thread_cpu_time_ns
       @sampler_thread_cpu_base = cpu_base if @run.equal?(run)
@@ -719,7 +731,7 @@ module DdprofRecorder
         drain(wake) if woken
         now = now_ns
         last_job = @sampler.last_job_ns
-        @sampler.pass(now) if woken && (last_job.nil? || now - last_job > JOBLESS_PERIODS * period_ns)
+        @sampler.pass(now) if woken && (last_job.nil? || now - last_job > JOBLESS_TICKS * period_ns)
         cut_window if @next_window_ns && now >= @next_window_ns
         @sampler.write_log
         give_up if @sampler.gave_up?

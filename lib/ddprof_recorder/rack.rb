@@ -286,7 +286,7 @@ module DdprofRecorder
       unless authorize.respond_to?(:call)
         raise ArgumentError, "authorize must respond to #call (it returns true for the requests that may be profiled)"
       end
-      raise ArgumentError, "hz must be an Integer in #{Profiler::HZ_RANGE}, got #{hz.inspect}" unless hz.is_a?(Integer) && Profiler::HZ_RANGE.cover?(hz)
+      Profiler.check_hz(hz)
       raise ArgumentError, "param must be a non-empty String, got #{param.inspect}" unless param.is_a?(String) && !param.empty?
       unless max_seconds.is_a?(Numeric) && max_seconds.real? && max_seconds.positive? && max_seconds.finite?
         raise ArgumentError, "max_seconds must be a positive number of seconds, got #{max_seconds.inspect}"

@@ -5,6 +5,10 @@
 //!
 //! Nothing here knows about Ruby: the binding in `ext/ddprof_recorder` converts Ruby values
 //! into the borrowed [`Sample`] / [`Frame`] / [`Label`] types and calls [`Recorder`].
+//!
+//! No unsafe code (`forbid`): the locks and atomics the two-slot protocol needs are
+//! parking_lot's and std's, fork recovery included.
+#![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod error;

@@ -67,9 +67,10 @@
 //! section 6, tells why; `tests/fork.rs` hung in its first round with the old in-place reset).
 //!
 //! So [`Recorder::after_fork`] never unlocks, and never waits for, a lock of the inherited
-//! recorder (it only reads whether they are held, one atomic load each, which does not touch
-//! the parking table): the child gets fresh locks and fresh profiles, with the counters and
-//! comments copied (the comments read without their lock, when it is free).
+//! recorder (it only reads whether they are held, one atomic load each, and `try_lock`s the
+//! comments lock, one compare-and-swap that it never undoes; neither touches the parking
+//! table): the child gets fresh locks and fresh profiles, with the counters and comments copied
+//! (the comments only if their lock was free).
 //! The inherited recorder is dropped only if no thread was inside it at the fork (no lock held
 //! but the inactive slot's, no other reference); otherwise it is kept, never touched again,
 //! since dropping it would unlock locks with parked waiters and free profiles a parent thread
@@ -469,20 +470,16 @@ impl Recorder {
         }
     }
 
-    /// A forked child's copy of the comments, read without the comments lock (taking it, or
-    /// rather releasing it, could touch parking_lot's parking table: see the module docs).
-    /// `None` if a thread of the parent held the lock at the fork: the child then starts with
-    /// none. (Never in Ruby: whoever takes it holds the GVL, which the forking thread held.)
+    /// A forked child's copy of the comments. Their lock is `try_lock`ed (one compare-and-swap,
+    /// which never waits) and then leaked, held for good: releasing it could touch
+    /// parking_lot's parking table (see the module docs), and nobody takes it again, since the
+    /// inherited recorder is dropped or kept untouched right after. `None` if a thread of the
+    /// parent held the lock at the fork: the child then starts with none. (Never in Ruby:
+    /// whoever takes it holds the GVL, which the forking thread held.)
     ///
-    /// Only for [`Recorder::after_fork`]: the caller is the process's only user of `self`.
+    /// Only for [`Recorder::after_fork`], on the inherited recorder.
     fn comments_after_fork(&self) -> Option<Arc<[String]>> {
-        if self.comments.is_locked() {
-            return None;
-        }
-        // SAFETY: the lock is free, so no thread of the parent was writing the `Arc` at the
-        // fork, and in the child no other thread uses `self` (`after_fork`'s contract): the
-        // read races with nothing.
-        Some(Arc::clone(unsafe { &*self.comments.data_ptr() }))
+        self.comments.try_lock().map(|held| Arc::clone(MutexGuard::leak(held)))
     }
 
     /// Heap bytes both profiles hold (plus the recorder's own allocations), without taking
@@ -603,7 +600,8 @@ mod tests {
     }
 
     /// A parent thread inside `set_comments` at the fork (its lock held for ever): the child
-    /// does not wait for that lock (the test would hang) and starts without comments.
+    /// does not wait for that lock (the test would hang) and starts without comments. A free
+    /// lock: the child keeps the comments and frees the inherited recorder.
     #[test]
     fn a_comments_lock_held_at_the_fork_is_left_alone() {
         let mut r = Arc::new(recorder());
@@ -619,5 +617,8 @@ mod tests {
         Recorder::after_fork(&mut r, Timestamp::default());
         assert_eq!(&r.comments()[..], ["a comment"]);
         assert!(inherited.upgrade().is_none(), "a quiet recorder is freed");
+        // The child's recorder has a lock of its own: the inherited one stays taken for good.
+        r.set_comments(vec!["another".to_string()]).unwrap();
+        assert_eq!(&r.comments()[..], ["another"]);
     }
 }

@@ -35,6 +35,13 @@ module DdprofRecorder
       # How much of a FILE that is not a regular file (a pipe, a device) one read takes.
       READ_CHUNK = 1 << 20
 
+      # The typed options of a command that takes FILE... (a view or `merge`): a keyword Struct
+      # of `paths` (the FILEs), the command's own `fields`, then `max_decompressed` and
+      # `max_input`, the read limits (#read_limit_options).
+      def self.files_options(*fields)
+        Struct.new(:paths, *fields, :max_decompressed, :max_input, keyword_init: true)
+      end
+
       # @param out [IO] where the command's output goes (a StringIO in the specs). A command
       # writes no error line: it raises, and CLI#run reports.
       def initialize(out: $stdout)
@@ -75,10 +82,17 @@ module DdprofRecorder
         Failure.new(message, USAGE)
       end
 
+      # --value TYPE (`options.value`, which this sets to its default).
       def value_option(parser, options)
+        options.value = DEFAULT_VALUE
         parser.on("--value TYPE", "sample type to use (default #{DEFAULT_VALUE}; e.g. wall-time, cpu-samples)") do |v|
           options.value = v
         end
+      end
+
+      # -o/--output `argument` (`options.out`).
+      def output_option(parser, options, help, argument = "FILE")
+        parser.on("-o", "--output #{argument}", help) { |v| options.out = v }
       end
 
       # --max-decompressed BYTES and --max-input BYTES (`options.max_decompressed` and
@@ -113,8 +127,10 @@ module DdprofRecorder
         parser.on("--by-process", by_process) { group_by(options, Profiler::PROCESS_ID_LABEL, "--by-process") }
       end
 
-      # --by-thread, --by-process and --filenames, shared by `flamegraph` and `folded`.
+      # --by-thread, --by-process and --filenames (`options.filenames`, false unless given), shared
+      # by `flamegraph` and `folded`.
       def stack_options(parser, options)
+        options.filenames = false
         group_options(parser, options, "the \"thread name\" label as the root frame (one tower per thread)",
                       "the \"process id\" label as the root frame (one tower per process)")
         parser.on("--filenames", "name frames \"function (file)\"") { options.filenames = true }
@@ -126,6 +142,20 @@ module DdprofRecorder
         end
 
         options.group_by = label
+      end
+
+      # The OptionParser of a command that takes FILE... (a view or `merge`): its help is the
+      # `banner`, the `about` lines between two blank lines, the options the block adds to the
+      # parser it yields, then --max-decompressed and --max-input (#read_limit_options).
+      def files_parser(options, banner, *about)
+        OptionParser.new do |o|
+          o.banner = banner
+          o.separator ""
+          about.each { |line| o.separator(line) }
+          o.separator ""
+          yield o
+          read_limit_options(o, options)
+        end
       end
 
       # Parses `argv` for a command that takes FILE... (a view or `merge`): the block checks the

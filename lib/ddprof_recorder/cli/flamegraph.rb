@@ -11,27 +11,20 @@ module DdprofRecorder
 
       # @!attribute out [String, nil] the SVG's path, "-" for @out; nil: after the first FILE.
       # @!attribute group_by [String, nil] the label whose value is the root frame.
-      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
-      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
-      Options = Struct.new(:paths, :value, :out, :title, :group_by, :filenames, :max_decompressed, :max_input,
-                           keyword_init: true)
+      Options = files_options(:value, :out, :title, :group_by, :filenames)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
-        options = Options.new(value: DEFAULT_VALUE, filenames: false)
-        parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder flamegraph FILE... [-o out.svg] [--value TYPE] [--by-thread|--by-process]"
-          o.separator ""
-          o.separator "Draws a pprof (raw or gzip) as an SVG flamegraph (open it in a browser: click to zoom,"
-          o.separator "Ctrl-F to search). Several FILEs are merged."
-          o.separator ""
-          o.on("-o", "--output FILE", "where to write the SVG (default: the first FILE with .svg; - for stdout)") do |v|
-            options.out = v
-          end
+        options = Options.new
+        parser = files_parser(
+          options, "Usage: ddprof-recorder flamegraph FILE... [-o out.svg] [--value TYPE] [--by-thread|--by-process]",
+          "Draws a pprof (raw or gzip) as an SVG flamegraph (open it in a browser: click to zoom,",
+          "Ctrl-F to search). Several FILEs are merged."
+        ) do |o|
+          output_option(o, options, "where to write the SVG (default: the first FILE with .svg; - for stdout)")
           value_option(o, options)
           o.on("--title TEXT", "the title (default: \"<value> flamegraph\")") { |v| options.title = v }
           stack_options(o, options)
-          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options)
       end

@@ -9,22 +9,18 @@ module DdprofRecorder
       NAME = "folded"
       DESCRIPTION = "print a pprof as folded stacks (root;...;leaf value)"
 
-      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
-      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
-      Options = Struct.new(:paths, :value, :group_by, :filenames, :max_decompressed, :max_input, keyword_init: true)
+      Options = files_options(:value, :group_by, :filenames)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
-        options = Options.new(value: DEFAULT_VALUE, filenames: false)
-        parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder folded FILE... [--value TYPE] [--by-thread|--by-process] [--filenames]"
-          o.separator ""
-          o.separator "Prints a pprof (raw or gzip) as folded stacks, one `root;...;leaf value` line per stack:"
-          o.separator "the input of flamegraph.pl, inferno-flamegraph and speedscope. Several FILEs are merged."
-          o.separator ""
+        options = Options.new
+        parser = files_parser(
+          options, "Usage: ddprof-recorder folded FILE... [--value TYPE] [--by-thread|--by-process] [--filenames]",
+          "Prints a pprof (raw or gzip) as folded stacks, one `root;...;leaf value` line per stack:",
+          "the input of flamegraph.pl, inferno-flamegraph and speedscope. Several FILEs are merged."
+        ) do |o|
           value_option(o, options)
           stack_options(o, options)
-          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options)
       end

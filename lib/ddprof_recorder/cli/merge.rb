@@ -11,24 +11,18 @@ module DdprofRecorder
       DESCRIPTION = "merge pprof files into one"
 
       # @!attribute out [String] the pprof's path (gzip for a .gz name), or "-" for @out (raw).
-      # @!attribute max_decompressed [Integer] the views' read limit, in bytes, for each FILE.
-      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
-      Options = Struct.new(:paths, :out, :max_decompressed, :max_input, keyword_init: true)
+      Options = files_options(:out)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new
-        parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder merge -o OUT FILE... [--max-decompressed BYTES] [--max-input BYTES]"
-          o.separator ""
-          o.separator "Merges pprof files (raw or gzip, with the same value types) into one, e.g. the"
-          o.separator "profiles of a server's processes that `record` wrote. Samples with the same stack and"
-          o.separator "labels are added up; the \"process id\" label keeps the processes apart."
-          o.separator ""
-          o.on("-o", "--output OUT", "where to write the pprof (gzip if OUT ends in .gz; - for stdout, raw)") do |v|
-            options.out = v
-          end
-          read_limit_options(o, options)
+        parser = files_parser(
+          options, "Usage: ddprof-recorder merge -o OUT FILE... [--max-decompressed BYTES] [--max-input BYTES]",
+          "Merges pprof files (raw or gzip, with the same value types) into one, e.g. the",
+          "profiles of a server's processes that `record` wrote. Samples with the same stack and",
+          "labels are added up; the \"process id\" label keeps the processes apart."
+        ) do |o|
+          output_option(o, options, "where to write the pprof (gzip if OUT ends in .gz; - for stdout, raw)", "OUT")
         end
         parse_with_files(parser, argv, options) do
           raise usage_error("merge: give the output file with -o OUT") unless options.out

@@ -44,8 +44,8 @@ module DdprofRecorder
           o.separator "writes the pprof (gzip if FILE ends in .gz) and prints a summary."
           o.separator "Exits with COMMAND's exit status."
           o.separator ""
-          o.on("-o", "--output FILE", "where to write the pprof (default #{DEFAULT_OUT})") { |v| options.out = v }
-          o.on("--hz N", Integer, "samples per second and thread (1..1000, default #{Profiler::DEFAULT_HZ})") do |v|
+          output_option(o, options, "where to write the pprof (default #{DEFAULT_OUT})")
+          o.on("--hz N", Integer, "samples per second and thread (#{Profiler::HZ_RANGE}, default #{Profiler::DEFAULT_HZ})") do |v|
             options.hz = v
           end
           o.on("--interval S", Float, "also cut the profile every S seconds (at least #{Profiler::MIN_INTERVAL}): one file",

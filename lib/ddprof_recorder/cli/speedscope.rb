@@ -11,27 +11,21 @@ module DdprofRecorder
 
       # @!attribute values [Array<String>] the value types to write; empty: all of them.
       # @!attribute out [String, nil] the JSON's path, "-" for @out; nil: after the first FILE.
-      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
-      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
       # @!attribute timeline [Boolean] one time-ordered profile per thread (--timeline).
-      Options = Struct.new(:paths, :values, :out, :group_by, :timeline, :max_decompressed, :max_input,
-                           keyword_init: true)
+      Options = files_options(:values, :out, :group_by, :timeline)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new(values: [], timeline: false)
-        parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder speedscope FILE... [-o out.speedscope.json] [--value TYPE]... " \
-                     "[--by-thread|--by-process|--timeline]"
-          o.separator ""
-          o.separator "Writes a pprof (raw or gzip) as a speedscope file: open it at https://www.speedscope.app"
-          o.separator "or with `speedscope FILE` (npm install -g speedscope). One profile per value type"
-          o.separator "(cpu-time first), or per value type and thread/process; speedscope's profile menu"
-          o.separator "switches between them. Several FILEs are merged."
-          o.separator ""
-          o.on("-o", "--output FILE", "where to write the JSON (default: the first FILE with .speedscope.json; - for stdout)") do |v|
-            options.out = v
-          end
+        parser = files_parser(
+          options, "Usage: ddprof-recorder speedscope FILE... [-o out.speedscope.json] [--value TYPE]... " \
+                   "[--by-thread|--by-process|--timeline]",
+          "Writes a pprof (raw or gzip) as a speedscope file: open it at https://www.speedscope.app",
+          "or with `speedscope FILE` (npm install -g speedscope). One profile per value type",
+          "(cpu-time first), or per value type and thread/process; speedscope's profile menu",
+          "switches between them. Several FILEs are merged."
+        ) do |o|
+          output_option(o, options, "where to write the JSON (default: the first FILE with .speedscope.json; - for stdout)")
           o.on("--value TYPE", "only this sample type (again for more; default: all of them)") { |v| options.values << v }
           group_options(o, options, "one profile per value type and \"thread name\" label",
                         "one profile per value type and \"process id\" label")
@@ -40,7 +34,6 @@ module DdprofRecorder
                "GVL], [blocked], [gc]): speedscope's Time Order view shows what each did when") do
             options.timeline = true
           end
-          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options) do
           if options.timeline && (!options.values.empty? || options.group_by)

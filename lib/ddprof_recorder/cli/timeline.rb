@@ -12,30 +12,24 @@ module DdprofRecorder
 
       # @!attribute out [String, nil] the file's path, "-" for @out; nil: after the first FILE.
       #   Its extension (.svg or .html) says the format unless --format does.
-      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
-      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
-      Options = Struct.new(:paths, :out, :format, :title, :max_decompressed, :max_input, keyword_init: true)
+      Options = files_options(:out, :format, :title)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
         options = Options.new
-        parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder timeline FILE... [-o out.svg|out.html] [--format svg|html]"
-          o.separator ""
-          o.separator "Draws the samples of a pprof recorded with --timeline (record --timeline, or"
-          o.separator "Profiler.new(timeline: true)): one lane per thread (per process and thread for several"
-          o.separator "processes' files), colored by what it was doing (running, waiting for GVL, blocked, gc),"
-          o.separator "with the stack on hover and a time axis. The HTML page adds a table of each thread's"
-          o.separator "shares of wall time. Several FILEs are merged."
-          o.separator ""
-          o.on("-o", "--output FILE", "where to write it (default: the first FILE with .timeline.html; - for stdout)") do |v|
-            options.out = v
-          end
+        parser = files_parser(
+          options, "Usage: ddprof-recorder timeline FILE... [-o out.svg|out.html] [--format svg|html]",
+          "Draws the samples of a pprof recorded with --timeline (record --timeline, or",
+          "Profiler.new(timeline: true)): one lane per thread (per process and thread for several",
+          "processes' files), colored by what it was doing (running, waiting for GVL, blocked, gc),",
+          "with the stack on hover and a time axis. The HTML page adds a table of each thread's",
+          "shares of wall time. Several FILEs are merged."
+        ) do |o|
+          output_option(o, options, "where to write it (default: the first FILE with .timeline.html; - for stdout)")
           o.on("--format FORMAT", %w[svg html], "svg or html (default: from -o's extension, else html)") do |v|
             options.format = v.to_sym
           end
           o.on("--title TEXT", "the title (default: the first FILE's name)") { |v| options.title = v }
-          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options)
       end

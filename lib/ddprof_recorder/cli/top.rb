@@ -18,24 +18,20 @@ module DdprofRecorder
       # @!attribute value [String] the value type to rank by.
       # @!attribute limit [Integer] how many rows to print.
       # @!attribute sort [Symbol] :self or :total.
-      # @!attribute max_decompressed [Integer] the views' read limit, in bytes.
-      # @!attribute max_input [Integer] how many bytes of each FILE may be read.
-      Options = Struct.new(:paths, :value, :limit, :sort, :max_decompressed, :max_input, keyword_init: true)
+      Options = files_options(:value, :limit, :sort)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)
-        options = Options.new(value: DEFAULT_VALUE, limit: DEFAULT_LIMIT, sort: :self)
-        parser = OptionParser.new do |o|
-          o.banner = "Usage: ddprof-recorder top FILE... [--value TYPE] [-n N] [--sort self|total] " \
-                     "[--max-decompressed BYTES] [--max-input BYTES]"
-          o.separator ""
-          o.separator "The hottest functions of a pprof (raw or gzip): self (as the leaf of a stack) and"
-          o.separator "total (anywhere in it), with their share of the whole. Several FILEs are merged."
-          o.separator ""
+        options = Options.new(limit: DEFAULT_LIMIT, sort: :self)
+        parser = files_parser(
+          options, "Usage: ddprof-recorder top FILE... [--value TYPE] [-n N] [--sort self|total] " \
+                   "[--max-decompressed BYTES] [--max-input BYTES]",
+          "The hottest functions of a pprof (raw or gzip): self (as the leaf of a stack) and",
+          "total (anywhere in it), with their share of the whole. Several FILEs are merged."
+        ) do |o|
           value_option(o, options)
           o.on("-n", "--limit N", Integer, "how many functions (1..#{MAX_LIMIT}, default #{DEFAULT_LIMIT})") { |v| options.limit = v }
           o.on("--sort KEY", %i[self total], "order by self (default) or total") { |v| options.sort = v }
-          read_limit_options(o, options)
         end
         parse_with_files(parser, argv, options) do
           unless (1..MAX_LIMIT).cover?(options.limit)

@@ -9,10 +9,9 @@
 //! whole profile as if every function had its share of it. But the GC runs on the thread
 //! that allocated, inside the allocation (`newobj_of` and the `gc_start` it calls when the
 //! heap is full): a sampler that reads the stack from outside (rbspy) or perf sees that CPU
-//! under the allocating frame (`Class#new`, `Array#[]`, a string method). On bench/accuracy's
-//! `rubocop`, which spends 13% of its CPU in the GC on Ruby 3.4, the profile then gave
-//! `Class#new` and `Array#[]` 1.4% and 1.7% where rbspy found 3.6% and 3.4%
-//! (bench/RESULTS.md, "Accuracy on each Ruby").
+//! under the allocating frame (`Class#new`, `Array#[]`, a string method); spreading it gave
+//! those frames less than half their share in a GC-heavy program (bench/RESULTS.md,
+//! "Accuracy on each Ruby").
 //!
 //! # How
 //!

@@ -39,6 +39,11 @@ use crate::sampling::trigger::{self, Tick};
 /// with 1 ms, a `5 ms work + sleep 0.001` loop charged 2.7% of its CPU to `sleep`.
 const LATE_AFTER_NS: i64 = 30_000;
 
+/// The highest `hz`, the one home of the rate's range: Ruby reads it as `Profiler::MAX_HZ`,
+/// builds `Profiler::HZ_RANGE` (`1..MAX_HZ`) from it and raises the user's `ArgumentError`;
+/// [`native_sampling_start`] checks it again only so that no bad rate reaches the trigger.
+pub const MAX_HZ: u32 = 1000;
+
 /// Whether sampling is on: jobs still queued when it is turned off do nothing.
 static ENABLED: AtomicBool = AtomicBool::new(false);
 /// A job is running (possibly switched out inside the handler's Ruby code).
@@ -104,6 +109,8 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_forget_thread_stacks",
         function!(native_forget_thread_stacks, 1),
     )?;
+    class.const_set("MAX_HZ", MAX_HZ)?;
+    class.const_set("JOBLESS_TICKS", trigger::JOBLESS_TICKS)?;
     // Whether the handler reads stacks with YJIT on, on this Ruby (see `vm`).
     class.const_set("HANDLER_READS_UNDER_YJIT", crate::vm::HANDLER_READS_UNDER_YJIT)?;
     // Whether a tick inside the GC is read at the GC step's end on this Ruby (see `gc_ticks`).
@@ -189,8 +196,8 @@ fn native_sampling_start(
     yjit: bool,
 ) -> Result<i32, Error> {
     entry(ruby, || {
-        if !(1..=10_000).contains(&hz) {
-            return Err(arg_error(ruby, format!("hz must be in 1..10000, got {hz}")));
+        if !(1..=MAX_HZ).contains(&hz) {
+            return Err(arg_error(ruby, format!("hz must be in 1..{MAX_HZ}, got {hz}")));
         }
         let mode = signal_mode(ruby, signals)?;
         let wall = wall_ticks(ruby, ticks)?;

@@ -1,7 +1,7 @@
 //! Thread ends: the CPU a thread used between its last sample and its exit. Without this, a
 //! thread that ends between two passes takes that CPU with it (its clock can no longer be
-//! read), and a short thread that no pass ever saw takes all of it: with 5,000 threads of
-//! 4 ms, 3.2–3.9% of the process's CPU on Ruby 3.1.2, and most of it on 3.3 and 3.4, where a
+//! read), and a short thread that no pass ever saw takes all of it: in a program of many
+//! short threads, a few percent of its CPU on 3.1 and most of it on 3.3 and 3.4, where a
 //! finished thread's native thread is gone at once (bench/RESULTS.md, "Short-lived threads").
 //!
 //! Two native observers, neither of which runs Ruby code or makes a Ruby object:

@@ -43,7 +43,10 @@
 //! sampler thread has to make the passes itself. It waits on a pipe; the trigger writes one
 //! byte to it on each tick that finds no job ran for [`JOBLESS_TICKS`] ticks (`write(2)` on
 //! a non-blocking descriptor: async-signal-safe, no Ruby involved). While jobs run, the Ruby
-//! thread is never woken and costs nothing.
+//! thread is never woken and costs nothing. Woken, the Ruby thread makes a pass only if still
+//! no job came for `JOBLESS_TICKS` periods (it reads the constant as
+//! `Profiler::JOBLESS_TICKS`): a job may have run between the byte and its wake-up. This is
+//! the rule's one statement; `Profiler#run_sampler_thread` and docs/profiler.md point here.
 //!
 //! # Quiet ticks
 //!
@@ -133,7 +136,7 @@ static THREAD_TID: AtomicI32 = AtomicI32::new(0);
 static LAST_THREAD_CPU_NS: AtomicI64 = AtomicI64::new(0);
 
 /// Ticks without a job after which the Ruby sampler thread is woken (see the module doc).
-const JOBLESS_TICKS: u32 = 2;
+pub const JOBLESS_TICKS: u32 = 2;
 
 /// The longest interval between two quiet ticks, in periods (a power of two; see "Quiet
 /// ticks").

@@ -120,10 +120,6 @@ fn pprof_inputs(ruby: &Ruby, pprofs: Value, max_decompressed_bytes: u64) -> Resu
     }
 }
 
-fn options(filenames: bool, root_label: Option<String>) -> FoldOptions {
-    FoldOptions { filenames, root_label }
-}
-
 /// Decodes (and merges) `inputs` and runs `view` on value `value`, all without the GVL.
 fn with_profile<R: Send>(
     ruby: &Ruby,
@@ -148,6 +144,34 @@ fn with_whole_profile<R: Send>(
     .map_err(|e| to_ruby_error(ruby, e, array))
 }
 
+/// A view whose result is text: reads `pprof` (see [`pprof_inputs`]), runs `view` on the
+/// profile without the GVL, and returns the text as a Ruby String.
+fn text_view(
+    ruby: &Ruby,
+    pprof: Value,
+    max_decompressed_bytes: u64,
+    view: impl Send + FnOnce(&StackProfile) -> Result<String, CoreError>,
+) -> Result<RString, Error> {
+    let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
+    let text = with_whole_profile(ruby, inputs, view)?;
+    Ok(ruby.str_new(&text))
+}
+
+/// A [`text_view`] of the value type named `value`, drawn as stacks with [`FoldOptions`]:
+/// folded stacks, a flamegraph.
+fn stacks_view(
+    ruby: &Ruby,
+    pprof: Value,
+    value: String,
+    options: FoldOptions,
+    max_decompressed_bytes: u64,
+    view: impl Send + FnOnce(&StackProfile, usize, &FoldOptions) -> Result<String, CoreError>,
+) -> Result<RString, Error> {
+    text_view(ruby, pprof, max_decompressed_bytes, move |p| {
+        view(p, p.value_index(&value)?, &options)
+    })
+}
+
 /// `_native_folded(pprof, value, filenames, root_label, max_decompressed_bytes)` → String of
 /// folded stack lines.
 fn native_folded(
@@ -158,11 +182,9 @@ fn native_folded(
     root_label: Option<String>,
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
+    let options = FoldOptions { filenames, root_label };
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
-        let opts = options(filenames, root_label);
-        let folded = with_profile(ruby, inputs, value, move |p, i| p.folded(i, &opts))?;
-        Ok(ruby.str_new(&folded))
+        stacks_view(ruby, pprof, value, options, max_decompressed_bytes, |p, i, o| p.folded(i, o))
     })
 }
 
@@ -177,13 +199,11 @@ fn native_flamegraph(
     root_label: Option<String>,
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
+    let options = FoldOptions { filenames, root_label };
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
-        let opts = options(filenames, root_label);
-        let svg = with_profile(ruby, inputs, value, move |p, i| {
-            p.flamegraph(i, title.as_deref(), &opts)
-        })?;
-        Ok(ruby.str_new(&svg))
+        stacks_view(ruby, pprof, value, options, max_decompressed_bytes, move |p, i, o| {
+            p.flamegraph(i, title.as_deref(), o)
+        })
     })
 }
 
@@ -200,9 +220,8 @@ fn native_speedscope(
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
         let options = SpeedscopeOptions { name, exporter, group_by };
-        let json = with_whole_profile(ruby, inputs, move |p| {
+        text_view(ruby, pprof, max_decompressed_bytes, move |p| {
             let indices = match values {
                 None => (0..p.value_types.len()).collect(),
                 Some(names) => {
@@ -210,8 +229,7 @@ fn native_speedscope(
                 }
             };
             p.speedscope(&indices, &options)
-        })?;
-        Ok(ruby.str_new(&json))
+        })
     })
 }
 
@@ -225,10 +243,8 @@ fn native_speedscope_timeline(
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
         let options = SpeedscopeOptions { name, exporter, group_by: None };
-        let json = with_whole_profile(ruby, inputs, move |p| p.speedscope_timeline(&options))?;
-        Ok(ruby.str_new(&json))
+        text_view(ruby, pprof, max_decompressed_bytes, move |p| p.speedscope_timeline(&options))
     })
 }
 
@@ -243,9 +259,7 @@ fn native_timeline(
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let format = symbol_choice(ruby, "format", format, TIMELINE_FORMATS)?;
-        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
-        let out = with_whole_profile(ruby, inputs, move |p| p.timeline(format, &title))?;
-        Ok(ruby.str_new(&out))
+        text_view(ruby, pprof, max_decompressed_bytes, move |p| p.timeline(format, &title))
     })
 }
 

@@ -182,11 +182,11 @@ pub unsafe fn stack_walkable(thread: rb_sys::VALUE) -> bool {
 pub const THREAD_END_ON_EVERY_END: bool = !cfg!(ruby_eq_3_1);
 
 /// Whether adding a thread-event hook (`RUBY_EVENT_THREAD_BEGIN`/`END`) throws YJIT's machine
-/// code away on this Ruby. On Debian's 3.1.2 with `--yjit`, `fib(30)` took 0.023 s of CPU, and
-/// 0.090 s once a `TracePoint.new(:thread_end)` was enabled (0.081 s without YJIT): 3.1 sends
-/// any TracePoint event, thread events too, to YJIT's invalidation, and the program runs
-/// interpreted from then on. 3.3 and 3.4 invalidate only when ISEQ, `c_call` or `c_return`
-/// events are first enabled (`update_global_event_hook`, Ruby 3.3.8 `vm_trace.c`).
+/// code away on this Ruby. 3.1 sends any TracePoint event, thread events too, to YJIT's
+/// invalidation, and the program runs interpreted from then on (about 4 times slower on
+/// Debian's 3.1.2: bench/RESULTS.md, "No thread-event hook under YJIT on 3.1"). 3.3 and 3.4
+/// invalidate only when ISEQ, `c_call` or `c_return` events are first enabled
+/// (`update_global_event_hook`, Ruby 3.3.8 `vm_trace.c`).
 pub const THREAD_HOOK_DISABLES_YJIT: bool = cfg!(ruby_eq_3_1);
 
 /// Whether a signal handler may read the frames of a thread that runs YJIT's machine code.
