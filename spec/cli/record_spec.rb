@@ -268,8 +268,10 @@ RSpec.describe "ddprof-recorder record" do
     napper = rows.find { |l| l.include?("napper") }
     main = rows.find { |l| l.include?("main") }
     # The napper sleeps: blocked for most of its life; main counts while it sleeps: running.
+    # Not "main runs > 50%": on a loaded machine main is off the CPU much of the time, which
+    # 3.1 counts as blocked (45% running, 27% blocked at load 4.5 on 2 cores).
     expect(Float(napper[/blocked +([\d.]+)%/, 1])).to be > 50
-    expect(Float(main[/running +([\d.]+)%/, 1])).to be > 50
+    expect(Float(main[/running +([\d.]+)%/, 1])).to be > Float(napper[/running +([\d.]+)%/, 1]) + 10
     expect(out).to include("ddprof-recorder timeline s.pb -o s.timeline.html")
     # --timeline implies --gc: the GC's frames are there.
     expect(DdprofRecorder.folded(File.binread(File.join(@dir, "s.pb")), value: "wall-time")).to include("(garbage collection)")
