@@ -1,0 +1,293 @@
+//! Reading a thread's stack at the moment its CPU tick comes, in a signal handler, rather than
+//! at the VM's next interrupt check (which charges the CPU of Ruby code to the cheap C methods
+//! around it: safepoint bias).
+//!
+//! # Wall ticks (`ticks: :wall`, and `:auto` from 250 Hz)
+//!
+//! Each Ruby thread that the profiler samples is *armed*: it gets a [`Slot`], and its CPU
+//! timer (the CPU ticks below). With wall ticks, at each of its ticks (`hz` a second of wall
+//! time, randomized, see `trigger`) the trigger thread also looks at every armed thread's CPU
+//! clock ([`kick`]) and sends the signal to each thread that is on a CPU at that moment: its
+//! clock moved since the trigger's previous look and moves again between two reads a moment
+//! apart (reading a running thread's clock from another thread brings it up to the
+//! nanosecond, `task_sched_runtime` in Linux's `kernel/sched/core.c`). Sampling the threads
+//! that run at random moments of the wall clock samples each thread's stacks in proportion to
+//! the CPU they use, at `hz` samples per second of its CPU, past the kernel's tick. Except for
+//! one case: when the trigger wakes on the CPU a thread was running on, it has taken that CPU
+//! from the thread, which then reads as not running, and that tick is not a sample of it; on
+//! a loaded machine that is often, since the scheduler wakes the trigger where it last ran
+//! (with three busy processes beside, a busy thread at 999 Hz got no wall tick in some
+//! profiles). So after two ticks in a row that found a thread run since the last look, not
+//! running now, and none running, the trigger moves itself off its CPU for the next one
+//! ([`hop`]: its affinity, every CPU it may use but that one; why two: [`kick`]). That changes
+//! where the trigger runs, not where the signals land. Taking a thread ready to run on the
+//! trigger's own CPU for a displaced one (its state in `/proc`) was tried and left out: the
+//! scheduler (EEVDF, Linux 6.6+) lets the running thread go on to its next preemption point
+//! before the trigger runs, and a system call that updates the thread's runtime
+//! (`clock_gettime` of its CPU clock) is one, so those samples fell there (12% of
+//! bench/accuracy's `threads` on `Process.clock_gettime`, against 0.5% for stackprof). So the
+//! CPU timer's ticks stay samples too (every one of them from 250 Hz up): both sample where
+//! the CPU is, so together they do, and a thread gets at least what the CPU ticks give it,
+//! under load too (a sample's CPU is measured, so more samples cost only their work; totals
+//! stay exact). Measured, the hop with and without: bench/RESULTS.md, "Sampling rate"
+//! (`bench/run rate`, `bench/bursty_rate.rb`).
+//!
+//! The signal goes to that thread only (`rt_tgsigqueueinfo`, carrying the slot's index and
+//! generation, see [`send`]), at most one at a time per thread (`kick_pending`: a thread that
+//! blocks the signal does not pile them up). A thread that waits (`read(2)`, `sleep`,
+//! `IO.select`, `Queue#pop`, a futex, a libc call through Fiddle) uses no CPU and is never
+//! signalled. What remains is a race of a few microseconds: a thread seen running that enters
+//! a blocking system call before the signal lands has that call interrupted; with `SA_RESTART`
+//! `read(2)`, `write(2)` and futex waits restart in the kernel, and Ruby's own waits (`sleep`,
+//! `IO.select`, `Queue#pop`) retry on `EINTR` with the time left, so Ruby code sees nothing; a
+//! C function that sleeps with `nanosleep` or `poll` and does not retry could return early.
+//! For programs with such C code, CPU ticks (below) never signal a thread about to block, and
+//! `signals: false` sends no signal at all.
+//!
+//! Below 250 Hz `:auto` is [`WallTicks::WhenShort`] (`ticks: :cpu_plus_wall`): the CPU ticks,
+//! and a wall tick only to a running thread whose samples fall short of one per period of its
+//! CPU ([`pay`]). Under load the CPU ticks fall short of `hz` (a thread's CPU slices end
+//! between two scheduler ticks, which then miss it); these fill the gaps. What a thread owes
+//! carries over to its next samples, so a look that finds it off its CPU is made up at a later
+//! one; a CPU tick that comes when its samples are a period or more ahead is left out
+//! ([`ahead`]). Which thread gets one, and which tick is left out, depends on its clock only,
+//! not on what it runs. Measured in bench/RESULTS.md, "Sampling rate".
+//!
+//! # CPU ticks (`ticks: :cpu`, and `:auto` below 250 Hz with the wall ticks above)
+//!
+//! Each armed thread gets a POSIX timer on its own
+//! CPU clock (`timer_create` on the clock id `MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`, see
+//! `thread_cpu`), whose signal goes to that thread only (`SIGEV_THREAD_ID`). A CPU-clock timer
+//! expires at a scheduler tick while its thread is on a CPU, and Linux sends the signal from
+//! the tick's task work, on the thread's return to user mode: a thread that waits (`read(2)`,
+//! `sleep`, `IO.select`, `Queue#pop`, a futex, a libc call through Fiddle) uses no CPU, so its
+//! timer never expires and it is never interrupted, and a signal never lands inside a blocking
+//! system call. The handler is installed with `SA_RESTART` all the same. The signal is a
+//! real-time one that nothing else in the process handles (see [`install`]): Ruby's `trap`
+//! cannot take real-time signals, so a program's own `trap("PROF")` and the profiler never meet.
+//!
+//! ## Which CPU ticks are samples
+//!
+//! The kernel checks CPU timers at its scheduler tick only (`CONFIG_HZ`, 250 on Debian's
+//! kernels), so the moments a timer can fire are the ticks its thread runs through. The timers'
+//! period is 10 µs ([`PROBE_PERIOD_NS`]): at every such tick the timer has expired, and the
+//! thread gets a signal. Each tick is then a sample, independently, with the same probability
+//! `hz * tick` (all of them when `hz` is at or above the tick rate: a thread gets at most about
+//! 250 samples a second of its CPU on such a kernel), drawn in the handler ([`drawn`]); the
+//! tick is measured as the average CPU a thread uses from one tick to the next ([`TICK_NS`]).
+//! Ticks come at fixed times of the wall clock, which a program does not follow, so they fall
+//! on a thread's stacks in proportion to the CPU each uses, and so do the samples. A timer
+//! with a period of `1/hz` would not do: it fires at the first tick after each `1/hz` of CPU,
+//! so a tick is chosen in proportion to the CPU used since the previous tick, and the first
+//! tick after a sleep, which follows less CPU, is chosen less often (on bench/accuracy's
+//! `sleepy`, the method run after each sleep got 35% of the CPU against a truth of 59%). For
+//! the same reason the profiler charges each sample about the thread's average CPU per sample,
+//! not the CPU since its previous sample (`ThreadSampler#signal_charge`).
+//!
+//! # The handler
+//!
+//! Each armed thread has a [`Slot`]: a state, the tick's CPU clock and time, and a buffer for
+//! the frames, allocated when the thread is armed and reused (never freed). The signal (the
+//! trigger's, or the timer's) carries the slot's index and generation, so the handler finds its
+//! slot without thread-local storage (whose first use in a `dlopen`ed library can allocate).
+//! The handler does only async-signal-safe work: atomics, `clock_gettime`,
+//! `ruby_thread_has_gvl_p` and `rb_during_gc` (plain reads of the thread's and the VM's
+//! state, Ruby 3.1 `thread.c` and `gc.c`), `rb_profile_frames` and
+//! `rb_postponed_job_register_one`. It reads the frames only when
+//!
+//! - the thread holds the GVL (`ruby_thread_has_gvl_p`, which is "not inside a blocking
+//!   region"): then no other thread runs Ruby, so nothing moves or frees the objects it reads;
+//! - no GC runs (`rb_during_gc`): the GC itself may be moving objects (compaction). From 3.3
+//!   such a tick is kept, and its stack read when the GC step ends (`gc_ticks`);
+//! - its slot is empty: a sample still waiting for its job is not overwritten.
+//!
+//! Otherwise it counts why and returns: that thread's CPU is charged at its next sample
+//! (`lib/ddprof_recorder/profiler/thread_sampler.rb`), so nothing is lost.
+//!
+//! `rb_profile_frames` reads the running thread's control frames (`ec->cfp` down to the end
+//! frame, Ruby 3.1 `vm_backtrace.c`), and for each its iseq or method entry and line, with no
+//! allocation and no lock; the handler reads them that way too, through
+//! `stack_capture::read_current` (`vm::frames` on 3.1, 3.3 and 3.4 once its self-check passed, which
+//! reads the same fields and gives a `define_method` method its method entry; else
+//! `rb_profile_frames` itself). Reading them in a handler is sound since Ruby 3.0: `vm_push_frame`
+//! fills a frame before it moves `ec->cfp` to it (ruby/ruby PR #3296, commit 0e276dc), so an
+//! interrupted push shows either the old top or a whole new frame; ruby/ruby PR #11036 (3.2.5,
+//! 3.3.4, 3.4) adds a compiler fence that keeps the compiler from reordering those stores, which
+//! the compilers checked in that PR did not do anyway (Debian's 3.1.2 has no fence). This is
+//! what stackprof does on Ruby 3.0+ (its PRs #150 and #172), and dd-trace-rb on 3.2.5+/3.3.4+
+//! (its PRs #4785, #4786). Where it is not sound, the handler only asks for the job, which
+//! then reads the stack at the thread's next interrupt check, as the trigger's job does (the
+//! safepoint mode, [`Mode::Safepoint`]):
+//!
+//! - with YJIT on, on Ruby 3.1: JIT code does not keep `cfp->pc` current, and
+//!   `rb_profile_frames` turns the pc into a line (stackprof #179/#180: crashes). From 3.3 on
+//!   YJIT fills a frame before it publishes it and the top frame's unwritten pc is told by its
+//!   `jit_return` (line 0), so the handler reads stacks under YJIT there
+//!   (`vm::HANDLER_READS_UNDER_YJIT` has the sources), as stackprof does from 3.3;
+//! - with `GC.auto_compact` on, before Ruby 3.2: compaction then protects heap pages with a
+//!   read barrier (`mprotect`, whose fault handler is not async-signal-safe) between GC steps.
+//!
+//! Known limits: `ruby_thread_has_gvl_p` also says yes for a thread that a time slice took the
+//! GVL from and that waits to get it back (it is not in a blocking region); such a thread
+//! uses no CPU while it waits, so its timer can expire only in the few microseconds of the
+//! hand-over itself. And rb_profile_frames walks environment pointers
+//! (`rb_vm_frame_method_entry`), which `vm_make_env_each` leaves inconsistent for a few
+//! instructions while it moves an environment to the heap (ruby/ruby PR #16615, open): a
+//! risk that stackprof and dd-trace-rb share.
+//!
+//! # The job
+//!
+//! The handler then registers the job given to [`start`] (`job`'s signal job), a postponed job
+//! that runs at the thread's next interrupt check with the GVL: [`drain`] names the frames
+//! (`stack_capture::store_read_frames`) and hands each sample to the profiler. Between the
+//! handler and the job the frame objects are marked by [`SlotsRoot`], a GC root (marking
+//! also pins them against compaction); the GC runs with the GVL, and the handler writes a
+//! slot only with the GVL, so the root never reads a slot being written.
+//!
+//! # Batches
+//!
+//! A job costs the program about 100 µs of CPU whatever it does, because the program ran for
+//! a period since the last one and took our code and data out of the caches
+//! (bench/RESULTS.md, "What makes a job cold"). So in [`Mode::Handler`] a slot keeps up to
+//! [`BATCH`] samples, each with its own frames, and the handler asks for the job only when
+//! the batch is full: a busy thread runs one job for every `BATCH` samples (measured:
+//! bench/RESULTS.md, "Signal samples in batches"). Every wall pass and every window's end takes what the slots hold first
+//! (`ThreadSampler#take_signal_samples`), before any thread's end or idle time is accounted,
+//! and a thread disarmed with samples waiting (it ended, or `stop`) leaves them in [`KEPT`]
+//! for the next of those, so no sample waits past a pass. The wall passes then need not come
+//! every period either: while nothing but the batched threads ran, the trigger lets them wait
+//! (`trigger`, "Batches"), and a pass counts the periods since the last one. In
+//! [`Mode::Safepoint`] each sample has its job at once, as the job reads its stack.
+//!
+//! # Lifecycle
+//!
+//! Threads are armed and disarmed with the GVL held (`ThreadSampler`), the handler is
+//! installed once and stays (a signal after `stop` finds [`ENABLED`] false and returns; with
+//! no handler the default action of a real-time signal would end the process). A forked
+//! child has the handler but no timers (POSIX timers are not inherited): its slots are
+//! forgotten at its first start. `execve` deletes timers before it resets handlers.
+//!
+//! # Where the code is
+//!
+//! [`slots`] holds the slots and their GC root; [`timers`] arms and disarms threads;
+//! [`rt_signal`] installs, sends and blocks the signal; [`handler`] is the handler, with the
+//! end of a GC step that reads the stacks of its ticks in the GC; [`draw`] says which ticks are
+//! samples; [`samples`] takes them out of the slots with the GVL; [`looks`] is the trigger's
+//! look at the threads, which sends the wall ticks; [`counters`] counts for `stats`. This file
+//! holds the run's settings, [`start`] and [`stop`].
+//!
+//! [`Slot`]: slots::Slot
+//! [`hop`]: looks::hop
+//! [`send`]: rt_signal::send
+//! [`pay`]: draw::pay
+//! [`ahead`]: draw::ahead
+//! [`drawn`]: draw::drawn
+//! [`TICK_NS`]: draw::TICK_NS
+//! [`PROBE_PERIOD_NS`]: timers::PROBE_PERIOD_NS
+
+mod counters;
+mod draw;
+mod handler;
+mod looks;
+mod rt_signal;
+mod samples;
+mod slots;
+mod timers;
+
+use std::ffi::c_void;
+use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicU8, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
+
+pub use counters::COUNTERS;
+pub use draw::tick_ns;
+pub use handler::read_gc_ticks;
+pub use looks::{kick, wall_ticks};
+pub use rt_signal::{signal, signal_name, BlockedHere};
+pub use samples::{drain, key, KEYS_PER_THREAD};
+pub use slots::{armed, set_in_job, SlotsRoot, BATCH};
+pub use timers::{arm, disarm};
+
+use rt_signal::install;
+use samples::KEPT;
+use timers::{disarm_all_locked, forget_if_forked, ARMING};
+
+/// How the handler samples.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    /// Reads the stack in the handler.
+    Handler,
+    /// Asks for the job, which reads the stack at the thread's next interrupt check.
+    Safepoint,
+}
+
+/// Whether signals sample: false before `start` and after `stop`.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+/// [`Mode::Handler`] if true.
+static IN_HANDLER: AtomicBool = AtomicBool::new(true);
+/// Whether the trigger also signals the threads that run (see "Wall ticks").
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum WallTicks {
+    /// CPU ticks only.
+    Off = 0,
+    /// At each of the trigger's ticks.
+    On = 1,
+    /// To a running thread whose samples fall short of one per period of its CPU ([`pay`]):
+    /// the CPU ticks fell short (on a loaded machine a thread's CPU slices often end between
+    /// two scheduler ticks, which then miss it).
+    WhenShort = 2,
+}
+/// A [`WallTicks`], as its number.
+static WALL_TICKS: AtomicU8 = AtomicU8::new(WallTicks::Off as u8);
+
+/// The job the handler registers.
+static JOB: AtomicUsize = AtomicUsize::new(0);
+/// Samples asked for per second of a thread's CPU.
+static HZ: AtomicU32 = AtomicU32::new(0);
+
+/// Installs the handler on the first real-time signal that has none (once per process), and
+/// starts sampling with `mode`; `job` is the postponed job the handler registers.
+///
+/// # Errors
+///
+/// When no real-time signal is free, or `sigaction` fails: a message naming the signal.
+pub fn start(
+    mode: Mode,
+    hz: u32,
+    wall_ticks: WallTicks,
+    job: unsafe extern "C" fn(*mut c_void),
+) -> Result<i32, String> {
+    let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
+    forget_if_forked();
+    disarm_all_locked();
+    // What the last run left is not this run's.
+    KEPT.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    COUNTERS.clear();
+    HZ.store(hz, Release);
+    JOB.store(job as *const () as usize, Release);
+    IN_HANDLER.store(mode == Mode::Handler, Release);
+    WALL_TICKS.store(wall_ticks as u8, Release);
+    let signo = install()?;
+    ENABLED.store(true, Release);
+    Ok(signo)
+}
+
+/// Stops sampling: every thread is disarmed. The handler stays installed.
+pub fn stop() {
+    ENABLED.store(false, Release);
+    let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
+    forget_if_forked();
+    disarm_all_locked();
+}
+
+/// Whether the handler keeps its samples in batches (see "Batches"): it reads the stacks.
+pub fn batching() -> bool {
+    ENABLED.load(Acquire) && IN_HANDLER.load(Acquire)
+}
+
+/// Whether every thread the profiler samples in this run has a timer whose signals it takes:
+/// none failed to arm, none blocks the signal (see "Batches").
+pub fn all_armed() -> bool {
+    COUNTERS.arm_failures.load(Relaxed) == 0 && COUNTERS.blocked.load(Relaxed) == 0
+}
