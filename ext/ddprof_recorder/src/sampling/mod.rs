@@ -9,7 +9,8 @@
 //! - [`thread_cpu`], [`native_clock`] and [`thread_end`] are the clocks: each thread's CPU,
 //!   and the CPU of the threads that end between two passes;
 //! - [`gvl_events`] measures GVL waits (Ruby 3.3+);
-//! - [`interrupt_mask`] keeps `Thread#raise` out of the job's Ruby handler.
+//! - [`interrupt_mask`] keeps `Thread#raise` out of the job's Ruby handler;
+//! - [`random`] is the random generator (the trigger's, the handler's draw, and `memory`'s).
 
 pub mod gc_ticks;
 pub mod gvl_events;
@@ -17,6 +18,7 @@ pub mod interrupt_mask;
 pub mod job;
 pub mod native_clock;
 pub mod native_thread;
+pub mod random;
 pub mod signal_sampler;
 pub mod stack_capture;
 pub mod thread_cpu;
