@@ -80,9 +80,7 @@ pub(super) fn drawn(slot: &Slot, cpu_ns: i64) -> bool {
         return true;
     }
     let mut x = slot.random.load(Relaxed);
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
+    let drawn = crate::sampling::random::step(&mut x);
     slot.random.store(x, Relaxed);
-    u128::from(x.wrapping_mul(0x2545_f491_4f6c_dd1d)) < threshold
+    u128::from(drawn) < threshold
 }

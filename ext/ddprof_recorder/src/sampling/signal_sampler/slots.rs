@@ -85,7 +85,8 @@ pub(super) struct Slot {
     pub(super) in_job: AtomicBool,
     /// The thread's CPU clock at its previous tick (0: none yet).
     pub(super) last_tick_cpu_ns: AtomicI64,
-    /// This thread's xorshift state for the ticks' draw (only its own handler uses it).
+    /// This thread's xorshift state for the ticks' draw (`random::step`; only its own handler
+    /// uses it).
     pub(super) random: AtomicU64,
     /// Wall ticks: the thread's CPU clock when the trigger last looked at it.
     pub(super) kick_cpu_ns: AtomicI64,
