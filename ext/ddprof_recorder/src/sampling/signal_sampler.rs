@@ -169,12 +169,13 @@
 //!
 //! # Where the code is
 //!
-//! [`slots`] holds the slots and their GC root; [`timers`] arms and disarms threads;
-//! [`rt_signal`] installs, sends and blocks the signal; [`handler`] is the handler, with the
-//! end of a GC step that reads the stacks of its ticks in the GC; [`draw`] says which ticks are
-//! samples; [`samples`] takes them out of the slots with the GVL; [`looks`] is the trigger's
-//! look at the threads, which sends the wall ticks; [`counters`] counts for `stats`. This file
-//! holds the run's settings, [`start`] and [`stop`].
+//! In `signal_sampler/`: [`slots`] holds the slots and their GC root; [`timers`] arms and
+//! disarms threads; [`rt_signal`] installs, sends and blocks the signal; [`handler`] is the
+//! handler, with the end of a GC step that reads the stacks of its ticks in the GC; [`draw`]
+//! says which ticks are samples; [`samples`] takes them out of the slots with the GVL;
+//! [`looks`] is the trigger's look at the threads, which sends the wall ticks; [`counters`]
+//! counts for `stats`. This file holds the run's settings, [`start`] and [`stop`], and
+//! re-exports what the rest of the crate calls.
 //!
 //! [`Slot`]: slots::Slot
 //! [`hop`]: looks::hop
