@@ -29,8 +29,8 @@
 //! CPU timer's ticks stay samples too (every one of them from 250 Hz up): both sample where
 //! the CPU is, so together they do, and a thread gets at least what the CPU ticks give it,
 //! under load too (a sample's CPU is measured, so more samples cost only their work; totals
-//! stay exact). Measured, the hop with and without: bench/RESULTS.md, "Sampling rate"
-//! (`bench/run rate`, `bench/bursty_rate.rb`).
+//! stay exact). Measured (the rates, and the hop with and without): bench/RESULTS.md,
+//! "Sampling rate" (`bench/run rate`, `bench/bursty_rate.rb`).
 //!
 //! The signal goes to that thread only (`rt_tgsigqueueinfo`, carrying the slot's index and
 //! generation, see [`send`]), at most one at a time per thread (`kick_pending`: a thread that
@@ -107,8 +107,8 @@
 //! `rb_profile_frames` reads the running thread's control frames (`ec->cfp` down to the end
 //! frame, Ruby 3.1 `vm_backtrace.c`), and for each its iseq or method entry and line, with no
 //! allocation and no lock; the handler reads them that way too, through
-//! `stack_capture::read_current` (`vm::frames` on 3.1, 3.3 and 3.4 once its self-check passed, which
-//! reads the same fields and gives a `define_method` method its method entry; else
+//! `stack_capture::read_current` (`vm::frames` on 3.1, 3.3 and 3.4 once its self-check passed,
+//! which reads the same fields and gives a `define_method` method its method entry; else
 //! `rb_profile_frames` itself). Reading them in a handler is sound since Ruby 3.0: `vm_push_frame`
 //! fills a frame before it moves `ec->cfp` to it (ruby/ruby PR #3296, commit 0e276dc), so an
 //! interrupted push shows either the old top or a whole new frame; ruby/ruby PR #11036 (3.2.5,
@@ -151,13 +151,14 @@
 //! (bench/RESULTS.md, "What makes a job cold"). So in [`Mode::Handler`] a slot keeps up to
 //! [`BATCH`] samples, each with its own frames, and the handler asks for the job only when
 //! the batch is full: a busy thread runs one job for every `BATCH` samples (measured:
-//! bench/RESULTS.md, "Signal samples in batches"). Every wall pass and every window's end takes what the slots hold first
-//! (`ThreadSampler#take_signal_samples`), before any thread's end or idle time is accounted,
-//! and a thread disarmed with samples waiting (it ended, or `stop`) leaves them in [`KEPT`]
-//! for the next of those, so no sample waits past a pass. The wall passes then need not come
-//! every period either: while nothing but the batched threads ran, the trigger lets them wait
-//! (`trigger`, "Batches"), and a pass counts the periods since the last one. In
-//! [`Mode::Safepoint`] each sample has its job at once, as the job reads its stack.
+//! bench/RESULTS.md, "Signal samples in batches"). Every wall pass and every window's end
+//! takes what the slots hold first (`ThreadSampler#take_signal_samples`), before any thread's
+//! end or idle time is accounted, and a thread disarmed with samples waiting (it ended, or
+//! `stop`) leaves them in [`KEPT`] for the next of those, so no sample waits past a pass. The
+//! wall passes then need not come every period either: while nothing but the batched threads
+//! ran, the trigger lets them wait (`trigger`, "Batches"), and a pass counts the periods since
+//! the last one. In [`Mode::Safepoint`] each sample has its job at once, as the job reads its
+//! stack.
 //!
 //! # Lifecycle
 //!
@@ -237,6 +238,8 @@ pub enum WallTicks {
     /// To a running thread whose samples fall short of one per period of its CPU ([`pay`]):
     /// the CPU ticks fell short (on a loaded machine a thread's CPU slices often end between
     /// two scheduler ticks, which then miss it).
+    ///
+    /// [`pay`]: draw::pay
     WhenShort = 2,
 }
 /// A [`WallTicks`], as its number.

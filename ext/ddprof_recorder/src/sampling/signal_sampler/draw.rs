@@ -20,7 +20,7 @@ const TICK_AVERAGE: i64 = 64;
 /// average, whatever it does between them; 0: not measured yet). Process-wide, kept across
 /// runs. Not the shortest wall time between two ticks: each CPU has its own tick, so a thread
 /// that moves between CPUs sees shorter gaps.
-static TICK_NS: AtomicI64 = AtomicI64::new(0);
+pub(super) static TICK_NS: AtomicI64 = AtomicI64::new(0);
 
 /// The kernel's tick as measured so far, in ns (0: not yet).
 pub fn tick_ns() -> i64 {

@@ -121,7 +121,7 @@ thread_local! {
 /// `signal_sampler`, "Wall ticks"). So the trigger moves to its other CPUs for the next tick
 /// (its affinity: every CPU it may run on but this one). Each tick that finds the thread
 /// running keeps it where it is.
-fn hop() {
+pub(super) fn hop() {
     // SAFETY: sched_getcpu has no preconditions.
     let here = unsafe { libc::sched_getcpu() };
     if here < 0 || here as usize >= libc::CPU_SETSIZE as usize {

@@ -20,7 +20,7 @@ use crate::sampling::thread_cpu::{clock_ns, cpu_clock_id};
 /// The CPU timers' period: far below any scheduler tick (1 to 10 ms), so that a timer has
 /// expired at every tick its thread runs through (`signal_sampler`, "Which CPU ticks are
 /// samples").
-const PROBE_PERIOD_NS: i64 = 10_000;
+pub(super) const PROBE_PERIOD_NS: i64 = 10_000;
 
 /// The fork generation the slots' timers were made in.
 static SLOTS_GENERATION: AtomicU64 = AtomicU64::new(0);
