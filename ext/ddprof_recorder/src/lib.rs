@@ -15,14 +15,9 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     let module = ruby.define_module("DdprofRecorder")?;
     recorder::stack_recorder::init(ruby, module)?;
     views::pprof_views::init(ruby, module)?;
-    sampling::thread_cpu::init(ruby, module)?;
-    sampling::job::init(ruby, module)?;
-    sampling::thread_end::init(ruby, module)?;
-    sampling::native_clock::init(ruby, module)?;
-    sampling::stack_capture::init(ruby, module)?;
+    sampling::init(ruby, module)?;
     memory::allocations::init(ruby, module)?;
     memory::heap::init(ruby, module)?;
     memory::gc_events::init(ruby, module)?;
-    sampling::gc_ticks::init();
-    sampling::gvl_events::init(ruby, module)
+    Ok(())
 }

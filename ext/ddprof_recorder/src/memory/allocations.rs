@@ -70,7 +70,7 @@ use magnus::{
 };
 
 use crate::memory::internal_hook::InternalHook;
-use crate::sampling::trigger::Jitter;
+use crate::sampling::random::Jitter;
 
 /// The keys under which a sampled allocation's stack is kept in `stack_capture` while it is
 /// recorded are this plus the recording thread's id: the sampler's keys, native thread ids

@@ -57,7 +57,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::sampling::native_thread::NativeThread;
-use crate::sampling::trigger::Jitter;
+use crate::sampling::random::Jitter;
 
 /// The length of a slot, in the program's time. Each on-slot costs more than its hook's
 /// allocations: with 1 ms slots `JSON.parse`/`JSON.generate` ran 3.6% slower at a 2% target

@@ -13,7 +13,8 @@
 //! crosses into C (`catch_unwind`).
 //!
 //! The handler is kept in [`HANDLER`], a GC root (`rb_gc_register_address`, which also pins
-//! it against compaction). It is only read and written with the GVL held.
+//! it against compaction). It is only read and written with the GVL held. The job the signal
+//! handler asks for calls it too ([`call_handler`]), from `signal_job`.
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -21,11 +22,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
 use magnus::{
-    function, prelude::*, rb_sys::AsRawValue, rb_sys::FromRawValue, value::LazyId, Error, RHash,
-    RModule, Ruby, Symbol, Value,
+    function, prelude::*, rb_sys::AsRawValue, rb_sys::FromRawValue, value::LazyId, Error, RModule,
+    Ruby, Symbol, Value,
 };
 
 use crate::recorder::errors::{arg_error, entry, gem_error};
+use crate::sampling::signal_job::signal_job;
 use crate::sampling::signal_sampler;
 use crate::sampling::thread_cpu::own_cpu_ns;
 use crate::sampling::trigger::{self, Tick};
@@ -45,7 +47,7 @@ const LATE_AFTER_NS: i64 = 30_000;
 pub const MAX_HZ: u32 = 1000;
 
 /// Whether sampling is on: jobs still queued when it is turned off do nothing.
-static ENABLED: AtomicBool = AtomicBool::new(false);
+pub(super) static ENABLED: AtomicBool = AtomicBool::new(false);
 /// A job is running (possibly switched out inside the handler's Ruby code).
 static IN_JOB: AtomicBool = AtomicBool::new(false);
 /// The handler (a Ruby object with `call` and `signal_samples`), or Qnil. A GC root.
@@ -53,18 +55,17 @@ static HANDLER: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
 /// The profiler that started sampling (one per process), or Qnil. A GC root.
 static OWNER: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
 /// Jobs that sampled (the trigger watches it to know when to wake the Ruby sampler thread).
-static JOBS: AtomicU64 = AtomicU64::new(0);
-static LATE_JOBS: AtomicU64 = AtomicU64::new(0);
+pub(super) static JOBS: AtomicU64 = AtomicU64::new(0);
+pub(super) static LATE_JOBS: AtomicU64 = AtomicU64::new(0);
 
 static CALL: LazyId = LazyId::new("call");
-static SIGNAL_SAMPLES: LazyId = LazyId::new("signal_samples");
 
 thread_local! {
     /// This thread's Linux id, read once per process (`gettid` is a system call), with the
     /// fork generation it was read in: the thread that forks has a new id in the child.
     static TID: Cell<(u64, i32)> = const { Cell::new((u64::MAX, 0)) };
     /// The job runs on this thread (possibly switched out in its handler).
-    static JOB_HERE: Cell<bool> = const { Cell::new(false) };
+    pub(super) static JOB_HERE: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Whether the calling thread is running the job: the memory hooks leave its allocations
@@ -77,7 +78,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         crate::vm::postponed::prepare(job);
-        crate::vm::postponed::prepare(signal_job);
         // SAFETY: `HANDLER` is a static, so the address stays valid for the process's life;
         // an AtomicUsize has the layout of a VALUE. Called once, with the GVL (at load).
         unsafe { rb_sys::rb_gc_register_address(HANDLER.as_ptr().cast()) };
@@ -91,35 +91,12 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("Profiler", ruby.class_object())?;
     class.define_singleton_method("_native_sampling_start", function!(native_sampling_start, 7))?;
     class.define_singleton_method("_native_sampling_stop", function!(native_sampling_stop, 1))?;
-    class.define_singleton_method("_native_signal_arm", function!(native_signal_arm, 1))?;
-    class.define_singleton_method(
-        "_native_take_signal_samples",
-        function!(native_take_signal_samples, 0),
-    )?;
-    class.define_singleton_method("_native_signal_disarm", function!(native_signal_disarm, 1))?;
     class.define_singleton_method(
         "_native_interrupt_deferral_checked?",
         function!(native_interrupt_deferral_checked, 0),
     )?;
-    class.define_singleton_method(
-        "_native_handler_can_read_stacks?",
-        function!(native_handler_can_read_stacks, 0),
-    )?;
-    class.define_singleton_method(
-        "_native_forget_thread_stacks",
-        function!(native_forget_thread_stacks, 1),
-    )?;
     class.const_set("MAX_HZ", MAX_HZ)?;
     class.const_set("JOBLESS_TICKS", trigger::JOBLESS_TICKS)?;
-    // Whether the handler reads stacks with YJIT on, on this Ruby (see `vm`).
-    class.const_set("HANDLER_READS_UNDER_YJIT", crate::vm::HANDLER_READS_UNDER_YJIT)?;
-    // Whether a tick inside the GC is read at the GC step's end on this Ruby (see `gc_ticks`).
-    class.const_set("GC_TICKS_READ", crate::vm::GC_EXIT_HOOK_KEEPS_ALLOCATION_FAST)?;
-    let root_class = class.define_class("SignalSlotsRoot", ruby.class_object())?;
-    root_class.undef_default_alloc_func();
-    // One object for the process's life: marks the frames waiting in the signal slots.
-    ruby.gc_register_mark_object(ruby.obj_wrap(signal_sampler::SlotsRoot));
-    class.define_singleton_method("_native_sampling_stats", function!(native_sampling_stats, 0))?;
     class.define_singleton_method(
         "_native_current_thread_cpu_time_ns",
         function!(native_current_thread_cpu_time_ns, 0),
@@ -263,104 +240,11 @@ fn native_sampling_stop(ruby: &Ruby, owner: Value) -> Result<bool, Error> {
     })
 }
 
-/// `Profiler._native_signal_arm(tid)`: arms thread `tid` (a CPU-time timer that ticks with
-/// the kernel's scheduler while the thread runs). Returns whether it is armed (false: no
-/// slot, or the kernel refused; counted in stats).
-fn native_signal_arm(ruby: &Ruby, tid: i32) -> Result<bool, Error> {
-    entry(ruby, || Ok(signal_sampler::arm(tid)))
-}
-
-/// `Profiler._native_signal_disarm(tid)`: disarms thread `tid` (a no-op if it is not armed).
-fn native_signal_disarm(ruby: &Ruby, tid: i32) -> Result<(), Error> {
-    entry(ruby, || {
-        signal_sampler::disarm(tid);
-        Ok(())
-    })
-}
-
 /// `Profiler._native_interrupt_deferral_checked?`: whether the jobs can defer the program's
 /// interrupts on this Ruby (`interrupt_mask`'s layout guards pass on the calling thread).
 fn native_interrupt_deferral_checked(ruby: &Ruby) -> Result<bool, Error> {
     // SAFETY: a Ruby method, so on a Ruby thread with the GVL.
     entry(ruby, || Ok(unsafe { crate::sampling::interrupt_mask::layout_checks() }))
-}
-
-/// `Profiler._native_handler_can_read_stacks?`: whether the signal handler can check that a
-/// thread's stack is walkable on this Ruby (`vm::current_stack_walkable`); if not, stacks are
-/// read at the job (`:safepoint`).
-fn native_handler_can_read_stacks(ruby: &Ruby) -> Result<bool, Error> {
-    entry(ruby, || Ok(crate::vm::THREAD_EC_OFFSET.is_some()))
-}
-
-/// `Profiler._native_forget_thread_stacks(tid)`: forgets every stack kept for native thread
-/// `tid`: its jobs' (`tid`, `-tid`) and its signal samples' (`signal_sampler::key`).
-fn native_forget_thread_stacks(ruby: &Ruby, tid: i32) -> Result<(), Error> {
-    entry(ruby, || {
-        crate::sampling::stack_capture::forget(i64::from(tid));
-        crate::sampling::stack_capture::forget(-i64::from(tid));
-        for n in 0..signal_sampler::KEYS_PER_THREAD {
-            crate::sampling::stack_capture::forget(signal_sampler::key(tid, n));
-        }
-        Ok(())
-    })
-}
-
-fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
-    entry(ruby, || {
-        let hash = ruby.hash_new();
-        hash.aset(ruby.to_symbol("ticks"), trigger::TICKS.load(Ordering::Relaxed))?;
-        hash.aset(
-            ruby.to_symbol("quiet_stretches"),
-            trigger::QUIET_STRETCHES.load(Ordering::Relaxed),
-        )?;
-        hash.aset(ruby.to_symbol("jobs"), JOBS.load(Ordering::Relaxed))?;
-        hash.aset(ruby.to_symbol("late_jobs"), LATE_JOBS.load(Ordering::Relaxed))?;
-        hash.aset(ruby.to_symbol("trigger_running"), trigger::is_running())?;
-        hash.aset(ruby.to_symbol("trigger_cpu_ns"), trigger::thread_cpu_ns())?;
-        hash.aset(
-            ruby.to_symbol("jobs_deferring_interrupts"),
-            crate::sampling::interrupt_mask::DEFERRING.load(Ordering::Relaxed),
-        )?;
-        hash.aset(
-            ruby.to_symbol("interrupt_deferral_refused"),
-            crate::sampling::interrupt_mask::REFUSED.load(Ordering::Relaxed),
-        )?;
-        // The signal handler's own, apart: `Profiler#stats[:signals]`.
-        let signals = ruby.hash_new();
-        let signo = signal_sampler::signal();
-        signals.aset(
-            ruby.to_symbol("signal"),
-            (signo != 0).then(|| signal_sampler::signal_name(signo)),
-        )?;
-        for (name, counter) in signal_sampler::COUNTERS.named() {
-            signals.aset(ruby.to_symbol(name), counter.load(Ordering::Relaxed))?;
-        }
-        signals.aset(ruby.to_symbol("threads_armed"), signal_sampler::armed())?;
-        signals.aset(ruby.to_symbol("tick_ns"), signal_sampler::tick_ns())?;
-        hash.aset(ruby.to_symbol("signals"), signals)?;
-        hash.aset(ruby.to_symbol("thread_end_hook"), crate::sampling::thread_end::hook_state())?;
-        hash.aset(
-            ruby.to_symbol("thread_end_hook_on_every_end"),
-            crate::vm::THREAD_END_ON_EVERY_END,
-        )?;
-        hash.aset(
-            ruby.to_symbol("thread_ends_seen"),
-            crate::sampling::thread_end::ENDS_SEEN.load(Ordering::Relaxed),
-        )?;
-        hash.aset(
-            ruby.to_symbol("thread_exits_seen"),
-            crate::sampling::thread_end::EXITS_SEEN.load(Ordering::Relaxed),
-        )?;
-        hash.aset(
-            ruby.to_symbol("thread_ends_dropped"),
-            crate::sampling::thread_end::DROPPED.load(Ordering::Relaxed),
-        )?;
-        hash.aset(
-            ruby.to_symbol("gvl_untracked_events"),
-            crate::sampling::gvl_events::UNTRACKED.load(Ordering::Relaxed),
-        )?;
-        Ok(hash)
-    })
 }
 
 /// `Profiler._native_task_ids`: the Linux ids of this process's threads (`/proc/self/task`),
@@ -445,79 +329,9 @@ fn run_job() {
     IN_JOB.store(false, Ordering::Release);
 }
 
-/// The job the signal handler registers (see `signal_sampler`). Never unwinds.
-unsafe extern "C" fn signal_job(_data: *mut c_void) {
-    let _ = catch_unwind(AssertUnwindSafe(run_signal_job));
-}
-
-/// Not [`IN_JOB`]-exclusive: a job switched out in its handler (a time slice) must not keep
-/// the other threads' samples waiting in their slots, where their next ticks would find no
-/// room. The handler takes the thread accounts' lock, or keeps the samples for later (each is
-/// kept under a key of its own, `signal_sampler::key`).
-fn run_signal_job() {
-    if ENABLED.load(Ordering::Acquire) {
-        // Naming frames allocates (a method name's String on first use): not the program's.
-        let was_here = JOB_HERE.with(|here| here.replace(true));
-        hand_over_signal_samples(own_cpu_ns());
-        JOB_HERE.with(|here| here.set(was_here));
-    }
-}
-
-/// The samples waiting in the signal slots, taken, flat: `[tid, cpu_ns, at_ns, depth, key]`
-/// each (see `ThreadSampler#signal_samples`). With the GVL.
-fn take_signal_samples(own: i32) -> Vec<i64> {
-    let mut flat: Vec<i64> = Vec::new();
-    signal_sampler::drain(own, |s| {
-        flat.extend([i64::from(s.tid), s.cpu_ns, s.at_ns, s.depth as i64, s.key])
-    });
-    flat
-}
-
-/// `Profiler._native_take_signal_samples`: the samples waiting in the signal slots (the
-/// batches a pass or a window's end records first, see `signal_sampler`, "Batches"), flat as
-/// `ThreadSampler#signal_samples` takes them, or nil if none.
-fn native_take_signal_samples(ruby: &Ruby) -> Result<Option<magnus::RArray>, Error> {
-    entry(ruby, || {
-        // Naming frames allocates (a method name's String on first use): not the program's.
-        let was_here = JOB_HERE.with(|here| here.replace(true));
-        let flat = take_signal_samples(own_tid());
-        JOB_HERE.with(|here| here.set(was_here));
-        Ok((!flat.is_empty()).then(|| ruby.ary_from_vec(flat)))
-    })
-}
-
-/// Takes the samples waiting in the signal slots and gives them to the handler's
-/// `signal_samples`. With the GVL, in a job; `job_cpu_ns` is the calling thread's CPU clock
-/// when its job started.
-fn hand_over_signal_samples(job_cpu_ns: i64) {
-    let own = own_tid();
-    let flat = take_signal_samples(own);
-    if flat.is_empty() {
-        return;
-    }
-    signal_sampler::COUNTERS.jobs.fetch_add(1, Ordering::Relaxed);
-    let Ok(ruby) = Ruby::get() else { return };
-    let now_ns = trigger::monotonic_ns();
-    let passed = call_handler(|handler| {
-        let samples = ruby.ary_from_vec(flat);
-        handler.funcall::<_, _, bool>(
-            LazyId::get_inner_with(&SIGNAL_SAMPLES, &ruby),
-            (samples, job_cpu_ns, now_ns),
-        )
-    });
-    // The handler made the wall pass that was due: it counts as the trigger's job, which the
-    // next tick then leaves out (`trigger::SIGNAL_PASS_NS`).
-    if passed == Some(true) {
-        trigger::SIGNAL_PASS_NS.store(now_ns, Ordering::Relaxed);
-        trigger::PASS_NS.store(now_ns, Ordering::Relaxed);
-        trigger::LAST_JOB_TID.store(own, Ordering::Relaxed);
-        JOBS.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 /// Calls the handler (if any) with the program's asynchronous interrupts deferred and the
 /// memory hooks told to leave the job out. With the GVL, in a job.
-fn call_handler<T>(call: impl FnOnce(Value) -> Result<T, Error>) -> Option<T> {
+pub(super) fn call_handler<T>(call: impl FnOnce(Value) -> Result<T, Error>) -> Option<T> {
     let raw = HANDLER.load(Ordering::Acquire);
     // SAFETY: HANDLER holds Qnil or a live object kept by the GC root; we hold the GVL.
     let handler = unsafe { Value::from_raw(raw as rb_sys::VALUE) };

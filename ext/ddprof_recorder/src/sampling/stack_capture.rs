@@ -230,31 +230,12 @@ fn read_stack(key: i64, skip: Skip) -> usize {
     })
 }
 
-/// Reads the current thread's frames, leaf first, with `vm::frames` when its self-check passed
-/// (so that a `define_method` method has its method entry), else with `rb_profile_frames`.
-/// Returns how many. Does not allocate, lock or make a system call: callable from a NEWOBJ
-/// hook and from the signal handler (`signal_sampler`).
-///
-/// # Safety
-///
-/// GVL held.
-pub unsafe fn read_current(frames: &mut [rb_sys::VALUE], lines: &mut [i32]) -> usize {
-    let limit = frames.len().min(lines.len());
-    if crate::vm::frames::available() {
-        // SAFETY: GVL held; the running thread is alive.
-        if let Some(ec) = unsafe { crate::vm::frames::thread_ec(rb_sys::rb_thread_current()) } {
-            // SAFETY: its context, GVL held since.
-            return unsafe {
-                crate::vm::frames::read(ec, frames, lines, crate::vm::frames::Bmethods::Named)
-            };
-        }
-    }
-    // SAFETY: both buffers hold `limit` entries; GVL held.
-    let n = unsafe {
-        rb_sys::rb_profile_frames(0, limit as i32, frames.as_mut_ptr(), lines.as_mut_ptr())
-    };
-    usize::try_from(n).unwrap_or(0).min(limit)
-}
+mod names;
+mod read;
+
+use names::{names_of, qualified, spell, MAIN};
+pub use read::read_current;
+use read::read_thread;
 
 /// Keeps under `key` a stack that [`read_current`] read earlier (leaf first), whole:
 /// the allocation sampler's, read in the NEWOBJ hook where frames cannot be named (see
@@ -377,150 +358,10 @@ fn resolve(
     stack.reverse();
 }
 
-/// How `<main>` is spelled (see [`spell`]).
-const MAIN: &str = "main";
-
 /// What stands, in a stack read by `signal_sampler`, for the GC that ran at the tick: the
 /// leaf of a sample whose tick came inside the GC (`gc_ticks`), named `(garbage collection)`,
 /// as the GC's frames of `gc: true` are. `false`, which is no frame object.
 pub const GC_LEAF: rb_sys::VALUE = rb_sys::Qfalse as rb_sys::VALUE;
-
-/// A frame's names (module doc, "Names").
-fn names_of(frame: rb_sys::VALUE) -> Names {
-    if frame == GC_LEAF {
-        return Names { name: "(garbage collection)".into(), path: Some("".into()) };
-    }
-    if qualified() {
-        qualified_names(frame)
-    } else {
-        base_names(frame)
-    }
-}
-
-/// Whether frames get qualified names (module doc, "Names"): on Ruby 3.3 and later always,
-/// since every frame object then comes from the public API (`rb_profile_frames`,
-/// `rb_profile_thread_frames`); on 3.1 once `vm::frames`' self-check passed.
-fn qualified() -> bool {
-    cfg!(ruby_gte_3_3) || crate::vm::frames::available()
-}
-
-/// The weaker names: what a Location gives.
-fn base_names(frame: rb_sys::VALUE) -> Names {
-    // SAFETY: `frame` comes from rb_profile_frames on the live stack; GVL held. In Ruby 3.1
-    // `rb_profile_frame_base_label` is nil for a C method: its name is the method's.
-    let (label, path) = unsafe {
-        (rb_sys::rb_profile_frame_base_label(frame), rb_sys::rb_profile_frame_path(frame))
-    };
-    let label = if label == rb_sys::Qnil as rb_sys::VALUE {
-        // SAFETY: as above.
-        unsafe { rb_sys::rb_profile_frame_method_name(frame) }
-    } else {
-        label
-    };
-    let path = text(path);
-    let name = spell(&text(label).unwrap_or_default(), path.as_deref().unwrap_or(""));
-    Names { name: name.into(), path }
-}
-
-/// The qualified names: a method entry's owner and name, an iseq's label.
-fn qualified_names(frame: rb_sys::VALUE) -> Names {
-    // SAFETY: `frame` is a live frame object (an iseq or a method entry) read from a live
-    // stack, kept alive since; GVL held. Every call below takes either.
-    unsafe {
-        let flags = *(frame as *const usize);
-        let is_ment = flags & 0x1f == 0x1a && (flags >> 12) & 0xf == 6;
-        if !is_ment {
-            let path = text(rb_sys::rb_profile_frame_path(frame));
-            let label = text(rb_sys::rb_profile_frame_label(frame)).unwrap_or_default();
-            let name = spell(&label, path.as_deref().unwrap_or(""));
-            return Names { name: name.into(), path };
-        }
-        // A C method's entry has no path (`rb_profile_frame_path`: nil when `frame2iseq`
-        // finds no iseq). On 3.3+ `rb_profile_frames` gives no bmethod entry (it gives the
-        // block's iseq), so the type is read only where `vm::frames`' layouts were checked.
-        let kind = if crate::vm::frames::available() {
-            crate::vm::frames::method_type(frame)
-        } else if rb_sys::rb_profile_frame_path(frame) == rb_sys::Qnil as rb_sys::VALUE {
-            crate::vm::frames::METHOD_CFUNC
-        } else {
-            crate::vm::frames::METHOD_ISEQ
-        };
-        match kind {
-            crate::vm::frames::METHOD_BMETHOD => {
-                // `rb_profile_frame_method_name` and `_path` are nil for a bmethod's entry:
-                // the name it was defined with, and the path of the block it runs.
-                let method = text(rb_sys::rb_id2str(crate::vm::frames::original_id(frame)));
-                let name = qualify(frame, &method.unwrap_or_default());
-                let path = crate::vm::frames::bmethod_iseq(frame)
-                    .and_then(|iseq| text(rb_sys::rb_profile_frame_path(iseq)));
-                Names { name: name.into(), path }
-            }
-            kind => {
-                let method = text(rb_sys::rb_profile_frame_method_name(frame));
-                let name = method.map_or_else(String::new, |method| qualify(frame, &method));
-                let path = if kind == crate::vm::frames::METHOD_CFUNC {
-                    None
-                } else {
-                    text(rb_sys::rb_profile_frame_path(frame))
-                };
-                Names { name: name.into(), path }
-            }
-        }
-    }
-}
-
-/// `method` qualified by the owner of the method entry `frame`, as
-/// `rb_profile_frame_qualified_method_name` does (`Klass#meth`, `Klass.meth` for a singleton
-/// method, `meth` alone when there is no class path), but not misled by Ruby 3.3 into naming
-/// a module's method found through an include as a singleton method (`vm::defined_in_iclass`).
-///
-/// # Safety
-///
-/// `frame` is a live method entry; GVL held.
-unsafe fn qualify(frame: rb_sys::VALUE, method: &str) -> String {
-    // SAFETY: the caller's contract; both calls take a method entry.
-    let (class, singleton) = unsafe {
-        (
-            text(rb_sys::rb_profile_frame_classpath(frame)),
-            rb_sys::rb_profile_frame_singleton_method_p(frame) == rb_sys::Qtrue as rb_sys::VALUE
-                && !crate::vm::defined_in_iclass(frame),
-        )
-    };
-    match class {
-        Some(class) => format!("{class}{}{method}", if singleton { "." } else { "#" }),
-        None => method.to_owned(),
-    }
-}
-
-/// Ruby's `<...>` labels, spelled so that they read the same in every viewer (module doc):
-/// `<main>` is `main`, `<top (required)>` is `top level of PATH` (`path`: the file's),
-/// `<class:Node>` is `class Node`, `<module:M>` is `module M`, any other `<label>` is
-/// `label` (a letter first: `<=>` is a method's name); a `block in `, `block (N levels) in `,
-/// `rescue in ` or `ensure in ` before them stays. Other names are left as they are.
-pub fn spell(label: &str, path: &str) -> String {
-    let (prefix, scope) = match label.rfind(" in <") {
-        Some(i) if label.ends_with('>') => label.split_at(i + 4),
-        _ if label.starts_with('<') && label.ends_with('>') => ("", label),
-        _ => return label.to_owned(),
-    };
-    let inner = &scope[1..scope.len() - 1];
-    // Ruby's scope labels start with a letter; an operator method (`<=>`) is no label.
-    if !inner.starts_with(|c: char| c.is_ascii_alphabetic()) {
-        return label.to_owned();
-    }
-    let spelled = if inner == "main" {
-        MAIN.to_owned()
-    } else if inner == "top (required)" {
-        format!("top level of {path}")
-    } else if let Some(class) = inner.strip_prefix("class:") {
-        format!("class {class}")
-    } else if let Some(module) = inner.strip_prefix("module:") {
-        format!("module {module}")
-    } else {
-        inner.to_owned()
-    };
-    format!("{prefix}{spelled}")
-}
 
 /// `Profiler._native_thread_frames(thread)`: `thread`'s stack (leaf first) as `[name, path,
 /// line]` triples named as the sampling job names the current thread's, or nil when frames
@@ -611,55 +452,6 @@ fn thread_frames(ruby: &Ruby, thread: rb_sys::VALUE) -> RArray {
     array
 }
 
-/// Reads `thread`'s frames, leaf first, as [`read_current`] reads the current thread's:
-/// with `vm::frames` once its self-check passed (or while it runs), else, on 3.3+, with
-/// `rb_profile_thread_frames` (Ruby 3.3.8 and 3.4.5 `vm_backtrace.c`: the walk of
-/// `rb_profile_frames` over `th->ec`), once `vm::stack_walkable` found its stack whole.
-/// Returns how many (0: no stack, not started or finished).
-///
-/// # Safety
-///
-/// `thread` is a live Thread whose status is not false or nil; GVL held.
-unsafe fn read_thread(
-    thread: rb_sys::VALUE,
-    frames: &mut [rb_sys::VALUE],
-    lines: &mut [i32],
-) -> usize {
-    if crate::vm::frames::available() {
-        // SAFETY: the caller's contract.
-        let Some(ec) = (unsafe { crate::vm::frames::thread_ec(thread) }) else { return 0 };
-        // SAFETY: its context, GVL held since.
-        return unsafe {
-            crate::vm::frames::read(ec, frames, lines, crate::vm::frames::Bmethods::Named)
-        };
-    }
-    #[cfg(ruby_gte_3_3)]
-    {
-        let limit = frames.len().min(lines.len());
-        // SAFETY: the caller's contract.
-        if !unsafe { crate::vm::stack_walkable(thread) } {
-            return 0;
-        }
-        // SAFETY: a live Thread whose stack is whole (checked just now, GVL held since); both
-        // buffers hold `limit` entries.
-        let n = unsafe {
-            rb_sys::rb_profile_thread_frames(
-                thread,
-                0,
-                limit as i32,
-                frames.as_mut_ptr(),
-                lines.as_mut_ptr(),
-            )
-        };
-        usize::try_from(n).unwrap_or(0).min(limit)
-    }
-    #[cfg(not(ruby_gte_3_3))]
-    {
-        let _ = thread; // only called once the reader is in use (module doc)
-        0
-    }
-}
-
 /// `Profiler._native_check_frames(thread)`: the self-check of `vm::frames` (its module doc),
 /// called from a bmethod that a Ruby method calls. Returns nil if the current thread's part
 /// failed (frames are then named the weaker way), else `thread`'s triples, for the caller to
@@ -710,13 +502,4 @@ fn native_frame_name(ruby: &Ruby, label: RString, path: RString) -> Result<Strin
         };
         Ok(spell(&label, &path))
     })
-}
-
-/// A Ruby String's text (non-UTF-8 bytes become U+FFFD), or None for nil and non-Strings.
-fn text(v: rb_sys::VALUE) -> Option<Box<str>> {
-    // SAFETY: `v` is a live VALUE just returned by Ruby; GVL held.
-    let s = RString::from_value(unsafe { Value::from_raw(v) })?;
-    // SAFETY: copied at once, before any Ruby code runs.
-    let bytes = unsafe { s.as_slice() };
-    Some(String::from_utf8_lossy(bytes).into())
 }

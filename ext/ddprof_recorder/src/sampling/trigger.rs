@@ -87,7 +87,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::sampling::native_thread::{NativeThread, Stopped};
-
+use crate::sampling::random::Jitter;
 use crate::sampling::thread_cpu::{cpu_time_ns, own_cpu_ns};
 
 /// What the trigger saw at its latest tick, for the job to judge how late it runs. A seqlock:
@@ -220,29 +220,6 @@ pub fn is_running() -> bool {
     THREAD.is_running()
 }
 
-/// A xorshift64* generator, seeded from the clock: the ticks' jitter, and the allocation
-/// sampler's random steps.
-pub struct Jitter(u64);
-
-impl Jitter {
-    pub fn new() -> Self {
-        Self((monotonic_ns() as u64) | 1)
-    }
-
-    /// A number uniformly drawn from [0, 1).
-    pub fn unit(&mut self) -> f64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// A duration uniformly drawn from 0.5 to 1.5 times `period`.
-    fn around(&mut self, period: Duration) -> Duration {
-        period.mul_f64(0.5 + self.unit())
-    }
-}
-
 /// CPU the trigger thread used: the running one's so far, or the last one's in all.
 pub fn thread_cpu_ns() -> i64 {
     match THREAD_TID.load(Ordering::Acquire) {
@@ -354,16 +331,6 @@ fn tick(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn jitter_stays_within_half_a_period_and_averages_one() {
-        let mut jitter = Jitter(12345);
-        let period = Duration::from_millis(10);
-        let draws: Vec<Duration> = (0..10_000).map(|_| jitter.around(period)).collect();
-        assert!(draws.iter().all(|d| *d >= period / 2 && *d <= period * 3 / 2));
-        let mean = draws.iter().sum::<Duration>() / draws.len() as u32;
-        assert!(mean > Duration::from_micros(9_800) && mean < Duration::from_micros(10_200));
-    }
 
     #[test]
     fn tick_info_reads_what_was_published() {

@@ -1,0 +1,152 @@
+//! The signal sampler's side of the job (`signal_sampler`, "The job" and "Batches"): the
+//! postponed job the signal handler asks for, which hands the samples waiting in the slots to
+//! the profiler's handler as the trigger's job does its ticks (`job`), and the Ruby methods
+//! that arm and disarm threads, take those samples and forget a thread's stacks.
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Once;
+
+use magnus::{function, prelude::*, value::LazyId, Error, RModule, Ruby};
+
+use crate::recorder::errors::entry;
+use crate::sampling::job::{call_handler, own_tid, ENABLED, JOBS, JOB_HERE};
+use crate::sampling::signal_sampler;
+use crate::sampling::thread_cpu::own_cpu_ns;
+use crate::sampling::trigger;
+
+static SIGNAL_SAMPLES: LazyId = LazyId::new("signal_samples");
+
+pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| crate::vm::postponed::prepare(signal_job));
+    let class = module.define_class("Profiler", ruby.class_object())?;
+    class.define_singleton_method("_native_signal_arm", function!(native_signal_arm, 1))?;
+    class.define_singleton_method(
+        "_native_take_signal_samples",
+        function!(native_take_signal_samples, 0),
+    )?;
+    class.define_singleton_method("_native_signal_disarm", function!(native_signal_disarm, 1))?;
+    class.define_singleton_method(
+        "_native_handler_can_read_stacks?",
+        function!(native_handler_can_read_stacks, 0),
+    )?;
+    class.define_singleton_method(
+        "_native_forget_thread_stacks",
+        function!(native_forget_thread_stacks, 1),
+    )?;
+    // Whether the handler reads stacks with YJIT on, on this Ruby (see `vm`).
+    class.const_set("HANDLER_READS_UNDER_YJIT", crate::vm::HANDLER_READS_UNDER_YJIT)?;
+    // Whether a tick inside the GC is read at the GC step's end on this Ruby (see `gc_ticks`).
+    class.const_set("GC_TICKS_READ", crate::vm::GC_EXIT_HOOK_KEEPS_ALLOCATION_FAST)?;
+    let root_class = class.define_class("SignalSlotsRoot", ruby.class_object())?;
+    root_class.undef_default_alloc_func();
+    // One object for the process's life: marks the frames waiting in the signal slots.
+    ruby.gc_register_mark_object(ruby.obj_wrap(signal_sampler::SlotsRoot));
+    Ok(())
+}
+
+/// `Profiler._native_signal_arm(tid)`: arms thread `tid` (a CPU-time timer that ticks with
+/// the kernel's scheduler while the thread runs). Returns whether it is armed (false: no
+/// slot, or the kernel refused; counted in stats).
+fn native_signal_arm(ruby: &Ruby, tid: i32) -> Result<bool, Error> {
+    entry(ruby, || Ok(signal_sampler::arm(tid)))
+}
+
+/// `Profiler._native_signal_disarm(tid)`: disarms thread `tid` (a no-op if it is not armed).
+fn native_signal_disarm(ruby: &Ruby, tid: i32) -> Result<(), Error> {
+    entry(ruby, || {
+        signal_sampler::disarm(tid);
+        Ok(())
+    })
+}
+
+/// `Profiler._native_handler_can_read_stacks?`: whether the signal handler can check that a
+/// thread's stack is walkable on this Ruby (`vm::current_stack_walkable`); if not, stacks are
+/// read at the job (`:safepoint`).
+fn native_handler_can_read_stacks(ruby: &Ruby) -> Result<bool, Error> {
+    entry(ruby, || Ok(crate::vm::THREAD_EC_OFFSET.is_some()))
+}
+
+/// `Profiler._native_forget_thread_stacks(tid)`: forgets every stack kept for native thread
+/// `tid`: its jobs' (`tid`, `-tid`) and its signal samples' (`signal_sampler::key`).
+fn native_forget_thread_stacks(ruby: &Ruby, tid: i32) -> Result<(), Error> {
+    entry(ruby, || {
+        crate::sampling::stack_capture::forget(i64::from(tid));
+        crate::sampling::stack_capture::forget(-i64::from(tid));
+        for n in 0..signal_sampler::KEYS_PER_THREAD {
+            crate::sampling::stack_capture::forget(signal_sampler::key(tid, n));
+        }
+        Ok(())
+    })
+}
+
+/// The job the signal handler registers (see `signal_sampler`). Never unwinds.
+pub(super) unsafe extern "C" fn signal_job(_data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(run_signal_job));
+}
+
+/// Not `IN_JOB`-exclusive as the trigger's job is (`job`): a job switched out in its handler
+/// (a time slice) must not keep the other threads' samples waiting in their slots, where their
+/// next ticks would find no room. The handler takes the thread accounts' lock, or keeps the
+/// samples for later (each is kept under a key of its own, `signal_sampler::key`).
+fn run_signal_job() {
+    if ENABLED.load(Ordering::Acquire) {
+        // Naming frames allocates (a method name's String on first use): not the program's.
+        let was_here = JOB_HERE.with(|here| here.replace(true));
+        hand_over_signal_samples(own_cpu_ns());
+        JOB_HERE.with(|here| here.set(was_here));
+    }
+}
+
+/// The samples waiting in the signal slots, taken, flat: `[tid, cpu_ns, at_ns, depth, key]`
+/// each (see `ThreadSampler#signal_samples`). With the GVL.
+fn take_signal_samples(own: i32) -> Vec<i64> {
+    let mut flat: Vec<i64> = Vec::new();
+    signal_sampler::drain(own, |s| {
+        flat.extend([i64::from(s.tid), s.cpu_ns, s.at_ns, s.depth as i64, s.key])
+    });
+    flat
+}
+
+/// `Profiler._native_take_signal_samples`: the samples waiting in the signal slots (the
+/// batches a pass or a window's end records first, see `signal_sampler`, "Batches"), flat as
+/// `ThreadSampler#signal_samples` takes them, or nil if none.
+fn native_take_signal_samples(ruby: &Ruby) -> Result<Option<magnus::RArray>, Error> {
+    entry(ruby, || {
+        // Naming frames allocates (a method name's String on first use): not the program's.
+        let was_here = JOB_HERE.with(|here| here.replace(true));
+        let flat = take_signal_samples(own_tid());
+        JOB_HERE.with(|here| here.set(was_here));
+        Ok((!flat.is_empty()).then(|| ruby.ary_from_vec(flat)))
+    })
+}
+
+/// Takes the samples waiting in the signal slots and gives them to the handler's
+/// `signal_samples`. With the GVL, in a job; `job_cpu_ns` is the calling thread's CPU clock
+/// when its job started.
+fn hand_over_signal_samples(job_cpu_ns: i64) {
+    let own = own_tid();
+    let flat = take_signal_samples(own);
+    if flat.is_empty() {
+        return;
+    }
+    signal_sampler::COUNTERS.jobs.fetch_add(1, Ordering::Relaxed);
+    let Ok(ruby) = Ruby::get() else { return };
+    let now_ns = trigger::monotonic_ns();
+    let passed = call_handler(|handler| {
+        let samples = ruby.ary_from_vec(flat);
+        handler.funcall::<_, _, bool>(
+            LazyId::get_inner_with(&SIGNAL_SAMPLES, &ruby),
+            (samples, job_cpu_ns, now_ns),
+        )
+    });
+    // The handler made the wall pass that was due: it counts as the trigger's job, which the
+    // next tick then leaves out (`trigger::SIGNAL_PASS_NS`).
+    if passed == Some(true) {
+        trigger::SIGNAL_PASS_NS.store(now_ns, Ordering::Relaxed);
+        trigger::PASS_NS.store(now_ns, Ordering::Relaxed);
+        trigger::LAST_JOB_TID.store(own, Ordering::Relaxed);
+        JOBS.fetch_add(1, Ordering::Relaxed);
+    }
+}
