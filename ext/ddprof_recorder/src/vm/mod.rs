@@ -4,6 +4,7 @@
 //! control frames, and [`postponed`] asks Ruby to run a postponed job.
 
 pub mod frames;
+pub mod gvl_cell;
 pub mod postponed;
 
 use std::cell::UnsafeCell;
