@@ -57,10 +57,8 @@
 //!
 //! # The duty cycle
 //!
-//! With one (`duty_cycle`), the hook is on for random slots of time only: the duty cycle's
-//! job turns it on and off through [`see`], which also sets what a sample weighs, and the
-//! start's calibration (`hook_cost`) through [`count_only`]; both read what the hook and the
-//! job cost from [`SEEN`] and [`JOB_NS`].
+//! `duty_cycle` turns the hook on and off through [`see`] (which sets what a sample weighs),
+//! `hook_cost` calibrates it through [`count_only`]; both read [`SEEN`] and [`JOB_NS`].
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -72,9 +70,7 @@ use magnus::{
     RModule, RString, Ruby, Value,
 };
 
-use crate::memory::duty_cycle;
-use crate::memory::internal_hook::InternalHook;
-use crate::memory::pending::{self, Sample, Taken};
+use crate::memory::{duty_cycle, internal_hook::InternalHook, pending, pending::Sample};
 use crate::sampling::trigger::Jitter;
 use crate::vm::gvl_cell::GvlCell;
 
@@ -134,8 +130,7 @@ static RUN: AtomicU64 = AtomicU64::new(0);
 /// put it on; 1 without a duty cycle): a sample of `step` seen allocations stands for `step *
 /// every` (`duty_cycle`).
 static SEEN_EVERY: AtomicU64 = AtomicU64::new(1);
-/// Allocations the hook saw (counted by the hook, with the GVL), and that count when sampling
-/// last started.
+/// Allocations the hook saw (with the GVL), and that count at the latest start.
 pub static SEEN: AtomicU64 = AtomicU64::new(0);
 static SEEN_AT_START: AtomicU64 = AtomicU64::new(0);
 /// CPU nanoseconds spent in the job (the samples' cost, paid only while the hook is on).
@@ -186,8 +181,8 @@ fn stop() {
     HANDLER.store(rb_sys::Qnil as usize, Ordering::Release);
 }
 
-/// Whether sampling is on, in the process that started it (a forked child inherits the
-/// enabled hook, and does nothing with it until it starts sampling itself).
+/// Whether sampling is on, in the process that started it (not in a forked child, until it
+/// starts sampling itself: it inherits the enabled hook).
 pub fn live() -> bool {
     ENABLED.load(Ordering::Acquire)
         && GENERATION.load(Ordering::Acquire) == crate::recorder::stack_recorder::fork_generation()
@@ -197,10 +192,10 @@ pub fn live() -> bool {
 /// samples one allocation in about every `interval` the hook sees and calls
 /// `handler.call(thread, class_name, weight, key)` for each, from a postponed job on the
 /// allocating thread; with `heap`, also tracks the sampled objects until the GC frees them
-/// (see `heap`).
-/// With `overhead` under 1 and `interval` over 1, the hook is on only part of the time, to
-/// cost about `overhead` of the program's time (`duty_cycle`), and `calibration.call` (Ruby
-/// code that allocates) first measures what the hook costs; else it is always on.
+/// (see `heap`). With `overhead` under 1 and `interval` over 1, the hook is on only part of
+/// the time, to cost about `overhead` of the program's time (`duty_cycle`), and
+/// `calibration.call` (Ruby code that allocates) first measures what the hook costs
+/// (`hook_cost`); else it is always on.
 fn native_start(
     ruby: &Ruby,
     interval: Value,
@@ -390,8 +385,7 @@ fn newobj(tracepoint: rb_sys::VALUE) {
     let klass = if flags & T_MASK <= T_SYMBOL { klass } else { 0 };
     // SAFETY: GVL held; returns the current thread's object, no allocation.
     let thread = unsafe { rb_sys::rb_thread_current() };
-    let object = if heap { object } else { 0 };
-    let sample = Sample { thread, klass, object, weight };
+    let sample = Sample { thread, klass, object: if heap { object } else { 0 }, weight };
     let read = |frames: &mut [rb_sys::VALUE], lines: &mut [i32]| {
         // SAFETY: GVL held; does not allocate (reads as `rb_profile_frames` does).
         unsafe { crate::sampling::stack_capture::read_current(frames, lines) }
@@ -452,7 +446,7 @@ fn run_job() {
 
 /// Names the stack (under `key`) and the class, and hands the sample, taken in `run`, to the
 /// handler (and the heap tracker).
-fn record(ruby: &Ruby, taken: &Taken, run: u64, key: i64) {
+fn record(ruby: &Ruby, taken: &pending::Taken, run: u64, key: i64) {
     // SAFETY: GVL held; the frames are still marked (held by `pending` until `done`).
     let depth = unsafe {
         crate::sampling::stack_capture::store_read_frames(key, &taken.frames, &taken.lines)

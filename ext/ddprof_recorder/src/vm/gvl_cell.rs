@@ -27,9 +27,9 @@
 //! - **Ractors.** A GC on another Ractor's thread (which holds that Ractor's GVL) first stops
 //!   every other running Ractor where it checks interrupts or takes the VM lock (`gc_enter`
 //!   calls `rb_vm_barrier`, Ruby 3.1 `gc.c`); a closure does neither, so the main Ractor is
-//!   never inside one then. Our hooks fire on the main Ractor's threads only (each Ractor has
-//!   its own hook list, `rb_ec_ractor_hooks`, Ruby 3.1 `vm_core.h`), and the memory hooks stop
-//!   before the first Ractor starts (docs/profiler.md, "Ractors").
+//!   never inside one then. Our hooks go to the enabling Ractor's hook list
+//!   (`connect_event_hook`, `rb_ec_ractor_hooks`, Ruby 3.1 `vm_trace.c`), and the allocation
+//!   and heap hooks stop before the first Ractor starts (docs/profiler.md, "Ractors").
 //!
 //! # If it were found in use anyway
 //!
