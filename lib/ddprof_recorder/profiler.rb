@@ -96,7 +96,7 @@ module DdprofRecorder
     DEFAULT_ALLOCATION_OVERHEAD = 1.0
     # Ruby code that makes 10,000 objects of the usual kinds: what the allocation hook's cost
     # is measured on, with the hook off and on, when allocation sampling starts with a duty
-    # cycle (ext/ddprof_recorder/src/memory/allocations.rs, `calibrate`).
+    # cycle (ext/ddprof_recorder/src/memory/hook_cost.rs, `calibrate`).
     # Each object is garbage at once: keeping them would grow the heap, and change how often
     # the program's GC runs (measured: 115 heap pages against 76, and half the GCs).
     ALLOCATION_CALIBRATION = lambda do

@@ -6,9 +6,9 @@
 //!
 //! On Ruby 3.1 an enabled NEWOBJ hook, whatever it does, sends every allocation through
 //! `newobj_of`'s slow path (`gc.c`: `newobj_slowpath` takes the VM lock, and
-//! `gc_event_hook_prep` dispatches the event through `rb_exec_event_hooks`). Measured here,
-//! about 40 ns an object: a loop that does nothing but allocate runs 46% slower, whatever the
-//! sampling interval. Sampling fewer allocations does not help; seeing fewer of them does.
+//! `gc_event_hook_prep` dispatches the event through `rb_exec_event_hooks`): a loop that does
+//! nothing but allocate runs 46% slower, whatever the sampling interval (bench/RESULTS.md,
+//! "Allocation sampling"). Sampling fewer allocations does not help; seeing fewer of them does.
 //!
 //! # The schedule
 //!
@@ -28,24 +28,24 @@
 //!   the allocation jobs: it covers one slot of the program as it would run without the hook.
 //!   The block is lengthened the same way by all the hook cost in it, also after the on-slot
 //!   (a C method that allocates without an interrupt check keeps the hook on until it
-//!   returns). What the hook costs an allocation is measured when sampling starts
-//!   (`allocations::calibrate`), then from the program itself ([`Ledger`]).
-//!   The edges' timing matters as much: see [`run`].
+//!   returns). What the hook costs an allocation is measured when sampling starts, then on
+//!   the program itself (`hook_cost`). The edges' timing matters as much: see [`run`].
 //! - **The hook is switched by a postponed job**, at the next interrupt check of the thread
 //!   holding the GVL, not at the slot's edge. The hook's state at any moment is then that of
 //!   the slot in which the last interrupt check fell: a moment the program picks, but a draw
-//!   it cannot see, so still on with probability `1 / every`. The job copies the `every` of
-//!   that draw with it ([`DESIRED`] holds it), and samples take their weight from it.
+//!   it cannot see, so still on with probability `1 / every`. The job ([`job`]) copies the
+//!   `every` of that draw with it ([`DESIRED`] holds it), and samples take their weight from
+//!   it (`allocations::see`).
 //!
 //! # How many slots a block has
 //!
 //! `every = ceil(overhead / target)`, within 1..=[`MAX_EVERY`], where `overhead` is what the
 //! hook cost in a block against the CPU the program used in it (less that cost), times
 //! `every` (the slowdown while on, less 1; at most [`MAX_OVERHEAD`], smoothed over the
-//! blocks). It is set before
-//! each block is drawn, from the blocks before it, so each slot's probability is known when it
-//! is drawn: that keeps the estimate unbiased. A program that allocates little gets `every = 1`: the
-//! hook stays on and sees every allocation, as without the duty cycle.
+//! blocks). It is set before each block is drawn, from the blocks before it, so each slot's
+//! probability is known when it is drawn: that keeps the estimate unbiased. A program that
+//! allocates little gets `every = 1`: the hook stays on and sees every allocation, as without
+//! the duty cycle.
 //!
 //! # Calling Ruby from this thread
 //!
@@ -53,23 +53,25 @@
 //! state must change: sound from a thread Ruby does not know since Ruby 3.1, and registered
 //! with the bug #19991 decoy data, both as for the trigger (see `trigger`'s module doc).
 use std::ffi::c_void;
+use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use magnus::{rb_sys::AsRawValue, value::LazyId, Error, RHash, Ruby};
+
+use crate::memory::{allocations, hook_cost};
 use crate::sampling::native_thread::NativeThread;
 use crate::sampling::random::Jitter;
 
 /// The length of a slot, in the program's time. Each on-slot costs more than its hook's
-/// allocations: with 1 ms slots `JSON.parse`/`JSON.generate` ran 3.6% slower at a 2% target
-/// (about 200 µs a block beyond what the ledger counts), with 4 ms 1.2%, with 2 ms 2.3%;
-/// longer slots are fewer, and the estimate wanders more (with 4 ms, one run of
-/// bench/allocations.rb's String loop in seven counted 36% too many). Measured with
-/// `bench/allocations.rb --kinds cpu,default`.
+/// allocations (a cost `hook_cost`'s ledger does not see), so shorter slots cost more; longer
+/// ones are fewer, and the estimate wanders more. 2 ms is the shortest whose cost stayed near
+/// the target (bench/RESULTS.md, "Allocation sampling": 1, 2 and 4 ms).
 pub const SLOT: Duration = Duration::from_millis(2);
 /// The most slots in a block: at least one slot in this many is seen (a block of 128 ms).
-/// Enough for the target: the most the hook slowed a program while on, as measured, is 46%
-/// (an allocation-only loop), which needs `every` 23 at 2%. Longer blocks are fewer, and each
-/// on-slot stands for more of the program.
+/// Enough for the target: the most the hook was measured to slow a program while on, 46% (an
+/// allocation-only loop, bench/RESULTS.md), needs `every` 23 at 2%. Longer blocks are fewer,
+/// and each on-slot stands for more of the program.
 pub const MAX_EVERY: u64 = 64;
 /// The most a block's measure may say the hook slows the program while on (its slowdown,
 /// less 1): a GC that runs inside an allocation job counts as that job's time, though it would
@@ -80,19 +82,18 @@ const MAX_OVERHEAD: f64 = 2.0;
 const SMOOTHING: f64 = 0.2;
 /// The most the hook's cost may lengthen an on-slot: [`MAX_OVERHEAD`] slots, the slowdown it
 /// stands for. Each wake-up lengthens the slot by what the hook cost since the last, so a cost
-/// that grows as fast as the clock never lets it end: a calibration of 228 ns an allocation
-/// (CI, Ruby 3.4.5, a loaded machine) against a loop that allocates every 200 ns or so kept
-/// the hook on for the whole run (`hook_on_share` 0.0: no on-slot ever ended). A block may be
-/// lengthened by twice this: its on-slot's, and a C method's that keeps the hook on after it.
+/// that grows as fast as the clock would never let it end (a high calibration on a loaded CI
+/// machine against a loop that allocates as fast: the hook stayed on for the whole run,
+/// bench/RESULTS.md). A block may be lengthened by twice this: its on-slot's, and a C
+/// method's that keeps the hook on after it.
 const MAX_LENGTHENING: Duration = Duration::from_millis(2 * MAX_OVERHEAD as u64);
 
 /// What the hook should be: 0 for off, else the `every` of the block whose slot put it on.
 /// Written by the thread, read by the job.
-pub static DESIRED: AtomicU64 = AtomicU64::new(0);
-/// Allocations the hook saw (counted by the hook, with the GVL).
-pub static SEEN: AtomicU64 = AtomicU64::new(0);
-/// CPU nanoseconds spent in the allocation jobs (the samples' cost, paid only while on).
-pub static JOB_NS: AtomicU64 = AtomicU64::new(0);
+static DESIRED: AtomicU64 = AtomicU64::new(0);
+/// Whether the latest start has a duty cycle, and what its calibration found (`f64` bits).
+static IN_USE: AtomicBool = AtomicBool::new(false);
+static CALIBRATED_NS: AtomicU64 = AtomicU64::new(0);
 /// For stats: the thread's time with the hook wanted on (added at each on-slot's end), when it
 /// started and ended (the monotonic clock; 0: still running), and the latest `every`.
 static ON_NS: AtomicU64 = AtomicU64::new(0);
@@ -102,115 +103,37 @@ static EVERY: AtomicU64 = AtomicU64::new(1);
 
 static THREAD: NativeThread = NativeThread::new();
 
-/// What the job saw at each switch, summed by the hook's state before it: the program's CPU
-/// time ([`program_cpu_ns`]; not the clock: on a busy machine the time the Ruby thread is switched out would
-/// count, at random, for the hook or against it; with a build running on both cores the count
-/// came out 23% high), allocations
-/// (Ruby's `total_allocated_objects`) and, while on, time in the allocation jobs. The on and
-/// off periods are placed at random, so on average they hold the same mix of the program:
-/// their times per allocation differ by what the hook costs one,
-/// `(on_ns - on_job_ns) / on_allocs - off_ns / off_allocs`. That is what the program's own
-/// allocations cost with the hook, where the start's calibration measured Ruby code of its
-/// own (about 35 ns an allocation here, 10 to 70 from run to run, against 39 for a loop of
-/// Strings and 63 to 73 for `JSON.parse`/`generate`). Written by the job (GVL held), read by
-/// the thread.
-struct Ledger {
-    at_ns: AtomicU64,
-    allocs: AtomicU64,
-    job_ns: AtomicU64,
-    on_ns: AtomicU64,
-    on_allocs: AtomicU64,
-    on_job_ns: AtomicU64,
-    off_ns: AtomicU64,
-    off_allocs: AtomicU64,
-    /// The on periods' allocations, each times its `every`: what the duty cycle estimates
-    /// the program allocated in all (for stats: it has no sampling noise).
-    weighed: AtomicU64,
+/// Makes the job ready to be triggered. Once, at load, with the GVL.
+pub fn init() {
+    crate::vm::postponed::prepare(job);
 }
 
-static LEDGER: Ledger = Ledger {
-    at_ns: AtomicU64::new(0),
-    allocs: AtomicU64::new(0),
-    job_ns: AtomicU64::new(0),
-    on_ns: AtomicU64::new(0),
-    on_allocs: AtomicU64::new(0),
-    on_job_ns: AtomicU64::new(0),
-    off_ns: AtomicU64::new(0),
-    off_allocs: AtomicU64::new(0),
-    weighed: AtomicU64::new(0),
-};
-
-/// Allocations each side needs before the ledger's cost is used instead of the calibration's.
-const LEDGER_MIN_ALLOCS: u64 = 50_000;
-
-/// A switch of the hook, from the job: `was_on` is the state it ends (seen under `every`),
-/// `at_ns` the program's CPU clock ([`program_cpu_ns`]) and `allocs` Ruby's allocation count
-/// now.
-pub fn switched(was_on: bool, every: u64, at_ns: u64, allocs: u64) {
-    let job_ns = JOB_NS.load(Ordering::Relaxed);
-    let ledger = &LEDGER;
-    let span = at_ns.saturating_sub(ledger.at_ns.swap(at_ns, Ordering::Relaxed));
-    let made = allocs.saturating_sub(ledger.allocs.swap(allocs, Ordering::Relaxed));
-    let jobs = job_ns.saturating_sub(ledger.job_ns.swap(job_ns, Ordering::Relaxed));
-    if was_on {
-        ledger.on_ns.fetch_add(span, Ordering::Relaxed);
-        ledger.on_allocs.fetch_add(made, Ordering::Relaxed);
-        ledger.on_job_ns.fetch_add(jobs, Ordering::Relaxed);
-        ledger.weighed.fetch_add(made.saturating_mul(every), Ordering::Relaxed);
-    } else {
-        ledger.off_ns.fetch_add(span, Ordering::Relaxed);
-        ledger.off_allocs.fetch_add(made, Ordering::Relaxed);
-    }
-}
-
-/// What the hook costs an allocation: the ledger's measure once it has enough on both sides,
-/// kept within a quarter and four times the calibration's; else the calibration's.
-fn hook_cost_ns(calibrated: f64) -> f64 {
-    let ledger = &LEDGER;
-    let on_allocs = ledger.on_allocs.load(Ordering::Relaxed);
-    let off_allocs = ledger.off_allocs.load(Ordering::Relaxed);
-    if on_allocs < LEDGER_MIN_ALLOCS || off_allocs < LEDGER_MIN_ALLOCS {
-        return calibrated;
-    }
-    let on = ledger.on_ns.load(Ordering::Relaxed) as f64
-        - ledger.on_job_ns.load(Ordering::Relaxed) as f64;
-    let off = ledger.off_ns.load(Ordering::Relaxed) as f64;
-    let measured = on / on_allocs as f64 - off / off_allocs as f64;
-    measured.clamp(calibrated / 4.0, calibrated * 4.0)
-}
-
+/// A run's duty cycle.
 pub struct Setup {
     /// The share of the program's time the hook may cost, in (0, 1).
     pub target: f64,
-    /// What the hook costs an allocation, as calibrated at start.
+    /// What the hook costs an allocation, as calibrated at start (`hook_cost::calibrate`).
     pub hook_cost_ns: f64,
-    /// The job that applies [`DESIRED`] (with the GVL).
-    pub job: unsafe extern "C" fn(*mut c_void),
 }
 
-/// Starts the duty cycle: the hook is wanted on at once (`every = 1` until the first on-slot
-/// is measured). `at_ns` and `allocs` are the program's CPU clock ([`program_cpu_ns`]) and
-/// Ruby's allocation count now.
-pub fn start(setup: Setup, at_ns: u64, allocs: u64) -> std::io::Result<()> {
-    let ledger = &LEDGER;
-    for counter in [
-        &ON_NS,
-        &ENDED_NS,
-        &ledger.on_ns,
-        &ledger.on_allocs,
-        &ledger.on_job_ns,
-        &ledger.off_ns,
-        &ledger.off_allocs,
-        &ledger.weighed,
-    ] {
+/// Starts a run's duty cycle, called last by the start of allocation sampling, with the GVL
+/// (the hook is on): with a setup, the hook is wanted on at once (`every = 1` until the first
+/// on-slot is measured) and the thread starts; without one, the run has none and the hook
+/// stays on.
+pub fn start(setup: Option<Setup>) -> std::io::Result<()> {
+    // On, seeing everything, until the thread says otherwise (a job queued by an earlier run
+    // then finds nothing to change).
+    DESIRED.store(1, Ordering::Release);
+    let calibrated = setup.as_ref().map_or(0.0, |setup| setup.hook_cost_ns);
+    CALIBRATED_NS.store(calibrated.to_bits(), Ordering::Relaxed);
+    IN_USE.store(setup.is_some(), Ordering::Release);
+    let Some(setup) = setup else { return Ok(()) };
+    hook_cost::start(program_cpu_ns(), total_allocated());
+    for counter in [&ON_NS, &ENDED_NS] {
         counter.store(0, Ordering::Relaxed);
     }
-    ledger.at_ns.store(at_ns, Ordering::Relaxed);
-    ledger.allocs.store(allocs, Ordering::Relaxed);
     BEGUN_NS.store(monotonic_ns(), Ordering::Relaxed);
-    ledger.job_ns.store(JOB_NS.load(Ordering::Relaxed), Ordering::Relaxed);
     EVERY.store(1, Ordering::Relaxed);
-    DESIRED.store(1, Ordering::Release);
     THREAD.start("ddprof-allocwin", move |stop| run(&setup, stop))
 }
 
@@ -218,20 +141,61 @@ pub fn stop() {
     THREAD.stop();
 }
 
-/// For stats.
-pub struct Stats {
-    /// The share of time the hook was wanted on.
-    pub on_share: f64,
-    /// The latest `every`.
-    pub every: u64,
-    /// What the hook costs an allocation, as used now.
-    pub hook_cost_ns: f64,
-    /// The allocations made while the hook was on, each times its `every` (up to the latest
-    /// switch).
-    pub weighed: u64,
+/// The job: turns the hook on or off as the thread wants ([`DESIRED`]), with the `every` of
+/// the block that put it on, and tells `hook_cost`'s ledger what the state it ends saw. Never
+/// unwinds.
+unsafe extern "C" fn job(_data: *mut c_void) {
+    let _ = catch_unwind(|| {
+        // A job queued by a run that has stopped may run in the next one: it must not turn
+        // off the hook of a run without a duty cycle.
+        if !IN_USE.load(Ordering::Acquire) || !allocations::live() {
+            return;
+        }
+        let (on, every) = allocations::seen();
+        hook_cost::switched(on, every, program_cpu_ns(), total_allocated());
+        allocations::see(DESIRED.load(Ordering::Acquire));
+    });
 }
 
-pub fn stats(calibrated: f64) -> Stats {
+/// Ruby's count of the objects allocated so far (`GC.stat(:total_allocated_objects)`), GVL
+/// held.
+fn total_allocated() -> u64 {
+    static KEY: LazyId = LazyId::new("total_allocated_objects");
+    let Ok(ruby) = Ruby::get() else { return 0 };
+    let key =
+        magnus::symbol::IntoSymbol::into_symbol_with(LazyId::get_inner_with(&KEY, &ruby), &ruby);
+    // SAFETY: GVL held; with a Symbol key `rb_gc_stat` only reads the counter (Ruby 3.1
+    // `gc.c`, `gc_stat_internal`): no allocation, no raise for a key it knows.
+    unsafe { rb_sys::rb_gc_stat(key.as_raw()) as u64 }
+}
+
+/// Adds the duty cycle's part of `Profiler._native_allocations_stats` to `hash`: the
+/// calibrated cost, and for a run with a duty cycle what it did.
+pub fn add_stats(ruby: &Ruby, hash: RHash) -> Result<(), Error> {
+    let calibrated = f64::from_bits(CALIBRATED_NS.load(Ordering::Relaxed));
+    let duty = IN_USE.load(Ordering::Relaxed).then(|| stats(calibrated));
+    hash.aset(ruby.to_symbol("hook_cost_calibrated_ns"), calibrated)?;
+    hash.aset(ruby.to_symbol("hook_cost_ns"), duty.as_ref().map_or(0.0, |d| d.hook_cost_ns))?;
+    hash.aset(ruby.to_symbol("hook_on_share"), duty.as_ref().map_or(1.0, |d| d.on_share))?;
+    hash.aset(ruby.to_symbol("seen_every"), duty.as_ref().map_or(1, |d| d.every))?;
+    hash.aset(ruby.to_symbol("weighed_allocations"), duty.as_ref().map(|d| d.weighed))?;
+    Ok(())
+}
+
+/// For stats.
+struct Stats {
+    /// The share of time the hook was wanted on.
+    on_share: f64,
+    /// The latest `every`.
+    every: u64,
+    /// What the hook costs an allocation, as used now.
+    hook_cost_ns: f64,
+    /// The allocations made while the hook was on, each times its `every` (up to the latest
+    /// switch).
+    weighed: u64,
+}
+
+fn stats(calibrated: f64) -> Stats {
     let ended = match ENDED_NS.load(Ordering::Relaxed) {
         0 => monotonic_ns(),
         ended => ended,
@@ -241,8 +205,8 @@ pub fn stats(calibrated: f64) -> Stats {
     Stats {
         on_share: if all == 0 { 1.0 } else { on as f64 / all as f64 },
         every: EVERY.load(Ordering::Relaxed),
-        hook_cost_ns: hook_cost_ns(calibrated),
-        weighed: LEDGER.weighed.load(Ordering::Relaxed),
+        hook_cost_ns: hook_cost::per_alloc_ns(calibrated),
+        weighed: hook_cost::weighed(),
     }
 }
 
@@ -254,8 +218,8 @@ fn every_for(target: f64, overhead: f64) -> u64 {
     ((overhead / target).ceil() as u64).clamp(1, MAX_EVERY)
 }
 
-/// Sets what the hook should be, and has a job apply it if that changed.
-fn want(word: u64, job: unsafe extern "C" fn(*mut c_void)) {
+/// Sets what the hook should be, and has the job apply it if that changed.
+fn want(word: u64) {
     if DESIRED.swap(word, Ordering::AcqRel) != word {
         crate::vm::postponed::trigger(job);
     }
@@ -277,9 +241,9 @@ fn sleep_until(deadline: Instant, stop: &AtomicBool) -> bool {
 
 /// The CPU the process used, less this thread's, in nanoseconds: the program's CPU (with the
 /// sampling trigger's and the Ruby sampler thread's, spread evenly over on and off periods).
-/// This thread's own wake-ups fall mostly in the on-slots; counted, they made the hook look 5
-/// ns an allocation dearer, and the count 6% high.
-pub fn program_cpu_ns() -> u64 {
+/// This thread's own wake-ups fall mostly in the on-slots: counted, they made the hook look
+/// dearer and the count high (bench/RESULTS.md).
+fn program_cpu_ns() -> u64 {
     let process =
         crate::sampling::thread_cpu::clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0);
     let own = match THREAD_TID.load(Ordering::Acquire) {
@@ -294,7 +258,7 @@ static THREAD_TID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::
 
 /// The hook's counters now: allocations seen, and nanoseconds of allocation jobs.
 fn counters() -> (u64, u64) {
-    (SEEN.load(Ordering::Relaxed), JOB_NS.load(Ordering::Relaxed))
+    (allocations::SEEN.load(Ordering::Relaxed), allocations::JOB_NS.load(Ordering::Relaxed))
 }
 
 /// What the hook has cost since the counters were `from`, in nanoseconds.
@@ -338,14 +302,8 @@ fn sleep_lengthened(
 /// what the hook costs meanwhile (module doc), timed from when this thread turned it on and
 /// ended early by how late it usually wakes (`late_ns`, updated), so that the hook is on
 /// for that long on average. None once stopped.
-fn on_slot(
-    setup: &Setup,
-    every: u64,
-    per_alloc_ns: f64,
-    late_ns: &mut f64,
-    stop: &AtomicBool,
-) -> Option<()> {
-    want(every, setup.job);
+fn on_slot(every: u64, per_alloc_ns: f64, late_ns: &mut f64, stop: &AtomicBool) -> Option<()> {
+    want(every);
     let start = Instant::now();
     let early = Duration::from_nanos(late_ns.max(0.0) as u64);
     let from = counters();
@@ -362,10 +320,10 @@ fn on_slot(
 /// is where the last one ended (an absolute deadline: a late wake-up shortens what follows
 /// instead of lengthening the block). The on-slot is timed from this thread's actual wake-up
 /// instead, and ends early by the usual lateness of its end: this thread wakes later after a
-/// long sleep than after a short one (measured here: about 100 µs against 55), so on absolute
-/// deadlines the hook was on 7% less than meant (`alloc-count` 9% low), and on deadlines from
-/// each wake-up 5% more (4% high). What the hook cost in the block, against the CPU the program
-/// used in it, times `every`, is its cost while on: what sizes the next blocks.
+/// long sleep than after a short one, so on absolute deadlines the hook was on less than
+/// meant, and on deadlines from each wake-up more (docs/profiler.md, "The duty cycle"). What
+/// the hook cost in the block, against the CPU the program used in it, times `every`, is its
+/// cost while on: what sizes the next blocks.
 fn run(setup: &Setup, stop: &AtomicBool) {
     // SAFETY: gettid has no preconditions and cannot fail.
     THREAD_TID.store(unsafe { libc::gettid() }, Ordering::Release);
@@ -387,23 +345,23 @@ fn run_blocks(setup: &Setup, stop: &AtomicBool) {
     loop {
         let from = counters();
         let cpu_from = program_cpu_ns();
-        let per_alloc_ns = hook_cost_ns(setup.hook_cost_ns);
+        let per_alloc_ns = hook_cost::per_alloc_ns(setup.hook_cost_ns);
         // Drawn before the block: the one slot of `every` that is on.
         let on_at = ((rng.unit() * every as f64) as u64).min(every - 1);
         if on_at > 0 {
-            want(0, setup.job);
+            want(0);
             if !sleep_until(block + SLOT * on_at as u32, stop) {
                 return;
             }
         }
-        if on_slot(setup, every, per_alloc_ns, &mut late_ns, stop).is_none() {
+        if on_slot(every, per_alloc_ns, &mut late_ns, stop).is_none() {
             return;
         }
         // Off for the rest of the block, even when the on-slot was its last: the block is then
         // lengthened by what the hook cost, and the hook must not keep costing meanwhile.
         // Only a block of one slot (the hook always on) has no rest.
         if every > 1 {
-            want(0, setup.job);
+            want(0);
         }
         let nominal = SLOT * every as u32;
         let cost = if every > 1 {

@@ -28,12 +28,13 @@
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, Once};
+use std::sync::Once;
 
 use magnus::{function, prelude::*, Error, RArray, RModule, Ruby};
 
 use crate::memory::internal_hook::InternalHook;
 use crate::sampling::thread_cpu::own_cpu_ns;
+use crate::vm::gvl_cell::GvlCell;
 
 /// Threads whose GC time can wait to be taken at once; past it, GC time is counted in `lost`.
 const MAX_THREADS: usize = 64;
@@ -66,16 +67,20 @@ struct GcState {
     last_wall: i64,
 }
 
-static STATE: Mutex<GcState> = Mutex::new(GcState {
-    threads: [EMPTY; MAX_THREADS],
-    phase: Phase::None,
-    major: false,
-    inside: false,
-    counted: false,
-    tid: 0,
-    last_cpu: 0,
-    last_wall: 0,
-});
+/// A GVL cell (`vm::gvl_cell`): the hook never finds it in use, so no event is missed.
+static STATE: GvlCell<GcState> = GvlCell::new(
+    "the GC time table",
+    GcState {
+        threads: [EMPTY; MAX_THREADS],
+        phase: Phase::None,
+        major: false,
+        inside: false,
+        counted: false,
+        tid: 0,
+        last_cpu: 0,
+        last_wall: 0,
+    },
+);
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static HOOK: InternalHook = InternalHook::new(
     rb_sys::RUBY_INTERNAL_EVENT_GC_ENTER
@@ -92,10 +97,6 @@ static LOST_NS: AtomicU64 = AtomicU64::new(0);
 /// Whether the GC's time is being measured (`gc: true`).
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Acquire)
-}
-
-fn state() -> MutexGuard<'static, GcState> {
-    STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
@@ -126,11 +127,10 @@ fn stop() {
 fn native_start(ruby: &Ruby) -> Result<(), Error> {
     crate::recorder::errors::entry(ruby, || {
         stop();
-        {
-            let mut state = state();
+        STATE.with(|state| {
             state.threads = [EMPTY; MAX_THREADS];
             state.inside = false;
-        }
+        });
         LOST_NS.store(0, Ordering::Relaxed);
         // SAFETY: GVL held, outside the GC: interns a static Symbol (immediate, never freed),
         // and makes `rb_gc_latest_gc_info` set up its own Symbols (see the module doc).
@@ -157,14 +157,12 @@ fn native_stop(ruby: &Ruby) -> Result<(), Error> {
 /// Integers), or nil if none; then forgets it.
 fn native_take(ruby: &Ruby, tid: i32) -> Result<Option<RArray>, Error> {
     crate::recorder::errors::entry(ruby, || {
-        let mut state = state();
-        let Some(entry) = state.threads.iter_mut().find(|t| t.tid == tid && tid != 0) else {
-            return Ok(None);
-        };
-        let times = entry.times;
-        *entry = EMPTY;
-        drop(state);
-        // Made after the lock is released: an allocation may run a GC, whose hook takes it.
+        let taken = STATE.with(|state| {
+            let entry = state.threads.iter_mut().find(|t| t.tid == tid && tid != 0)?;
+            Some(std::mem::replace(entry, EMPTY).times)
+        });
+        let Some(times) = taken else { return Ok(None) };
+        // Made out of the cell: an allocation may run a GC, whose hook reads it.
         let flat = ruby.ary_new_capa(8);
         for [cpu, wall] in times {
             flat.push(cpu)?;
@@ -193,7 +191,10 @@ unsafe extern "C" fn on_gc_event(tracepoint: rb_sys::VALUE, _data: *mut c_void) 
 }
 
 fn gc_event(event: rb_sys::rb_event_flag_t) {
-    let Ok(mut state) = STATE.try_lock() else { return };
+    STATE.with(|state| on_event(state, event));
+}
+
+fn on_event(state: &mut GcState, event: rb_sys::rb_event_flag_t) {
     let (cpu, wall) = (own_cpu_ns(), crate::sampling::trigger::monotonic_ns());
     if event == rb_sys::RUBY_INTERNAL_EVENT_GC_ENTER {
         state.inside = true;
@@ -213,7 +214,7 @@ fn gc_event(event: rb_sys::rb_event_flag_t) {
     // The phase the time since the previous event belongs to.
     let phase = if state.phase == Phase::Marking { Phase::Marking } else { Phase::Sweeping };
     if state.inside {
-        charge(&mut state, phase, cpu, wall);
+        charge(state, phase, cpu, wall);
     }
     if event == rb_sys::RUBY_INTERNAL_EVENT_GC_END_MARK {
         state.phase = Phase::Sweeping;

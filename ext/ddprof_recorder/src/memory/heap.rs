@@ -15,21 +15,20 @@
 //! What it costs is bounded: at most [`MAX_TRACKED`] objects are tracked (later samples are
 //! counted in `heap_skipped` instead), their stacks shared between objects; a report reads
 //! `rb_obj_memsize_of` of each tracked object (which only reads the object) once per window.
-//! Only used with the GVL held; the lock is never held across an allocation.
+//! The tracked objects are a GVL cell (`vm::gvl_cell`), so the FREEOBJ hook and the compaction
+//! callback always find them.
 use std::collections::HashSet;
 use std::ffi::c_void;
 use std::hash::BuildHasherDefault;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Once};
+use std::sync::{Arc, Once};
 
-use magnus::{
-    function, gc, prelude::*, DataTypeFunctions, Error, RArray, RHash, RModule, RString, Ruby,
-    TypedData,
-};
+use magnus::{function, prelude::*, Error, RArray, RHash, RModule, RString, Ruby};
 use rustc_hash::{FxHashMap, FxHasher};
 
 use crate::memory::internal_hook::InternalHook;
+use crate::vm::gvl_cell::{GcRoot, GvlCell};
 
 /// Most objects tracked at once. A tracked object costs about 64 bytes here (plus its stack,
 /// shared with the others of that stack), and one `rb_obj_memsize_of` per report.
@@ -58,27 +57,25 @@ struct Heap {
     classes: HashSet<Arc<str>, BuildHasherDefault<FxHasher>>,
 }
 
-static HEAP: Mutex<Option<Heap>> = Mutex::new(None);
+/// None whenever tracking is off ([`ENABLED`]): made before it goes on, dropped before it
+/// goes off.
+static HEAP: GvlCell<Option<Heap>> = GvlCell::new("the tracked heap", None);
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static HOOK: InternalHook = InternalHook::new(rb_sys::RUBY_INTERNAL_EVENT_FREEOBJ, on_freeobj);
 static TRACKED: AtomicU64 = AtomicU64::new(0);
 static FREED: AtomicU64 = AtomicU64::new(0);
 static SKIPPED: AtomicU64 = AtomicU64::new(0);
 
-fn heap() -> MutexGuard<'static, Option<Heap>> {
-    HEAP.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Rewrites the tracked addresses after `GC.compact` moved objects.
-#[derive(TypedData)]
-#[magnus(class = "DdprofRecorder::Profiler::HeapRoot", compact, free_immediately)]
-struct HeapRoot;
-
-impl DataTypeFunctions for HeapRoot {
-    fn compact(&self, _compactor: &gc::Compactor) {
-        // Never contended: the lock is never held across an allocation (module doc).
-        let Ok(mut guard) = HEAP.try_lock() else { return };
-        let Some(heap) = guard.as_mut() else { return };
+/// Rewrites the tracked addresses after `GC.compact` moved objects: the compaction callback
+/// of the heap's GC root.
+fn compact() {
+    // Tracking off: nothing is tracked, and the cell need not be touched (after a Ractor
+    // started, docs/profiler.md "Ractors", a GC may run on a thread of another Ractor).
+    if !ENABLED.load(Ordering::Acquire) {
+        return;
+    }
+    HEAP.with(|heap| {
+        let Some(heap) = heap else { return };
         let objects = std::mem::take(&mut heap.objects);
         heap.objects = objects
             .into_iter()
@@ -88,7 +85,7 @@ impl DataTypeFunctions for HeapRoot {
                 (unsafe { rb_sys::rb_gc_location(address as rb_sys::VALUE) } as usize, tracked)
             })
             .collect();
-    }
+    });
 }
 
 extern "C" {
@@ -100,10 +97,8 @@ extern "C" {
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| HOOK.register());
+    GcRoot { mark: None, compact: Some(compact) }.register(ruby)?;
     let class = module.define_class("Profiler", ruby.class_object())?;
-    let root_class = class.define_class("HeapRoot", ruby.class_object())?;
-    root_class.undef_default_alloc_func();
-    ruby.gc_register_mark_object(ruby.obj_wrap(HeapRoot));
     class.define_singleton_method("_native_heap_live", function!(native_live, 0))?;
     class.define_singleton_method("_native_heap_stop", function!(native_stop, 0))?;
     class.const_set("MAX_HEAP_TRACKED", MAX_TRACKED)?;
@@ -112,7 +107,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
 
 /// Starts tracking afresh (GVL held).
 pub fn start() {
-    *heap() = Some(Heap::default());
+    HEAP.with(|heap| *heap = Some(Heap::default()));
     for counter in [&TRACKED, &FREED, &SKIPPED] {
         counter.store(0, Ordering::Relaxed);
     }
@@ -123,9 +118,9 @@ pub fn start() {
 /// Stops tracking and forgets the objects: without the free hook their addresses could go
 /// stale (GVL held).
 pub fn stop() {
+    HEAP.with(|heap| *heap = None);
     ENABLED.store(false, Ordering::Release);
     HOOK.disable();
-    *heap() = None;
 }
 
 fn native_stop(ruby: &Ruby) -> Result<(), Error> {
@@ -153,30 +148,31 @@ pub fn track(object: rb_sys::VALUE, key: i64, class: RString, weight: u64) {
             .collect::<Vec<_>>()
     });
     let Some(frames) = frames else { return };
-    let mut guard = heap();
-    let Some(heap) = guard.as_mut() else { return };
-    if heap.objects.len() >= MAX_TRACKED {
-        SKIPPED.fetch_add(1, Ordering::Relaxed);
-        return;
-    }
-    let stack = match heap.stacks.get(frames.as_slice()) {
-        Some(stack) => stack.clone(),
-        None => {
-            let stack: Stack = frames.into();
-            heap.stacks.insert(stack.clone());
-            stack
+    HEAP.with(|heap| {
+        let Some(heap) = heap else { return };
+        if heap.objects.len() >= MAX_TRACKED {
+            SKIPPED.fetch_add(1, Ordering::Relaxed);
+            return;
         }
-    };
-    let class = match heap.classes.get(class_text.as_str()) {
-        Some(class) => class.clone(),
-        None => {
-            let class: Arc<str> = class_text.into();
-            heap.classes.insert(class.clone());
-            class
-        }
-    };
-    heap.objects.insert(object as usize, Tracked { stack, class, weight });
-    TRACKED.fetch_add(1, Ordering::Relaxed);
+        let stack = match heap.stacks.get(frames.as_slice()) {
+            Some(stack) => stack.clone(),
+            None => {
+                let stack: Stack = frames.into();
+                heap.stacks.insert(stack.clone());
+                stack
+            }
+        };
+        let class = match heap.classes.get(class_text.as_str()) {
+            Some(class) => class.clone(),
+            None => {
+                let class: Arc<str> = class_text.into();
+                heap.classes.insert(class.clone());
+                class
+            }
+        };
+        heap.objects.insert(object as usize, Tracked { stack, class, weight });
+        TRACKED.fetch_add(1, Ordering::Relaxed);
+    });
 }
 
 /// The FREEOBJ hook. Never unwinds, never allocates a Ruby object.
@@ -188,12 +184,13 @@ unsafe extern "C" fn on_freeobj(tracepoint: rb_sys::VALUE, _data: *mut c_void) {
         // SAFETY: in a FREEOBJ hook with the GVL: the trace arg's object is the one freed.
         let object =
             unsafe { rb_sys::rb_tracearg_object(rb_sys::rb_tracearg_from_tracepoint(tracepoint)) };
-        let Ok(mut guard) = HEAP.try_lock() else { return };
-        if let Some(heap) = guard.as_mut() {
-            if heap.objects.remove(&(object as usize)).is_some() {
-                FREED.fetch_add(1, Ordering::Relaxed);
+        HEAP.with(|heap| {
+            if let Some(heap) = heap {
+                if heap.objects.remove(&(object as usize)).is_some() {
+                    FREED.fetch_add(1, Ordering::Relaxed);
+                }
             }
-        }
+        });
     }));
 }
 
@@ -212,12 +209,12 @@ struct Live {
 /// that stack's live objects hold).
 fn native_live(ruby: &Ruby) -> Result<RArray, Error> {
     crate::recorder::errors::entry(ruby, || {
-        let lines = {
-            let mut guard = heap();
-            let Some(heap) = guard.as_mut() else { return Ok(ruby.ary_new()) };
+        let lines = HEAP.with(|heap| {
+            let heap = heap.as_mut()?;
             let mut by_key: FxHashMap<(*const OwnedFrame, *const u8), Live> = FxHashMap::default();
             for (&address, tracked) in &heap.objects {
-                // SAFETY: a live object (freed ones left the map); GVL held; only reads.
+                // SAFETY: a live object (freed ones left the map); GVL held; only reads, and
+                // allocates nothing (a typed object's `dsize` must not either).
                 let size = unsafe { rb_obj_memsize_of(address as rb_sys::VALUE) } as u64;
                 let key = (tracked.stack.as_ptr(), tracked.class.as_ptr());
                 let live = by_key.entry(key).or_insert_with(|| Live {
@@ -232,9 +229,10 @@ fn native_live(ruby: &Ruby) -> Result<RArray, Error> {
             // Stacks and classes no tracked object holds any more.
             heap.stacks.retain(|stack| Arc::strong_count(stack) > 1);
             heap.classes.retain(|class| Arc::strong_count(class) > 1);
-            by_key.into_values().collect::<Vec<_>>()
-        };
-        // Ruby objects only now, with the lock released.
+            Some(by_key.into_values().collect::<Vec<_>>())
+        });
+        let Some(lines) = lines else { return Ok(ruby.ary_new()) };
+        // Ruby objects only now, out of the cell.
         let result = ruby.ary_new_capa(lines.len());
         for live in lines {
             let frames = ruby.ary_new_capa(live.stack.len());
@@ -248,7 +246,7 @@ fn native_live(ruby: &Ruby) -> Result<RArray, Error> {
 }
 
 pub fn add_stats(ruby: &Ruby, hash: RHash) -> Result<(), Error> {
-    let tracked_now = heap().as_ref().map_or(0, |h| h.objects.len());
+    let tracked_now = HEAP.with(|heap| heap.as_ref().map_or(0, |h| h.objects.len()));
     hash.aset(ruby.to_symbol("heap_tracked"), TRACKED.load(Ordering::Relaxed))?;
     hash.aset(ruby.to_symbol("heap_freed"), FREED.load(Ordering::Relaxed))?;
     hash.aset(ruby.to_symbol("heap_skipped"), SKIPPED.load(Ordering::Relaxed))?;

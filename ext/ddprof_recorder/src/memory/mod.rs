@@ -1,10 +1,14 @@
-//! Memory profiling: [`allocations`] samples allocations from a NEWOBJ hook, [`duty_cycle`]
-//! keeps that hook's cost under a target, [`heap`] keeps the sampled objects that are still
-//! alive, and [`gc_events`] measures the time each thread spends in the GC. All of them hook
-//! Ruby's internal events through [`internal_hook`].
+//! Memory profiling: [`allocations`] samples allocations from a NEWOBJ hook and records them
+//! from a postponed job, the samples waiting for it in [`pending`]; [`duty_cycle`] keeps that
+//! hook's cost under a target, measured by [`hook_cost`]; [`heap`] keeps the sampled objects
+//! that are still alive, and [`gc_events`] measures the time each thread spends in the GC. All
+//! of them hook Ruby's internal events through [`internal_hook`]; the state their hooks and GC
+//! callbacks share lives in `vm::gvl_cell`'s cells.
 
 pub mod allocations;
 pub mod duty_cycle;
 pub mod gc_events;
 pub mod heap;
+pub mod hook_cost;
 pub mod internal_hook;
+pub mod pending;

@@ -47,27 +47,32 @@
 //!
 //! The cache's keys are Ruby objects, which the GC could free (an iseq of `eval`ed code) and
 //! another object could then take the address of, or which compaction could move. A cached
-//! frame object is therefore marked by [`FrameCacheRoot`], a GC root: `rb_gc_mark` keeps it
-//! alive and pins it. The cache is bounded ([`MAX_CACHED_FRAMES`]; past it, it starts over).
+//! frame object is therefore marked by this module's GC root ([`mark_cache`]): `rb_gc_mark`
+//! keeps it alive and pins it. The cache is bounded ([`MAX_CACHED_FRAMES`]; past it, it starts
+//! over).
 //!
 //! Captured stacks are kept per key (the sampler uses the native thread id, and for the stacks
 //! its passes read of other threads a key per thread), as cache slots, until that key's next
 //! capture: the sampler records them at once, and again when it charges CPU carried to the
 //! thread's last on-CPU stack or adds up a thread's idle passes. Everything here runs with the
 //! GVL held.
+mod names;
+mod read;
+
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
-use std::sync::Mutex;
 
 use ddprof_recorder_core::Frame;
 use magnus::{
-    function, gc,
-    prelude::*,
-    rb_sys::{AsRawValue, FromRawValue},
-    DataTypeFunctions, Error, RArray, RModule, RString, Ruby, TypedData, Value,
+    function, prelude::*, rb_sys::AsRawValue, Error, RArray, RModule, RString, Ruby, Value,
 };
 use rustc_hash::FxHasher;
+
+use crate::vm::gvl_cell::{GcRoot, GvlCell};
+use names::{names_of, qualified, spell, MAIN};
+pub use read::read_current;
+use read::read_thread;
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
@@ -105,12 +110,9 @@ struct Cache {
     captured: FxMap<i64, Vec<CapturedFrame>>,
 }
 
-/// Only used with the GVL held; a Mutex only to be `Sync`. Never held across a call into Ruby.
-static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
-
-fn cache() -> std::sync::MutexGuard<'static, Option<Cache>> {
-    CACHE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+/// A GVL cell (`vm::gvl_cell`): never in use across a call into Ruby, so the GC root's mark
+/// always reads it whole.
+static CACHE: GvlCell<Option<Cache>> = GvlCell::new("the frame cache", None);
 
 /// What `rb_profile_frames` fills, and the frames' slots: reused from one capture to the next.
 struct Buffer {
@@ -127,32 +129,21 @@ thread_local! {
     });
 }
 
-/// Marks every cached frame object: the cache's GC root.
-#[derive(TypedData)]
-#[magnus(class = "DdprofRecorder::Profiler::FrameCacheRoot", mark, free_immediately)]
-struct FrameCacheRoot;
-
-impl DataTypeFunctions for FrameCacheRoot {
-    fn mark(&self, marker: &gc::Marker) {
-        // Never contended: the lock is only taken with the GVL, and never across a call that
-        // could start a GC (see `capture`).
-        if let Ok(cache) = CACHE.try_lock() {
-            for &frame in cache.iter().flat_map(|c| c.slot_of.keys()) {
-                // SAFETY: every key is a frame object that was live when cached, and marked
-                // (so kept alive) by this very function at every GC since.
-                marker.mark(unsafe { Value::from_raw(frame as rb_sys::VALUE) });
-            }
+/// Marks every cached frame object: the mark callback of the cache's GC root.
+fn mark_cache() {
+    CACHE.with(|cache| {
+        for &frame in cache.iter().flat_map(|c| c.slot_of.keys()) {
+            // SAFETY: in the GC's mark phase; every key is a frame object that was live when
+            // cached, and marked (so kept alive, pinned) by this very function at every GC
+            // since.
+            unsafe { rb_sys::rb_gc_mark(frame as rb_sys::VALUE) };
         }
-    }
+    });
 }
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    GcRoot { mark: Some(mark_cache), compact: None }.register(ruby)?;
     let class = module.define_class("Profiler", ruby.class_object())?;
-    let root_class = class.define_class("FrameCacheRoot", ruby.class_object())?;
-    root_class.undef_default_alloc_func();
-    let root = ruby.obj_wrap(FrameCacheRoot);
-    // One object for the process's life: marked (so are the frames it marks) at every GC.
-    ruby.gc_register_mark_object(root);
     class.define_singleton_method("_native_capture_stack", function!(native_capture_stack, 1))?;
     class.define_singleton_method("_native_thread_frames", function!(native_thread_frames, 1))?;
     class.define_singleton_method(
@@ -180,27 +171,30 @@ fn native_capture_stack(ruby: &Ruby, key: i64) -> Result<usize, Error> {
 
 /// Drops what is kept under `key`.
 pub fn forget(key: i64) {
-    if let Some(cache) = cache().as_mut() {
-        cache.captured.remove(&key);
-    }
+    CACHE.with(|cache| {
+        if let Some(cache) = cache {
+            cache.captured.remove(&key);
+        }
+    });
 }
 
-/// Runs `f` with the stack kept under `key` as the core's frames, if any. `f` must not call
-/// Ruby: the cache is locked meanwhile.
-pub fn with_captured<R>(key: i64, f: impl FnOnce(&[Frame<'_>]) -> R) -> Option<R> {
-    let guard = cache();
-    let cache = guard.as_ref()?;
-    let captured = cache.captured.get(&key)?;
-    let name = |slot: u32| cache.slots.get(slot as usize);
-    let frames: Vec<Frame<'_>> = captured
-        .iter()
-        .map(|frame| Frame {
-            function_name: name(frame.name).map_or("", |n| &n.name),
-            filename: name(frame.file).and_then(|n| n.path.as_deref()).unwrap_or(""),
-            line: frame.line,
-        })
-        .collect();
-    Some(f(&frames))
+/// Runs `f` with the stack kept under `key` as the core's frames, if any. `f` runs inside the
+/// cache's cell: it must not call Ruby (`vm::gvl_cell`).
+pub fn with_captured<R>(key: i64, f: impl FnOnce(&[Frame<'_>]) -> R + Send) -> Option<R> {
+    CACHE.with(|cache| {
+        let cache = cache.as_ref()?;
+        let captured = cache.captured.get(&key)?;
+        let name = |slot: u32| cache.slots.get(slot as usize);
+        let frames: Vec<Frame<'_>> = captured
+            .iter()
+            .map(|frame| Frame {
+                function_name: name(frame.name).map_or("", |n| &n.name),
+                filename: name(frame.file).and_then(|n| n.path.as_deref()).unwrap_or(""),
+                line: frame.line,
+            })
+            .collect();
+        Some(f(&frames))
+    })
 }
 
 /// Bit of a slot number (as [`Cache::slot_of`] gives it) set for a Ruby frame, whose path is
@@ -229,13 +223,6 @@ fn read_stack(key: i64, skip: Skip) -> usize {
         store_frames(key, &frames[..n], &lines[..n], slots, skip)
     })
 }
-
-mod names;
-mod read;
-
-use names::{names_of, qualified, spell, MAIN};
-pub use read::read_current;
-use read::read_thread;
 
 /// Keeps under `key` a stack that [`read_current`] read earlier (leaf first), whole:
 /// the allocation sampler's, read in the NEWOBJ hook where frames cannot be named (see
@@ -266,51 +253,49 @@ fn store_frames(
     skip: Skip,
 ) -> usize {
     slots.clear();
-    let mut unknown = Vec::new();
-    {
-        let guard = cache();
+    let unknown = CACHE.with(|cache| {
+        let mut unknown = Vec::new();
         for &frame in frames {
-            let slot = guard.as_ref().and_then(|c| c.slot_of.get(&(frame as usize)).copied());
+            let slot = cache.as_ref().and_then(|c| c.slot_of.get(&(frame as usize)).copied());
             if slot.is_none() {
                 unknown.push(frame);
             }
             slots.push(slot.unwrap_or(UNKNOWN));
         }
-    }
-    let mut guard = cache();
-    if !unknown.is_empty() {
-        // Named outside the lock: reading names may allocate (a method name's String is
-        // made on first use), so a GC may run, and mark the cache.
-        drop(guard);
-        let named: Vec<(rb_sys::VALUE, Names)> =
-            unknown.into_iter().map(|f| (f, names_of(f))).collect();
-        guard = cache();
-        let cache = guard.get_or_insert_with(Cache::default);
-        if cache.slots.len() + named.len() > MAX_CACHED_FRAMES {
-            *cache = Cache::default();
-            // Everything must be named again: start this capture over next time.
-            return 0;
-        }
-        for (frame, names) in named {
-            let flag = if names.path.is_some() { RUBY_FRAME } else { 0 };
-            let next = cache.slots.len() as u32;
-            let slot = *cache.slot_of.entry(frame as usize).or_insert(next | flag);
-            if slot & !RUBY_FRAME == next {
-                cache.slots.push(names);
+        unknown
+    });
+    // Named out of the cell: reading names may allocate (a method name's String is made on
+    // first use), so a GC may run, and mark the cache.
+    let named: Vec<(rb_sys::VALUE, Names)> =
+        unknown.into_iter().map(|f| (f, names_of(f))).collect();
+    CACHE.with(|cache| {
+        let cache = cache.get_or_insert_with(Cache::default);
+        if !named.is_empty() {
+            if cache.slots.len() + named.len() > MAX_CACHED_FRAMES {
+                *cache = Cache::default();
+                // Everything must be named again: start this capture over next time.
+                return 0;
+            }
+            for (frame, names) in named {
+                let flag = if names.path.is_some() { RUBY_FRAME } else { 0 };
+                let next = cache.slots.len() as u32;
+                let slot = *cache.slot_of.entry(frame as usize).or_insert(next | flag);
+                if slot & !RUBY_FRAME == next {
+                    cache.slots.push(names);
+                }
+            }
+            for (slot, &frame) in slots.iter_mut().zip(frames) {
+                if *slot == UNKNOWN {
+                    *slot = cache.slot_of.get(&(frame as usize)).copied().unwrap_or(UNKNOWN);
+                }
             }
         }
-        for (slot, &frame) in slots.iter_mut().zip(frames) {
-            if *slot == UNKNOWN {
-                *slot = cache.slot_of.get(&(frame as usize)).copied().unwrap_or(UNKNOWN);
-            }
-        }
-    }
-    let cache = guard.get_or_insert_with(Cache::default);
-    let mut stack = cache.captured.remove(&key).unwrap_or_default();
-    resolve(cache, slots, lines, &mut stack, skip);
-    let depth = stack.len();
-    cache.captured.insert(key, stack);
-    depth
+        let mut stack = cache.captured.remove(&key).unwrap_or_default();
+        resolve(cache, slots, lines, &mut stack, skip);
+        let depth = stack.len();
+        cache.captured.insert(key, stack);
+        depth
+    })
 }
 
 /// Fills `stack` from the frames read (as slots, flagged [`RUBY_FRAME`]): leaves out this
@@ -400,13 +385,15 @@ fn native_capture_thread_stack(
         }
         // Read aside first: an empty read (a thread ending) keeps the stack `key` has.
         let depth = capture_thread(thread.as_raw(), OTHER_THREAD_KEY);
-        if let Some(cache) = cache().as_mut() {
-            if let Some(stack) = cache.captured.remove(&OTHER_THREAD_KEY) {
-                if depth > 0 {
-                    cache.captured.insert(key, stack);
+        CACHE.with(|cache| {
+            if let Some(cache) = cache {
+                if let Some(stack) = cache.captured.remove(&OTHER_THREAD_KEY) {
+                    if depth > 0 {
+                        cache.captured.insert(key, stack);
+                    }
                 }
             }
-        }
+        });
         Ok(Some(depth))
     })
 }
@@ -466,7 +453,7 @@ fn native_check_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Err
         if crate::vm::frames::decided() || !unsafe { crate::vm::frames::check() } {
             return Ok(None);
         }
-        *cache() = None; // names made before the check are made again
+        CACHE.with(|cache| *cache = None); // names made before the check are made again
         Ok(Some(thread_frames(ruby, thread.as_raw())))
     })
 }
@@ -476,7 +463,7 @@ fn native_check_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Err
 fn native_frame_names_checked(ruby: &Ruby, passed: bool) -> Result<bool, Error> {
     crate::recorder::errors::entry(ruby, || {
         crate::vm::frames::finish_check(passed);
-        *cache() = None;
+        CACHE.with(|cache| *cache = None);
         Ok(qualified())
     })
 }

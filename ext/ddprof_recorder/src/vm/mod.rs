@@ -1,9 +1,11 @@
 //! Facts about the Ruby VM that no public API gives, each with the Ruby source it comes from,
 //! for every Ruby version the gem runs on. Code elsewhere asks here rather than knowing them.
-//! The two VM interfaces that need such facts live here too: [`frames`] reads any thread's
-//! control frames, and [`postponed`] asks Ruby to run a postponed job.
+//! The VM interfaces that need such facts live here too: [`frames`] reads any thread's
+//! control frames, [`postponed`] asks Ruby to run a postponed job, and [`gvl_cell`] keeps the
+//! state that only GVL holders (the GC's callbacks and Ruby's internal hooks among them) touch.
 
 pub mod frames;
+pub mod gvl_cell;
 pub mod postponed;
 
 use std::cell::UnsafeCell;
