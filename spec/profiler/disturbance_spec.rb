@@ -166,7 +166,7 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
         # But sampling: a pass at each of the trigger's ticks, two threads each. Under strace
         # nearly every job is late (ptrace stops the thread at each of its syscalls, its CPU
         # clock reads too, and a job more than 30 us after its tick with little CPU since is:
-        # sampling_job.rs, `on_time`), so few are on-CPU samples: 2 to 38 seen, 992 late jobs
+        # sampling/job.rs, `on_time`), so few are on-CPU samples: 2 to 38 seen, 992 late jobs
         # of 997 in a quiet run.
         expect(result["stats"]["samples"]).to be > 200
         expect_no_pending(result["masks"])

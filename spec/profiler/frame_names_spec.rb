@@ -46,7 +46,7 @@ RSpec.describe "Profiler frame names" do
 
   # What the weaker names (base labels) and Ruby's own `<...>` labels look like: none of them
   # may appear when frames are named natively.
-  # A define_method method (a bmethod): the native reader (vm_frames.rs) gives its method
+  # A define_method method (a bmethod): the native reader (vm/frames.rs) gives its method
   # entry, where rb_profile_frames gives the block it runs.
   meth = "Shapes::Node#meth"
   park = "Shapes::Node#park"

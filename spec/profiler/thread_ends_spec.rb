@@ -174,17 +174,17 @@ RSpec.describe DdprofRecorder::Profiler, "thread ends" do
   # The sampler looks for new threads (Thread.list) only when this count moved (or every 64
   # passes): it must count every thread that begins while sampling, and say when it cannot.
   it "counts the threads that begin while sampling, and gives nil when it is not on" do
-    ours = described_class
-    expect(ours._native_threads_begun).to be_nil
-    profiler = ours.new(hz: 99).start
-    before = ours._native_threads_begun
+    clock = described_class::NativeClock
+    expect(clock.threads_begun).to be_nil
+    profiler = described_class.new(hz: 99).start
+    before = clock.threads_begun
     skip "the thread-event hook is off here: #{profiler.stats.dig(:thread_end_accounting, :hook)}" if before.nil?
 
     Array.new(3) { Thread.new { nil } }.each(&:join)
-    expect(ours._native_threads_begun - before).to be >= 3
+    expect(clock.threads_begun - before).to be >= 3
   ensure
     profiler&.stop
-    expect(ours._native_threads_begun).to be_nil
+    expect(clock.threads_begun).to be_nil
   end
 
   it "says why there is no hook with YJIT on Ruby 3.1, and still accounts what the passes see" do

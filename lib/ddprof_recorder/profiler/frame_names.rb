@@ -114,7 +114,7 @@ module DdprofRecorder
       end
 
       # A `define_method` method: the native check needs one on the stack, called from a Ruby
-      # method (vm_frames.rs).
+      # method (vm/frames.rs).
       define_singleton_method(:check_from_bmethod) { |thread| Profiler._native_check_frames(thread) }
       private_class_method :check_from_bmethod
     end

@@ -54,7 +54,7 @@ module DdprofRecorder
       LIST_EVERY = 64
       # The keys of the stacks that passes read of other threads (#pass_stack), one per
       # ThreadState, counting down from here: apart from the signal samples' and the jobs'
-      # (ext/ddprof_recorder/src/sampling/signal_sampler.rs, `key`; #call).
+      # (ext/ddprof_recorder/src/sampling/signal_sampler/samples.rs, `key`; #call).
       PASS_STACK_KEYS = -(1 << 40)
       # How a signal sample's cpu-time is made (see #signal_charge): the thread's average CPU
       # per sample is taken over about this many of its samples...

@@ -23,7 +23,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_thread_cpu_time_ns",
         function!(native_thread_cpu_time_ns, 1),
     )?;
-    class.define_singleton_method("_native_moved_threads", function!(native_moved_threads, 2))?;
     Ok(())
 }
 
@@ -39,7 +38,7 @@ fn thread_cpu_time_ns(tid: Option<i64>) -> Option<i64> {
     cpu_time_ns(i32::try_from(tid?).ok()?)
 }
 
-/// `Profiler._native_moved_threads(tids, seen)`: the indices `i` where the CPU clock of the
+/// `Profiler::NativeClock.moved(tids, seen)`: the indices `i` where the CPU clock of the
 /// thread with Linux id `tids[i]` does not read `seen[i]` (a nil id, a nil reading, or a
 /// thread that cannot be read counts as moved): the sampler's idle scan, one call a pass
 /// rather than one per thread.

@@ -46,8 +46,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use magnus::{
-    function, gc, prelude::*, rb_sys::FromRawValue, DataTypeFunctions, Error, RArray, RModule,
-    Ruby, TypedData, Value,
+    gc, prelude::*, rb_sys::FromRawValue, DataTypeFunctions, Error, RArray, RModule, Ruby,
+    TypedData, Value,
 };
 
 use crate::recorder::errors::entry;
@@ -92,7 +92,7 @@ static RUN: AtomicU64 = AtomicU64::new(0);
 pub static ENDS_SEEN: AtomicU64 = AtomicU64::new(0);
 pub static EXITS_SEEN: AtomicU64 = AtomicU64::new(0);
 pub static DROPPED: AtomicU64 = AtomicU64::new(0);
-/// Threads whose beginning the hook saw: `Profiler._native_threads_begun`. The sampler lists
+/// Threads whose beginning the hook saw: `Profiler::NativeClock.threads_begun`. The sampler lists
 /// the threads (`Thread.list`) only when it moved since its last look.
 static BEGUN: AtomicU64 = AtomicU64::new(0);
 
@@ -135,11 +135,6 @@ fn active() -> bool {
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method(
-        "_native_take_thread_ends",
-        function!(native_take_thread_ends, 0),
-    )?;
-    class.define_singleton_method("_native_threads_begun", function!(native_threads_begun, 0))?;
     let root_class = class.define_class("ThreadEndsRoot", ruby.class_object())?;
     root_class.undef_default_alloc_func();
     // One object for the process's life: marks the Threads of the queued ends.
@@ -194,7 +189,7 @@ pub fn hook_state() -> &'static str {
     }
 }
 
-/// `Profiler._native_take_thread_ends`: nil when nothing is queued, else `[ends, exits]`:
+/// `Profiler::NativeClock.thread_ends`: nil when nothing is queued, else `[ends, exits]`:
 /// `ends` flat, `[thread, tid, cpu_ns, at_ns]` per thread whose end the hook saw, oldest first;
 /// `exits` flat, `[tid, cpu_ns]` per native thread whose exit watch saw it exit, set in this
 /// run.
@@ -226,7 +221,7 @@ pub fn native_take_thread_ends(ruby: &Ruby) -> Result<Option<RArray>, Error> {
     })
 }
 
-/// `Profiler._native_threads_begun`: how many threads the hook saw begin (it only grows), or
+/// `Profiler::NativeClock.threads_begun`: how many threads the hook saw begin (it only grows), or
 /// nil while the hook is not active in this process, when the beginnings go unseen.
 pub fn native_threads_begun(ruby: &Ruby) -> Result<Option<u64>, Error> {
     entry(ruby, || Ok(active().then(|| BEGUN.load(Ordering::Acquire))))

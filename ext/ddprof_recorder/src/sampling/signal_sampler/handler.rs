@@ -106,7 +106,7 @@ fn handle(info: *mut libc::siginfo_t) {
         // nobody else reads or writes it.
         let frames = unsafe { &mut *frames };
         // SAFETY: reads the thread's own frames as rb_profile_frames does, with no allocation,
-        // lock or system call (vm_frames, or rb_profile_frames itself): sound here
+        // lock or system call (vm::frames, or rb_profile_frames itself): sound here
         // (`signal_sampler`, "The handler").
         let n = unsafe {
             crate::sampling::stack_capture::read_current(&mut frames.frames, &mut frames.lines)
