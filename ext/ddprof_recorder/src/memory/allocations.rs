@@ -70,9 +70,10 @@ use magnus::{
     RModule, RString, Ruby, Value,
 };
 
-use crate::memory::{duty_cycle, internal_hook::InternalHook, pending, pending::Sample};
+use crate::memory::{duty_cycle, pending, pending::Sample};
 use crate::sampling::random::Jitter;
 use crate::vm::gvl_cell::GvlCell;
+use crate::vm::internal_hook::InternalHook;
 
 /// The keys under which a sampled allocation's stack is kept in `stack_capture` while it is
 /// recorded are this plus the recording thread's id: the sampler's keys, native thread ids

@@ -17,7 +17,7 @@
 //! it also reads whether this GC is major, with `rb_gc_latest_gc_info(:major_by)`: `gc_start`
 //! stores the GC's reason before it fires the event, and with a Symbol key `gc_info_decode`
 //! only reads that word and returns Qnil or a static Symbol. Its first call interns its
-//! Symbols (which allocates), so [`start`] calls it once first, outside the GC.
+//! Symbols (which allocates), so [`native_start`] calls it once first, outside the GC.
 //!
 //! Time between GC_ENTER and GC_START is the new GC's marking; after GC_END_SWEEP (or in a
 //! step that neither starts nor ends a phase, such as finishing a lazy sweep) it goes to
@@ -32,9 +32,9 @@ use std::sync::Once;
 
 use magnus::{function, prelude::*, Error, RArray, RModule, Ruby};
 
-use crate::memory::internal_hook::InternalHook;
 use crate::sampling::thread_cpu::own_cpu_ns;
 use crate::vm::gvl_cell::GvlCell;
+use crate::vm::internal_hook::InternalHook;
 
 /// Threads whose GC time can wait to be taken at once; past it, GC time is counted in `lost`.
 const MAX_THREADS: usize = 64;

@@ -27,8 +27,8 @@ use std::sync::{Arc, Once};
 use magnus::{function, prelude::*, Error, RArray, RHash, RModule, RString, Ruby};
 use rustc_hash::{FxHashMap, FxHasher};
 
-use crate::memory::internal_hook::InternalHook;
 use crate::vm::gvl_cell::{GcRoot, GvlCell};
+use crate::vm::internal_hook::InternalHook;
 
 /// Most objects tracked at once. A tracked object costs about 64 bytes here (plus its stack,
 /// shared with the others of that stack), and one `rb_obj_memsize_of` per report.

@@ -2,7 +2,7 @@
 //! from a postponed job, the samples waiting for it in [`pending`]; [`duty_cycle`] keeps that
 //! hook's cost under a target, measured by [`hook_cost`]; [`heap`] keeps the sampled objects
 //! that are still alive, and [`gc_events`] measures the time each thread spends in the GC. All
-//! of them hook Ruby's internal events through [`internal_hook`]; the state their hooks and GC
+//! of them hook Ruby's internal events through `vm::internal_hook`; the state their hooks and GC
 //! callbacks share lives in `vm::gvl_cell`'s cells.
 
 pub mod allocations;
@@ -10,5 +10,4 @@ pub mod duty_cycle;
 pub mod gc_events;
 pub mod heap;
 pub mod hook_cost;
-pub mod internal_hook;
 pub mod pending;

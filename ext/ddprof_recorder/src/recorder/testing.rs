@@ -7,7 +7,7 @@
 //!   `record_endpoint`, holding the active slot), in every build: `_native_active_slot`, the two
 //!   `_native_slot_*_mutex_locked?` and `_native_record_endpoint` are part of the recorder's
 //!   fixed contract (docs/design.md, section 3);
-//! - the deliberate panics ([`panics`]), one in each kind of entry point, only with the cargo
+//! - the deliberate panics (`panics`), one in each kind of entry point, only with the cargo
 //!   feature `test-panics`: the specs' build has it and the gem's does not (`TEST_FEATURES` in
 //!   ext/ddprof_recorder/cargo_build.rb), so that an installed gem has no method that panics
 //!   on purpose, and its resets no hook to panic in.

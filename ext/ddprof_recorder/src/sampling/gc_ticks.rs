@@ -43,7 +43,7 @@ use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Once;
 
-use crate::memory::internal_hook::InternalHook;
+use crate::vm::internal_hook::InternalHook;
 
 static HOOK: InternalHook = InternalHook::new(rb_sys::RUBY_INTERNAL_EVENT_GC_EXIT, on_gc_exit);
 

@@ -33,7 +33,7 @@
 //! was checked by VALUE then too): bench/RESULTS.md, "Timeline", has both costs.
 //!
 //! In a forked child every parent thread's slot is stale (its threads are gone without an
-//! EXITED), so [`start`] frees them all, removing the parent's hook and adding a new one. With
+//! EXITED), so [`native_start`] frees them all, removing the parent's hook and adding a new one. With
 //! more threads than slots, or a thread whose probes find none free, the waits of the threads
 //! without one are not measured, and counted ([`UNTRACKED`]).
 // On 3.1 the table and the events' logic are built (and unit-tested) but nothing calls them.

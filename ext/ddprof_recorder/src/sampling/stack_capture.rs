@@ -37,8 +37,8 @@
 //! [`spell`] rewrites Ruby's `<...>` labels, which `go tool pprof` empties: its symbolizer
 //! (pprof `internal/symbolizer`, `demangleSingleFunction`) takes a name that contains any of
 //! `<>[]` or `::` for an already demangled C++ name and removes every balanced `(...)` and
-//! `<...>` from it, so `<main>` became `` (shown as `<unknown>`) and `block (2 levels) in
-//! <main>` became `block  in `.
+//! `<...>` from it, so `<main>` became `` (shown as `<unknown>`) and
+//! `block (2 levels) in <main>` became `block  in `.
 //!
 //! On Ruby 3.1 when the check failed, frames are named the weaker way, from what a
 //! `Thread::Backtrace::Location` also gives: the `base_label` (for a C method, its name),

@@ -1,11 +1,13 @@
 //! Facts about the Ruby VM that no public API gives, each with the Ruby source it comes from,
 //! for every Ruby version the gem runs on. Code elsewhere asks here rather than knowing them.
 //! The VM interfaces that need such facts live here too: [`frames`] reads any thread's
-//! control frames, [`postponed`] asks Ruby to run a postponed job, and [`gvl_cell`] keeps the
-//! state that only GVL holders (the GC's callbacks and Ruby's internal hooks among them) touch.
+//! control frames, [`postponed`] asks Ruby to run a postponed job, [`internal_hook`] hooks its
+//! internal events (NEWOBJ, FREEOBJ, the GC's), and [`gvl_cell`] keeps the state that only GVL
+//! holders (the GC's callbacks and Ruby's internal hooks among them) touch.
 
 pub mod frames;
 pub mod gvl_cell;
+pub mod internal_hook;
 pub mod postponed;
 
 use std::cell::UnsafeCell;
@@ -97,7 +99,7 @@ pub const EC_INTERRUPT_MASK_OFFSET: usize = 0x24;
 /// (`VM_DEBUG_BP_CHECK` is 0, so no `bp_check`). The fields `vm::frames` reads (`pc` 0x00,
 /// `iseq` 0x10, `ep` 0x20) are at the same offsets in all three.
 pub const CFP_SIZE: usize = if cfg!(ruby_eq_3_1) { 0x40 } else { 0x38 };
-/// `rb_control_frame_t::jit_return` on 3.3 and 3.4 (cfp[6]): set while JIT code runs the frame.
+/// `rb_control_frame_t::jit_return` on 3.3 and 3.4 (`cfp[6]`): set while JIT code runs the frame.
 pub const CFP_JIT_RETURN_OFFSET: usize = 0x30;
 /// How `rb_profile_frames` walks on 3.3 and 3.4 (`thread_profile_frames`, `vm_backtrace.c`
 /// of 3.3.8 and 3.4.5), unlike 3.1's: it stops one frame before the end (the dummy frame at
