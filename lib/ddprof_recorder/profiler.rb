@@ -107,6 +107,10 @@ module DdprofRecorder
       end
     end
     ALLOCATION_INTERVAL_RANGE = (1..MAX_ALLOCATION_INTERVAL).freeze
+    # What `allocation_overhead:` may be, a share of the program's time: more than 0, at most 1
+    # (the hook always on). {.allocation_overhead?} is the check; the CLI and the environment
+    # variables use it too.
+    ALLOCATION_OVERHEAD_RANGE = "(0, 1]"
     ALLOCATION_CLASS_LABEL = AllocationRecorder::CLASS_LABEL
     GC_KIND_LABEL = ThreadSampler::GC_KIND_LABEL
     THREAD_ID_LABEL = ThreadSampler::THREAD_ID_LABEL
@@ -273,8 +277,9 @@ module DdprofRecorder
         raise ArgumentError,
               "allocation_interval must be an Integer in #{ALLOCATION_INTERVAL_RANGE}, got #{shown(allocation_interval)}"
       end
-      unless [Integer, Float].any? { |c| c === allocation_overhead } && allocation_overhead.positive? && allocation_overhead <= 1
-        raise ArgumentError, "allocation_overhead must be a number in (0, 1], got #{shown(allocation_overhead)}"
+      unless Profiler.allocation_overhead?(allocation_overhead)
+        raise ArgumentError,
+              "allocation_overhead must be a number in #{ALLOCATION_OVERHEAD_RANGE}, got #{shown(allocation_overhead)}"
       end
       raise ArgumentError, "give an exporter or a block, not both" if exporter && block
       unless Integer === max_queued_windows && max_queued_windows.positive?
@@ -389,6 +394,12 @@ module DdprofRecorder
 
     # @return [String, nil] why the mode is not `:handler`, when signals were asked for.
     attr_reader :sampling_mode_reason
+
+    # @api private
+    # @return [Boolean] whether `value` is a number in {ALLOCATION_OVERHEAD_RANGE}.
+    def self.allocation_overhead?(value)
+      [Integer, Float].any? { |c| c === value } && value.positive? && value <= 1
+    end
 
     # The check of `hz:`, here and in {DdprofRecorder::Rack} (which checks it when it is built,
     # before any request asks for a profile).

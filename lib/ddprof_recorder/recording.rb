@@ -319,9 +319,9 @@ module DdprofRecorder
         v if Profiler::ALLOCATION_INTERVAL_RANGE.cover?(v)
       end
       options.merge!(allocations: true, allocation_interval: allocation_interval) if allocation_interval
-      overhead = env_value(env, ALLOCATION_OVERHEAD, "a number in (0, 1]") do |text|
+      overhead = env_value(env, ALLOCATION_OVERHEAD, "a number in #{Profiler::ALLOCATION_OVERHEAD_RANGE}") do |text|
         v = Float(text)
-        v if v.positive? && v <= 1
+        v if Profiler.allocation_overhead?(v)
       end
       options[:allocation_overhead] = overhead if overhead
       options

@@ -96,8 +96,9 @@ module DdprofRecorder
           raise usage_error("record: --allocation-interval must be in #{Profiler::ALLOCATION_INTERVAL_RANGE}, " \
                             "got #{options.allocation_interval}")
         end
-        unless options.allocation_overhead.positive? && options.allocation_overhead <= 1
-          raise usage_error("record: --allocation-overhead must be in (0, 1], got #{options.allocation_overhead}")
+        unless Profiler.allocation_overhead?(options.allocation_overhead)
+          raise usage_error("record: --allocation-overhead must be in #{Profiler::ALLOCATION_OVERHEAD_RANGE}, " \
+                            "got #{options.allocation_overhead}")
         end
 
         options.command = command
