@@ -16,8 +16,5 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     recorder::stack_recorder::init(ruby, module)?;
     views::pprof_views::init(ruby, module)?;
     sampling::init(ruby, module)?;
-    memory::allocations::init(ruby, module)?;
-    memory::heap::init(ruby, module)?;
-    memory::gc_events::init(ruby, module)?;
-    Ok(())
+    memory::init(ruby, module)
 }

@@ -11,3 +11,13 @@ pub mod gc_events;
 pub mod heap;
 pub mod hook_cost;
 pub mod pending;
+
+use magnus::{Error, RModule, Ruby};
+
+/// Defines the folder's native methods on `Profiler` and registers its GC roots, postponed
+/// jobs and end procs. At load.
+pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    allocations::init(ruby, module)?;
+    heap::init(ruby, module)?;
+    gc_events::init(ruby, module)
+}
