@@ -38,7 +38,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     job::init(ruby, module)?;
     signal_job::init(ruby, module)?;
     stats::init(ruby, module)?;
-    thread_end::init(ruby, module)?;
+    thread_end::init(ruby)?;
     native_clock::init(ruby, module)?;
     stack_capture::init(ruby, module)?;
     gc_ticks::init();

@@ -17,9 +17,10 @@
 //!   frame left: its block has returned). A thread never sampled is charged from its native
 //!   thread's birth (or from the profiler's start, for a native thread that existed then),
 //!   since the sampler's account is per native thread. At the beginning, the hook only makes
-//!   the thread's exit watch (below). The hook's `Thread` stays alive while queued: [`EndsRoot`]
-//!   marks it (and so pins it against compaction), with the GVL, which the hook and the
-//!   drain also hold, so the root never reads the queue mid-write.
+//!   the thread's exit watch (below). The hook's `Thread` stays alive while queued: the queue is
+//!   a [`GvlCell`] (the hook and the drain hold the GVL), and its [`GcRoot`] marks each queued
+//!   `Thread` (and so pins it against compaction) at every GC, never finding the queue
+//!   mid-write (`vm::gvl_cell`).
 //! - **The exit watch**: a thread-local value whose destructor runs when the native thread
 //!   exits (after its Ruby thread's end, without the GVL), made by the hook at the thread's
 //!   beginning. It queues `(tid, cpu)` in [`EXITS`]: the CPU after the end hook (Ruby's own
@@ -45,14 +46,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use magnus::{
-    gc, prelude::*, rb_sys::FromRawValue, DataTypeFunctions, Error, RArray, RModule, Ruby,
-    TypedData, Value,
-};
+use magnus::{rb_sys::FromRawValue, Error, RArray, Ruby, Value};
 
 use crate::recorder::errors::entry;
 use crate::recorder::fork::fork_generation;
 use crate::sampling::thread_cpu::own_cpu_ns;
+use crate::vm::gvl_cell::{GcRoot, GvlCell};
 
 /// Records kept until the sampler's next pass takes them; past this, ends are counted in
 /// [`DROPPED`] and their CPU is left on the native thread (the next charge there takes it).
@@ -62,7 +61,7 @@ const MAX_QUEUED: usize = 1 << 16;
 /// A thread seen ending by the hook.
 #[derive(Clone, Copy)]
 pub struct Ended {
-    /// The Thread object (marked by [`EndsRoot`] while queued).
+    /// The Thread object (marked by [`mark_ends`] while queued).
     pub thread: rb_sys::VALUE,
     pub tid: i32,
     pub cpu_ns: i64,
@@ -76,7 +75,9 @@ pub struct Exited {
     pub cpu_ns: i64,
 }
 
-static ENDS: Mutex<Vec<Ended>> = Mutex::new(Vec::new());
+/// Queued by the hook, taken by the sampler's pass, marked by the GC: all with the GVL.
+static ENDS: GvlCell<Vec<Ended>> = GvlCell::new("the queue of thread ends", Vec::new());
+/// Queued by the exit watches, without the GVL: a lock they only `try_lock` (module doc).
 static EXITS: Mutex<Vec<Exited>> = Mutex::new(Vec::new());
 /// Whether the hook is added (changed with the GVL only).
 static HOOKED: AtomicBool = AtomicBool::new(false);
@@ -117,7 +118,7 @@ impl Drop for ExitWatch {
             // another thread-local, which may already be gone in a destructor.
             let tid = unsafe { libc::gettid() };
             let exited = Exited { tid, cpu_ns: own_cpu_ns() };
-            push(&EXITS, exited, &EXITS_SEEN);
+            push_exit(exited);
         }));
     }
 }
@@ -133,13 +134,9 @@ fn active() -> bool {
     HOOKED.load(Ordering::Acquire) && GENERATION.load(Ordering::Acquire) == fork_generation()
 }
 
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    let root_class = class.define_class("ThreadEndsRoot", ruby.class_object())?;
-    root_class.undef_default_alloc_func();
-    // One object for the process's life: marks the Threads of the queued ends.
-    ruby.gc_register_mark_object(ruby.obj_wrap(EndsRoot));
-    Ok(())
+/// Registers the queue's GC root. At load.
+pub fn init(ruby: &Ruby) -> Result<(), Error> {
+    GcRoot { mark: Some(mark_ends), compact: None }.register(ruby)
 }
 
 /// Adds the hook, if it is not added yet and `yjit` (whether YJIT is on) does not rule it out
@@ -201,7 +198,7 @@ pub fn native_take_thread_ends(ruby: &Ruby) -> Result<Option<RArray>, Error> {
         let (ends, exits) = peek();
         let flat_ends = ruby.ary_new_capa(ends.len() * 4);
         for ended in &ends {
-            // SAFETY: still queued, so marked by EndsRoot until `forget_taken` below, by which
+            // SAFETY: still queued, so marked by `mark_ends` until `forget_taken` below, by which
             // time this array holds it.
             flat_ends.push(unsafe { Value::from_raw(ended.thread) })?;
             flat_ends.push(ended.tid)?;
@@ -241,9 +238,7 @@ pub fn events() -> Option<u64> {
 
 /// Empties both queues.
 fn clear() {
-    if let Ok(mut ends) = ENDS.try_lock() {
-        ends.clear();
-    }
+    ENDS.with(|ends| ends.clear());
     if let Ok(mut exits) = EXITS.try_lock() {
         exits.clear();
     }
@@ -279,62 +274,67 @@ unsafe extern "C" fn on_thread_event(
             cpu_ns: own_cpu_ns(),
             at_ns: crate::sampling::trigger::monotonic_ns(),
         };
-        // With the GVL, as every user of ENDS: never contended but by a thread that vanished in
-        // a fork (the child then never reaches here with the old lock: `start` checks first).
-        push(&ENDS, ended, &ENDS_SEEN);
+        // With the GVL, as every user of ENDS.
+        let queued = ENDS.with(|ends| {
+            let room = ends.len() < MAX_QUEUED;
+            if room {
+                ends.push(ended);
+            }
+            room
+        });
+        count(queued, &ENDS_SEEN);
     }));
 }
 
-/// Queues `item` if `queue`'s lock is free and it has room (counted in `seen`), else counts it
-/// dropped: never waits, so a lock held by a thread that vanished in a fork never blocks.
-fn push<T>(queue: &Mutex<Vec<T>>, item: T, seen: &AtomicU64) {
-    match queue.try_lock() {
+/// Queues `item` in [`EXITS`] if its lock is free and it has room, else counts it dropped:
+/// never waits, so a lock held by a thread that vanished in a fork never blocks.
+fn push_exit(item: Exited) {
+    let queued = match EXITS.try_lock() {
         Ok(mut items) if items.len() < MAX_QUEUED => {
             items.push(item);
-            seen.fetch_add(1, Ordering::Relaxed);
+            true
         }
-        _ => {
-            DROPPED.fetch_add(1, Ordering::Relaxed);
-        }
-    }
+        _ => false,
+    };
+    count(queued, &EXITS_SEEN);
+}
+
+/// Counts a record queued (in `seen`) or dropped.
+fn count(queued: bool, seen: &AtomicU64) {
+    let counter = if queued { seen } else { &DROPPED };
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 /// What is queued, oldest first: the ends and the exits. The ends stay queued (and marked)
 /// until [`forget_taken`] with their counts, so that the caller can make Ruby objects (and so
 /// run the GC) while it holds copies of their VALUEs. With the GVL.
 fn peek() -> (Vec<Ended>, Vec<Exited>) {
-    let ends = ENDS.try_lock().map(|ends| ends.clone()).unwrap_or_default();
+    let ends = ENDS.with(|ends| ends.clone());
     let exits = EXITS.try_lock().map(|mut exits| std::mem::take(&mut *exits)).unwrap_or_default();
     (ends, exits)
 }
 
 /// Forgets the first `n` ends, once the caller holds their Threads itself. With the GVL.
 fn forget_taken(n: usize) {
-    if let Ok(mut ends) = ENDS.try_lock() {
+    ENDS.with(|ends| {
         let n = n.min(ends.len());
         ends.drain(..n);
-    }
+    });
 }
 
 /// Whether anything is queued (cheap: the pass asks at each pass).
 fn any_queued() -> bool {
-    let ends = ENDS.try_lock().map(|ends| !ends.is_empty()).unwrap_or(false);
+    let ends = ENDS.with(|ends| !ends.is_empty());
     ends || EXITS.try_lock().map(|exits| !exits.is_empty()).unwrap_or(false)
 }
 
-/// Marks the Threads of the queued ends: their GC root (one object for the process's life).
-#[derive(TypedData)]
-#[magnus(class = "DdprofRecorder::Profiler::ThreadEndsRoot", mark, free_immediately)]
-pub struct EndsRoot;
-
-impl DataTypeFunctions for EndsRoot {
-    fn mark(&self, marker: &gc::Marker) {
-        // The GC runs with the GVL, which every writer of ENDS holds while it writes, and none
-        // allocates Ruby objects meanwhile: the lock is free here (see the module doc).
-        let Ok(ends) = ENDS.try_lock() else { return };
+/// Marks the Threads of the queued ends (their GC root's mark).
+fn mark_ends() {
+    ENDS.with(|ends| {
         for ended in ends.iter() {
-            // SAFETY: a Thread object queued by the hook, kept alive by this very mark.
-            marker.mark(unsafe { Value::from_raw(ended.thread) });
+            // SAFETY: a Thread object queued by the hook, kept alive (and pinned) by this very
+            // mark since; `rb_gc_mark` allocates nothing.
+            unsafe { rb_sys::rb_gc_mark(ended.thread) };
         }
-    }
+    });
 }
