@@ -11,7 +11,8 @@
 //! # Why the value is never found in use
 //!
 //! - **Every access holds the GVL.** The cells are touched by Ruby methods, postponed jobs
-//!   (`rb_postponed_job_flush`, Ruby 3.1 `vm_trace.c`), end procs, internal event hooks and
+//!   (`rb_postponed_job_flush`, Ruby 3.1 `vm_trace.c`), end procs, internal event hooks, the
+//!   thread-end event hook (on the ending thread, with the GVL: `sampling/thread_end.rs`) and
 //!   the GC's callbacks. The GC runs on the thread that holds the GVL: a thread without it
 //!   that needs a collection takes it first (`garbage_collect_with_gvl`, Ruby 3.1 `gc.c`,
 //!   which asks `ruby_thread_has_gvl_p`); `dmark` runs in its marking, `dcompact` in its
