@@ -99,6 +99,10 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.define_singleton_method("_native_gvl_stop", function!(native_stop, 0))?;
     class.define_singleton_method("_native_gvl_take", function!(native_take, 1))?;
     class.define_singleton_method("_native_gvl_waiting", function!(native_waiting, 1))?;
+    class.define_singleton_method(
+        "_native_gvl_dispatch_probe",
+        function!(native_dispatch_probe, 1),
+    )?;
     Ok(())
 }
 
@@ -262,6 +266,20 @@ fn native_waiting(ruby: &Ruby, thread: Value) -> Result<Option<bool>, Error> {
     })
 }
 
+/// `Profiler._native_gvl_dispatch_probe(on)`, for bench/gvl_hook.rb only: adds (or removes) a
+/// second thread event hook, on STARTED alone, whose callback does nothing. With it Ruby pays
+/// its dispatch of every GVL event (its hooks' lock and list walk run for any event once a hook
+/// exists), and no callback runs while no thread starts: the part of the hook's cost that is
+/// Ruby's, measured apart from ours. False on a Ruby without the API. With the GVL.
+fn native_dispatch_probe(ruby: &Ruby, on: bool) -> Result<bool, Error> {
+    entry(ruby, || {
+        if AVAILABLE {
+            imp::dispatch_probe(on);
+        }
+        Ok(AVAILABLE)
+    })
+}
+
 /// What the hook does for one event on `thread`'s slot.
 fn on_event(event: u32, thread: usize) {
     let claim = event != imp::EXITED;
@@ -273,8 +291,12 @@ fn on_event(event: u32, thread: usize) {
     };
     match event {
         imp::READY => {
-            let _ =
-                slot.ready_at.compare_exchange(0, now_ns(), Ordering::AcqRel, Ordering::Relaxed);
+            // A plain store, not a compare-and-swap: besides this thread's own events, which
+            // never run at once, only the take writes `ready_at`, and only while it is not 0.
+            // A READY with a wait under way keeps the wait's start.
+            if slot.ready_at.load(Ordering::Relaxed) == 0 {
+                slot.ready_at.store(now_ns(), Ordering::Release);
+            }
         }
         imp::RESUMED => {
             let ready = slot.ready_at.swap(0, Ordering::AcqRel);
@@ -329,6 +351,39 @@ mod imp {
         }
     }
 
+    /// The probe hook `native_dispatch_probe` added (null: none).
+    static PROBE: AtomicUsize = AtomicUsize::new(0);
+
+    pub fn dispatch_probe(on: bool) {
+        let old = PROBE.swap(0, Ordering::AcqRel);
+        if old != 0 {
+            // SAFETY: as `remove_hook`: GVL held, not from a callback, the hook add got.
+            unsafe {
+                rb_sys::rb_internal_thread_remove_event_hook(
+                    old as *mut rb_sys::rb_internal_thread_event_hook_t,
+                )
+            };
+        }
+        if on {
+            // SAFETY: as `add_hook`; `nothing` does nothing and never unwinds.
+            let hook = unsafe {
+                rb_sys::rb_internal_thread_add_event_hook(
+                    Some(nothing),
+                    rb_sys::RUBY_INTERNAL_THREAD_EVENT_STARTED as rb_sys::rb_event_flag_t,
+                    std::ptr::null_mut(),
+                )
+            };
+            PROBE.store(hook as usize, Ordering::Release);
+        }
+    }
+
+    unsafe extern "C" fn nothing(
+        _: rb_sys::rb_event_flag_t,
+        _: *const rb_sys::rb_internal_thread_event_data_t,
+        _: *mut c_void,
+    ) {
+    }
+
     /// The hook. Never unwinds.
     #[allow(deprecated)] // `rb_internal_thread_event_data::thread`: the API's one field
     unsafe extern "C" fn on_gvl_event(
@@ -354,6 +409,8 @@ mod imp {
     pub fn add_hook() {}
 
     pub fn remove_hook() {}
+
+    pub fn dispatch_probe(_on: bool) {}
 }
 
 #[cfg(test)]
