@@ -45,6 +45,7 @@ use std::sync::Once;
 use magnus::{function, prelude::*, rb_sys::AsRawValue, Error, RModule, Ruby, Value};
 
 use crate::recorder::errors::entry;
+use crate::sampling::trigger::monotonic_ns;
 
 /// Whether this Ruby has the thread event API with the event's thread (3.3 and later).
 pub const AVAILABLE: bool = cfg!(ruby_gte_3_3);
@@ -104,13 +105,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         function!(native_dispatch_probe, 1),
     )?;
     Ok(())
-}
-
-fn now_ns() -> i64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: writes the timespec it is given; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
 /// The slots `thread` (a VALUE) may be in, in probe order: from the one its hash names on.
@@ -236,7 +230,7 @@ fn native_take(ruby: &Ruby, thread: Value) -> Result<Option<u64>, Error> {
         // to count it twice).
         let ready = slot.ready_at.load(Ordering::Acquire);
         if ready > 0 {
-            let now = now_ns();
+            let now = monotonic_ns();
             if now > ready
                 && slot
                     .ready_at
@@ -295,12 +289,12 @@ fn on_event(event: u32, thread: usize) {
             // never run at once, only the take writes `ready_at`, and only while it is not 0.
             // A READY with a wait under way keeps the wait's start.
             if slot.ready_at.load(Ordering::Relaxed) == 0 {
-                slot.ready_at.store(now_ns(), Ordering::Release);
+                slot.ready_at.store(monotonic_ns(), Ordering::Release);
             }
         }
         imp::RESUMED => {
             let ready = slot.ready_at.swap(0, Ordering::AcqRel);
-            let now = now_ns();
+            let now = monotonic_ns();
             if ready > 0 && now > ready {
                 slot.waited.fetch_add((now - ready) as u64, Ordering::AcqRel);
             }
