@@ -31,7 +31,8 @@
 //! From `Profiler._native_gc_start` to `Profiler._native_gc_stop` (a run with `gc: true`, from
 //! its start to its stop), and in that process only: a forked child inherits the enabled hook
 //! (Ruby's hook list is process memory), where it measures nothing (the fork generation) until
-//! the child starts measuring itself, and [`enabled`] says false. While it measures, the
+//! the child starts measuring itself, and [`enabled`] says false; `ForkHook` removes it there
+//! (`lib/ddprof_recorder/fork_hook.rb`). While it measures, the
 //! GC_EXIT hook that reads ticks inside the GC (`sampling::gc_ticks`) is off: the handler drops
 //! those ticks then (their time is this module's), so that hook would only cost a call at
 //! every GC step; each start and stop here tells `gc_ticks` to re-check.

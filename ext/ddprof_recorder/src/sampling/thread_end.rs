@@ -68,8 +68,9 @@
 //! Lifecycle: [`start`] adds the hook (once; it stays added while sampling) and [`stop`] removes
 //! it, both with the GVL, from `_native_sampling_start` and `_native_sampling_stop` (and the end
 //! proc). A forked child inherits the hook and the queues (Ruby's hook list is process memory):
-//! until it starts sampling, the hook sees another fork generation and does nothing, and
-//! [`start`] empties the queues the parent left. Nothing here unwinds: each callback runs
+//! until it starts sampling, the hook sees another fork generation and does nothing (`ForkHook`
+//! removes it there, `lib/ddprof_recorder/fork_hook.rb`), and [`start`] empties the queues the
+//! parent left. Nothing here unwinds: each callback runs
 //! inside `catch_unwind`.
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
