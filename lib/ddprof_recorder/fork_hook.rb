@@ -19,6 +19,12 @@ module DdprofRecorder
   # Threads do not survive a fork: the child has only the thread that forked. The restart makes
   # new ones and never waits for the parent's (see {Profiler#restart_after_fork}). A failure to
   # restart is logged; the fork itself always goes on.
+  #
+  # Event hooks do survive it (Ruby's hook lists are process memory): the hooks of whatever
+  # profiler was sampling in the parent, the process-wide one or one of its own. They measure
+  # nothing in the child (the fork generation, docs/profiler.md "Fork and exit") but would be
+  # called at every GC step, allocation, or thread start and end, so every child first removes
+  # them ({remove_parent_hooks}); a profiler started there adds its own.
   module ForkHook
     # Prepended to `Process.singleton_class`.
     module ProcessMethods
@@ -27,7 +33,10 @@ module DdprofRecorder
       def _fork
         profiler = Profiler.current if Profiler.running?
         pid = super
-        ForkHook.after_fork_in_child(profiler) if pid.zero? && profiler
+        if pid.zero?
+          ForkHook.remove_parent_hooks
+          ForkHook.after_fork_in_child(profiler) if profiler
+        end
         pid
       end
     end
@@ -39,6 +48,20 @@ module DdprofRecorder
       return if Process.singleton_class.ancestors.include?(ProcessMethods)
 
       Process.singleton_class.prepend(ProcessMethods)
+    end
+
+    # In every child: removes the event hooks a profiler sampling in the parent left enabled
+    # (each call does nothing if its hook is off). A profiler started here starts afresh.
+    #
+    # @return [void]
+    def self.remove_parent_hooks
+      Profiler._native_sampling_stop(nil) # the thread-end hook, the GC_EXIT tick hook, the signals
+      Profiler._native_gvl_stop
+      Profiler._native_gc_stop
+      Profiler._native_allocations_stop
+      Profiler._native_heap_stop
+    rescue StandardError => e
+      DdprofRecorder.logger.error("profiler: could not remove the parent's hooks after fork: #{e.class}: #{e.message}")
     end
 
     # In the child: restarts the profiler that was running in the parent.

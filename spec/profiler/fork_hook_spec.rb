@@ -97,6 +97,20 @@ RSpec.describe DdprofRecorder::ForkHook do
     expect(mine.first.first).to be > windows.first.first if windows.any?
   end
 
+  # TracePoint.stat counts the VM's event hooks ([active, deleted]). A child inherits the
+  # parent's enabled ones, idle there: the hook removes them (ForkHook.remove_parent_hooks).
+  it "removes in the child the hooks that the parent's profiler left enabled" do
+    active = -> { TracePoint.stat.values.sum(&:first) }
+    before = active.call
+    own = DdprofRecorder::Profiler.new(hz: 200, gc: true, allocations: true, allocation_overhead: 1).start
+    in_parent = active.call - before
+    _, data = in_child(:fork) { Marshal.dump(active.call - before) }
+    own.stop
+    expect(in_parent).to be >= 2 # the GC events' and the allocations' at least
+    expect(Marshal.load(data)).to eq(0)
+    expect(active.call - before).to eq(0)
+  end
+
   it "leaves a profiler of its own, and a stopped one, to the parent" do
     own = DdprofRecorder::Profiler.new(hz: 200).start
     _, data = in_child(:fork) { Marshal.dump([own.running?, DdprofRecorder::Profiler.running?, own.restart_after_fork.nil?]) }

@@ -82,6 +82,26 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
       pprof = profiler_class.profile(compression: :none) { MemoryShape.churn(100_000) && GC.start }
       expect(gc_samples(samples_from(decode_pprof(pprof)))).to be_empty
     end
+
+    # TracePoint.stat counts the VM's event hooks ([active, deleted]), ours among them. With
+    # gc: true the handler drops a tick inside the GC (its time is on the GC's own frames), so
+    # the GC_EXIT hook that would read it (gc_ticks.rs, 3.3+ in handler mode) must not be on:
+    # it stayed on, called for nothing at every GC step. And a stopped profiler leaves no hook.
+    it "adds no hook whose ticks it drops, and leaves none after stop" do
+      active = -> { TracePoint.stat.values.sum(&:first) }
+      before = active.call
+      runs = [false, true].to_h do |gc|
+        profiler = profiler_class.new(gc: gc)
+        profiler.start
+        during = active.call - before
+        profiler.stop
+        [gc, { during: during, mode: profiler.sampling_mode, after: active.call - before }]
+      end
+      ticks_hook = runs[false][:mode] == :handler && profiler_class::GC_TICKS_READ ? 1 : 0
+      # gc: true adds the GC events' hook, and the tick-reading one is off.
+      expect(runs[true][:during]).to eq(runs[false][:during] + 1 - ticks_hook), runs.inspect
+      expect(runs.values.map { |run| run[:after] }).to eq([0, 0])
+    end
   end
 
   # ext/ddprof_recorder/src/sampling/gc_ticks.rs: a CPU tick inside the GC, read at the GC step's end.

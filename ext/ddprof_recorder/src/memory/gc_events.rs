@@ -25,6 +25,17 @@
 //!
 //! GC that runs inside the sampling job (the job allocates) is not counted: the job's own
 //! CPU is already left out of the thread's account.
+//!
+//! # When it is on
+//!
+//! From `Profiler._native_gc_start` to `Profiler._native_gc_stop` (a run with `gc: true`, from
+//! its start to its stop), and in that process only: a forked child inherits the enabled hook
+//! (Ruby's hook list is process memory), where it measures nothing (the fork generation) until
+//! the child starts measuring itself, and [`enabled`] says false; `ForkHook` removes it there
+//! (`lib/ddprof_recorder/fork_hook.rb`). While it measures, the
+//! GC_EXIT hook that reads ticks inside the GC (`sampling::gc_ticks`) is off: the handler drops
+//! those ticks then (their time is this module's), so that hook would only cost a call at
+//! every GC step; each start and stop here tells `gc_ticks` to re-check.
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -82,6 +93,8 @@ static STATE: GvlCell<GcState> = GvlCell::new(
     },
 );
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// The fork generation that enabled it (a forked child's inherited hook measures nothing).
+static GENERATION: AtomicU64 = AtomicU64::new(u64::MAX);
 static HOOK: InternalHook = InternalHook::new(
     rb_sys::RUBY_INTERNAL_EVENT_GC_ENTER
         | rb_sys::RUBY_INTERNAL_EVENT_GC_EXIT
@@ -94,9 +107,10 @@ static HOOK: InternalHook = InternalHook::new(
 static MAJOR_BY: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
 static LOST_NS: AtomicU64 = AtomicU64::new(0);
 
-/// Whether the GC's time is being measured (`gc: true`).
+/// Whether the GC's time is being measured (`gc: true`), in this process.
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Acquire)
+        && GENERATION.load(Ordering::Acquire) == crate::recorder::fork::fork_generation()
 }
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
@@ -119,6 +133,8 @@ unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
     let _ = catch_unwind(stop);
 }
 
+/// Off. Also the end proc's: at exit the sampling's own end proc turns `gc_ticks`' hook off,
+/// so this one does not ask it to re-check (which could turn it on while Ruby tears down).
 fn stop() {
     ENABLED.store(false, Ordering::Release);
     HOOK.disable();
@@ -139,8 +155,10 @@ fn native_start(ruby: &Ruby) -> Result<(), Error> {
             MAJOR_BY.store(sym as usize, Ordering::Release);
             rb_sys::rb_gc_latest_gc_info(sym);
         }
+        GENERATION.store(crate::recorder::fork::fork_generation(), Ordering::Release);
         ENABLED.store(true, Ordering::Release);
         HOOK.enable();
+        crate::sampling::gc_ticks::update();
         Ok(())
     })
 }
@@ -148,6 +166,7 @@ fn native_start(ruby: &Ruby) -> Result<(), Error> {
 fn native_stop(ruby: &Ruby) -> Result<(), Error> {
     crate::recorder::errors::entry(ruby, || {
         stop();
+        crate::sampling::gc_ticks::update();
         Ok(())
     })
 }
@@ -179,7 +198,7 @@ fn native_lost_ns(ruby: &Ruby) -> Result<u64, Error> {
 /// The GC hook. Never unwinds, never allocates.
 unsafe extern "C" fn on_gc_event(tracepoint: rb_sys::VALUE, _data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        if !ENABLED.load(Ordering::Relaxed) {
+        if !enabled() {
             return;
         }
         // SAFETY: in one of our hooks with the GVL; only reads the current trace arg.

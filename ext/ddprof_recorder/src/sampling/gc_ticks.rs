@@ -33,19 +33,26 @@
 //! `newobj_of`'s slow path (`vm::GC_EXIT_HOOK_KEEPS_ALLOCATION_FAST`), and a tick in the GC
 //! stays dropped there. Not with `gc: true` either: `gc_events` then measures the GC's time
 //! and records it on its own frames, and the handler drops such ticks so as not to count the
-//! GC twice. Only when the handler reads stacks (`signals: :handler`): in the safepoint mode
-//! the job reads the stack, after the GC.
+//! GC twice; so the hook is not on then, where it would only be an idle call at every GC step
+//! (`spec/profiler/gc_and_heap_spec.rb` counts the hooks). Only when the handler
+//! reads stacks (`signals: :handler`): in the safepoint mode the job reads the stack, after the
+//! GC. So the hook is on exactly while a run whose handler reads stacks wants it ([`start`] to
+//! [`stop`]) and `gc_events` does not measure, which each of them re-checks when it changes
+//! ([`update`]); a stopped profiler leaves it off.
 //!
 //! A tick that comes inside this hook waits for the next step's end; one whose step ended
 //! after the profiler stopped is dropped at the drain, its CPU left for the next sample, as
 //! before (both counted in `signals_in_gc`).
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
 
 use crate::vm::internal_hook::InternalHook;
 
 static HOOK: InternalHook = InternalHook::new(rb_sys::RUBY_INTERNAL_EVENT_GC_EXIT, on_gc_exit);
+/// Whether a sampling run whose handler reads stacks is on (changed with the GVL only).
+static WANTED: AtomicBool = AtomicBool::new(false);
 
 /// Makes the hook's TracePoint slot a GC root. Once, at load.
 pub fn init() {
@@ -53,17 +60,30 @@ pub fn init() {
     ONCE.call_once(|| HOOK.register());
 }
 
-/// Turns the hook on where it keeps allocation fast (GVL held). For a run whose handler reads
-/// stacks.
+/// For a run whose handler reads stacks: the hook is wanted from now on (GVL held).
 pub fn start() {
-    if crate::vm::GC_EXIT_HOOK_KEEPS_ALLOCATION_FAST {
-        HOOK.enable();
-    }
+    WANTED.store(true, Ordering::Release);
+    update();
 }
 
-/// Turns the hook off (GVL held).
+/// The run stops: the hook is off (GVL held).
 pub fn stop() {
-    HOOK.disable();
+    WANTED.store(false, Ordering::Release);
+    update();
+}
+
+/// Turns the hook on if a run wants it, it keeps allocation fast on this Ruby, and `gc_events`
+/// does not measure the GC; else off. GVL held: [`start`], [`stop`], and `gc_events` when it
+/// starts or stops measuring.
+pub fn update() {
+    if WANTED.load(Ordering::Acquire)
+        && crate::vm::GC_EXIT_HOOK_KEEPS_ALLOCATION_FAST
+        && !crate::memory::gc_events::enabled()
+    {
+        HOOK.enable();
+    } else {
+        HOOK.disable();
+    }
 }
 
 /// Whether a tick inside the GC is kept for the step's end: the hook is on, and `gc_events`
