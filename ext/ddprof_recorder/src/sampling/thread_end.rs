@@ -70,8 +70,10 @@
 //! proc). A forked child inherits the hook and the queues (Ruby's hook list is process memory):
 //! until it starts sampling, the hook sees another fork generation and does nothing (`ForkHook`
 //! removes it there, `lib/ddprof_recorder/fork_hook.rb`), and [`start`] empties the queues the
-//! parent left. Nothing here unwinds: each callback runs
-//! inside `catch_unwind`.
+//! parent left. An exit that passed its watch's check just before a stop can be queued after
+//! that run's last flush: each exit carries its run, and a later run's take drops the ones that
+//! are not its own (their CPU was that run's, whose profile is done). Nothing here unwinds: each
+//! callback runs inside `catch_unwind`.
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -88,7 +90,7 @@ use crate::vm::gvl_cell::{GcRoot, GvlCell};
 /// exit's is lost (its native thread is gone).
 /// A pass comes about `hz` times a second: 99 a second at 5,000 ended threads a second is 50.
 const MAX_QUEUED: usize = 1 << 16;
-/// The exits' queue's cells (a power of two): the same bound as the ends'. 16 bytes each, 1 MiB
+/// The exits' queue's cells (a power of two): the same bound as the ends'. 24 bytes each, 1.5 MiB
 /// of zeroed static memory, resident only as far as the queue has gone round.
 const EXIT_CAPACITY: usize = MAX_QUEUED;
 
@@ -107,6 +109,10 @@ pub struct Ended {
 pub struct Exited {
     pub tid: i32,
     pub cpu_ns: i64,
+    /// The [`RUN`] its watch was set in (its low 32 bits): an exit that passed its watch's
+    /// check just before a stop and was queued after that run's last flush is not the next
+    /// run's, which drops it at its take.
+    pub run: u32,
 }
 
 /// Queued by the hook, taken by the sampler's pass, marked by the GC: all with the GVL.
@@ -140,11 +146,17 @@ struct ExitCell {
     turn: AtomicU32,
     tid: AtomicI32,
     cpu_ns: AtomicI64,
+    run: AtomicU32,
 }
 
 impl ExitCell {
     const fn new() -> Self {
-        Self { turn: AtomicU32::new(0), tid: AtomicI32::new(0), cpu_ns: AtomicI64::new(0) }
+        Self {
+            turn: AtomicU32::new(0),
+            tid: AtomicI32::new(0),
+            cpu_ns: AtomicI64::new(0),
+            run: AtomicU32::new(0),
+        }
     }
 }
 
@@ -206,6 +218,7 @@ impl ExitQueue {
                     Ok(_) => {
                         cell.tid.store(item.tid, Ordering::Relaxed);
                         cell.cpu_ns.store(item.cpu_ns, Ordering::Relaxed);
+                        cell.run.store(item.run, Ordering::Relaxed);
                         Self::set_sequence(cell, pos, pos.wrapping_add(1));
                         return true;
                     }
@@ -232,6 +245,7 @@ impl ExitQueue {
         let item = Exited {
             tid: cell.tid.load(Ordering::Relaxed),
             cpu_ns: cell.cpu_ns.load(Ordering::Relaxed),
+            run: cell.run.load(Ordering::Relaxed),
         };
         Self::set_sequence(cell, pos, pos.wrapping_add(EXIT_CAPACITY as u32));
         self.head.store(pos.wrapping_add(1), Ordering::Relaxed);
@@ -275,7 +289,7 @@ impl Drop for ExitWatch {
             // SAFETY: gettid has no preconditions and cannot fail. Not `own_tid`: its cache is
             // another thread-local, which may already be gone in a destructor.
             let tid = unsafe { libc::gettid() };
-            let exited = Exited { tid, cpu_ns: own_cpu_ns() };
+            let exited = Exited { tid, cpu_ns: own_cpu_ns(), run: self.run.get() as u32 };
             push_exit(exited);
         }));
     }
@@ -365,7 +379,8 @@ pub fn native_take_thread_ends(ruby: &Ruby) -> Result<Option<RArray>, Error> {
         }
         forget_taken(ends.len());
         let flat_exits = ruby.ary_new_capa(exits.len() * 2);
-        for exited in &exits {
+        let run = RUN.load(Ordering::Acquire) as u32;
+        for exited in exits.iter().filter(|exited| exited.run == run) {
             flat_exits.push(exited.tid)?;
             flat_exits.push(exited.cpu_ns)?;
         }
@@ -491,12 +506,18 @@ fn mark_ends() {
 mod tests {
     use super::*;
 
+    /// An exit whose run is its tid's low bits, so that every field's trip is checked.
     fn exit(tid: i32, cpu_ns: i64) -> Exited {
-        Exited { tid, cpu_ns }
+        Exited { tid, cpu_ns, run: tid as u32 ^ 0x5a5a }
     }
 
     fn take_all(queue: &ExitQueue) -> Vec<(i32, i64)> {
-        std::iter::from_fn(|| queue.pop()).map(|e| (e.tid, e.cpu_ns)).collect()
+        std::iter::from_fn(|| queue.pop())
+            .inspect(|e| {
+                assert_eq!(e.run, e.tid as u32 ^ 0x5a5a, "the run comes out as it went in")
+            })
+            .map(|e| (e.tid, e.cpu_ns))
+            .collect()
     }
 
     #[test]
