@@ -17,7 +17,8 @@
 # Each round gives the ratio of its process CPU time (the hand-over's futex calls and the
 # hooks' work; less noisy than wall time, which waits on the kernel's scheduler) to the off
 # round beside it. Reported: the median ratios with their quartiles, and the ns of CPU they
-# come to: Ruby's dispatch per pass, ours per hooked event (two a pass).
+# come to: Ruby's dispatch per pass, and ours per hooked event (two a pass), from the median
+# ratio of each round's ours to the same round's Ruby-only.
 #
 # Where the kernel runs the 4 threads decides what a hand-over costs, and with it the ratio
 # (bench/RESULTS.md, "Timeline"), so the run measures each placement in turn:
@@ -115,7 +116,7 @@ results = options[:placements].to_h do |placement|
   next [placement, { ns_per_pass: { ours: median.call(rounds["ours"]).fdiv(options[:passes]).round(1) } }] if options[:always]
 
   off_ns = median.call(rounds["off"]).fdiv(options[:passes])
-  ratio = ->(mode) { rounds[mode].zip(rounds["off"]).map { |on, off| on.fdiv(off) } }
+  ratio = ->(mode, base = "off") { rounds[mode].zip(rounds[base]).map { |on, off| on.fdiv(off) } }
   ruby_ratio = median.call(ratio.call("ruby"))
   ours_ratio = median.call(ratio.call("ours"))
   [placement, {
@@ -124,7 +125,9 @@ results = options[:placements].to_h do |placement|
             ns_per_pass: ((ruby_ratio - 1) * off_ns).round(1) },
     ours: { ratio: ours_ratio.round(4), quartiles: quartiles.call(ratio.call("ours")).map { |r| r.round(4) },
             ns_per_pass: ((ours_ratio - 1) * off_ns).round(1),
-            ns_per_event_beyond_ruby: ((ours_ratio - ruby_ratio) * off_ns / EVENTS_OURS).round(1) }
+            # Ours against Ruby's alone in the same round (paired, so less spread than the
+            # difference of the two medians against off).
+            ns_per_event_beyond_ruby: ((median.call(ratio.call("ours", "ruby")) - 1) * off_ns / EVENTS_OURS).round(1) }
   }]
 end
 queues.each { |q| q << nil }
