@@ -317,24 +317,31 @@ mod imp {
     pub const RESUMED: u32 = rb_sys::RUBY_INTERNAL_THREAD_EVENT_RESUMED;
     pub const EXITED: u32 = rb_sys::RUBY_INTERNAL_THREAD_EVENT_EXITED;
 
-    pub fn add_hook() {
-        let events = READY | RESUMED | EXITED;
-        // SAFETY: GVL held, not from a thread event callback (`thread.h`'s one rule);
-        // `on_gvl_event` never unwinds and uses no data pointer.
+    type Callback = unsafe extern "C" fn(
+        rb_sys::rb_event_flag_t,
+        *const rb_sys::rb_internal_thread_event_data_t,
+        *mut c_void,
+    );
+
+    /// Adds `callback` on `events`, and stores the hook Ruby returned in `slot`.
+    fn add(slot: &AtomicUsize, callback: Callback, events: u32) {
+        // SAFETY: GVL held, not from a thread event callback (`thread.h`'s one rule); both
+        // callbacks here never unwind and use no data pointer.
         let hook = unsafe {
             rb_sys::rb_internal_thread_add_event_hook(
-                Some(on_gvl_event),
+                Some(callback),
                 events as rb_sys::rb_event_flag_t,
                 std::ptr::null_mut(),
             )
         };
-        HOOK.store(hook as usize, Ordering::Release);
+        slot.store(hook as usize, Ordering::Release);
     }
 
-    pub fn remove_hook() {
-        let hook = HOOK.swap(0, Ordering::AcqRel);
+    /// Removes the hook stored in `slot`, if any.
+    fn remove(slot: &AtomicUsize) {
+        let hook = slot.swap(0, Ordering::AcqRel);
         if hook != 0 {
-            // SAFETY: GVL held, not from a callback; `hook` is the one add_hook got (a forked
+            // SAFETY: GVL held, not from a callback; `hook` is the one `add` got (a forked
             // child's is its parent's, in the hook list it inherited). Ruby takes its hooks'
             // write lock, so no callback runs it meanwhile (3.3.8 `thread_pthread.c`).
             unsafe {
@@ -345,29 +352,21 @@ mod imp {
         }
     }
 
+    pub fn add_hook() {
+        add(&HOOK, on_gvl_event, READY | RESUMED | EXITED);
+    }
+
+    pub fn remove_hook() {
+        remove(&HOOK);
+    }
+
     /// The probe hook `native_dispatch_probe` added (null: none).
     static PROBE: AtomicUsize = AtomicUsize::new(0);
 
     pub fn dispatch_probe(on: bool) {
-        let old = PROBE.swap(0, Ordering::AcqRel);
-        if old != 0 {
-            // SAFETY: as `remove_hook`: GVL held, not from a callback, the hook add got.
-            unsafe {
-                rb_sys::rb_internal_thread_remove_event_hook(
-                    old as *mut rb_sys::rb_internal_thread_event_hook_t,
-                )
-            };
-        }
+        remove(&PROBE);
         if on {
-            // SAFETY: as `add_hook`; `nothing` does nothing and never unwinds.
-            let hook = unsafe {
-                rb_sys::rb_internal_thread_add_event_hook(
-                    Some(nothing),
-                    rb_sys::RUBY_INTERNAL_THREAD_EVENT_STARTED as rb_sys::rb_event_flag_t,
-                    std::ptr::null_mut(),
-                )
-            };
-            PROBE.store(hook as usize, Ordering::Release);
+            add(&PROBE, nothing, rb_sys::RUBY_INTERNAL_THREAD_EVENT_STARTED);
         }
     }
 

@@ -137,8 +137,8 @@ pub static DROPPED: AtomicU64 = AtomicU64::new(0);
 /// the threads (`Thread.list`) only when it moved since its last look.
 static BEGUN: AtomicU64 = AtomicU64::new(0);
 
-/// A cell of [`ExitQueue`]: the record as two atomics (written by the one exit that claimed the
-/// cell, read by the pass once it is published), and its sequence number.
+/// A cell of [`ExitQueue`]: the record's fields as atomics (written by the one exit that claimed
+/// the cell, read by the pass once it is published), and its sequence number.
 struct ExitCell {
     /// The cell's sequence number less its index (wrapping), so that a zeroed cell reads as
     /// Vyukov's initial `sequence == index`. For position `pos` of this cell: `pos` when free to

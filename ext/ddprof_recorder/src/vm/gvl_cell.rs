@@ -2,9 +2,10 @@
 //!
 //! The memory profiler's pending samples, its tracked heap and GC-time table, the frame cache
 //! and the queue of thread ends are read and written by the GC's mark and compaction callbacks
-//! and by internal event hooks, which run inside the allocator or the GC. Behind a `Mutex`, such a callback that
-//! found the lock held (by a panic that poisoned it, or by a caller that let a GC start) could
-//! only skip its work: a frame left unmarked, an address left stale, a use-after-free later.
+//! and by internal event hooks, which run inside the allocator or the GC. Behind a `Mutex`,
+//! such a callback that found the lock held (by a panic that poisoned it, or by a caller that
+//! let a GC start) could only skip its work: a frame left unmarked, an address left stale, a
+//! use-after-free later.
 //! A [`GvlCell`] has no such way out: its value is reached only through [`GvlCell::with`], and
 //! a `with` that finds the value in use ends the process.
 //!
