@@ -20,7 +20,17 @@
 //! the sampler takes them at the thread's end (the take leaves a [`TOMB`], so that the threads
 //! that probed past the slot are still found), or, with no slot free, a new thread reclaims it.
 //! A slot is a cache line of its own: a thread's events come from both cores, and two threads'
-//! slots never share a line.
+//! slots never share a line. Times are the ticks of `tick_clock` (the CPU's counter where the
+//! kernel keeps time with it), turned into ns by the take only.
+//!
+//! The hook makes no read-modify-write either (each is a locked instruction): a slot's wait
+//! fields are written by its thread's events, which never run at once, with plain stores, and
+//! the sampler keeps its own count of what it took ([`Slot::taken`]). A take reads the waits
+//! ended (`waited`) before the wait under way (`ready_at`), and RESUMED clears `ready_at`
+//! before it adds the wait to `waited`: so a take that sees the wait added sees it ended, and
+//! no wait is counted twice. A take that counted a wait's part so far while the wait's RESUMED
+//! read its clock just before the take's read can find `waited` short of what it took by those
+//! few ns later: it takes nothing until the waits pass it again.
 //!
 //! The VALUE names its thread while the thread lives, and after: the sampler holds every
 //! thread it looks at until its last take, so a VALUE is reused only once that take is done.
@@ -39,13 +49,13 @@
 // On 3.1 the table and the events' logic are built (and unit-tested) but nothing calls them.
 #![cfg_attr(not(ruby_gte_3_3), allow(dead_code))]
 use std::panic::catch_unwind;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
 use magnus::{function, prelude::*, rb_sys::AsRawValue, Error, RModule, Ruby, Value};
 
 use crate::recorder::errors::entry;
-use crate::sampling::trigger::monotonic_ns;
+use crate::sampling::tick_clock;
 
 /// Whether this Ruby has the thread event API with the event's thread (3.3 and later).
 pub const AVAILABLE: bool = cfg!(ruby_gte_3_3);
@@ -59,15 +69,23 @@ const SLOTS: usize = 1024;
 #[repr(align(64))]
 struct Slot {
     owner: AtomicUsize,
-    /// Monotonic ns when the thread became ready, 0 while it is not waiting.
-    ready_at: AtomicI64,
-    /// Ns waited since the sampler last took them.
+    /// Ticks (`tick_clock`) when the thread became ready, 0 while it is not waiting.
+    ready_at: AtomicU64,
+    /// Ticks waited in the waits that ended since the slot was claimed. Written by the thread's
+    /// events only.
     waited: AtomicU64,
+    /// Ticks of `waited` and of waits under way that the sampler took. Written by the take
+    /// only (with the GVL).
+    taken: AtomicU64,
 }
 
 #[allow(clippy::declare_interior_mutable_const)] // only the array's initializer
-const FREE: Slot =
-    Slot { owner: AtomicUsize::new(0), ready_at: AtomicI64::new(0), waited: AtomicU64::new(0) };
+const FREE: Slot = Slot {
+    owner: AtomicUsize::new(0),
+    ready_at: AtomicU64::new(0),
+    waited: AtomicU64::new(0),
+    taken: AtomicU64::new(0),
+};
 static TABLE: [Slot; SLOTS] = [FREE; SLOTS];
 /// In `owner`: the thread exited (a VALUE is 8-aligned, so its low bit is free).
 const ENDED: usize = 1;
@@ -153,8 +171,7 @@ fn take_slot(slot: &Slot, owner: usize, thread: usize) -> bool {
     let ok =
         slot.owner.compare_exchange(owner, thread, Ordering::AcqRel, Ordering::Relaxed).is_ok();
     if ok {
-        slot.waited.store(0, Ordering::Relaxed);
-        slot.ready_at.store(0, Ordering::Relaxed);
+        clear(slot);
     }
     ok
 }
@@ -164,14 +181,26 @@ unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
 }
 
 /// Removes the hook. A wait under way then never sees its RESUMED: it is dropped, so that a
-/// take after this counts no time that is not a wait. What was measured stays to be taken.
+/// take after this counts no time that is not a wait (the part of it a take counted stays
+/// counted). What was measured stays to be taken.
 fn stop() {
     if HOOKED.swap(false, Ordering::AcqRel) {
+        // Once this returns no callback runs (Ruby takes its hooks' write lock), so the slots'
+        // wait fields have no other writer until the hook is added again.
         imp::remove_hook();
         for slot in &TABLE {
-            slot.ready_at.store(0, Ordering::Release);
+            slot.ready_at.store(0, Ordering::Relaxed);
+            let taken = slot.taken.load(Ordering::Relaxed);
+            slot.waited.fetch_max(taken, Ordering::Release);
         }
     }
+}
+
+/// Empties a slot's times (its owner is set apart).
+fn clear(slot: &Slot) {
+    slot.ready_at.store(0, Ordering::Relaxed);
+    slot.waited.store(0, Ordering::Relaxed);
+    slot.taken.store(0, Ordering::Relaxed);
 }
 
 /// `Profiler._native_gvl_start`: measures the GVL waits from now on; false on a Ruby without
@@ -188,10 +217,10 @@ fn native_start(ruby: &Ruby) -> Result<bool, Error> {
             HOOKED.store(false, Ordering::Release);
             for slot in &TABLE {
                 slot.owner.store(0, Ordering::Relaxed);
-                slot.ready_at.store(0, Ordering::Relaxed);
-                slot.waited.store(0, Ordering::Relaxed);
+                clear(slot);
             }
         }
+        tick_clock::init();
         if !HOOKED.swap(true, Ordering::AcqRel) {
             imp::add_hook();
         }
@@ -217,31 +246,28 @@ fn native_take(ruby: &Ruby, thread: Value) -> Result<Option<u64>, Error> {
         }
         let thread = thread.as_raw() as usize;
         let Some(slot) = slot(thread, false) else { return Ok(None) };
-        let mut waited = slot.waited.swap(0, Ordering::AcqRel);
+        let new = take(slot);
         // An ended thread's last take: its slot is free again.
-        if slot
-            .owner
-            .compare_exchange(thread | ENDED, TOMB, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            return Ok(Some(waited));
-        }
-        // A wait under way: the part so far now, the rest at its RESUMED (moved up so as not
-        // to count it twice).
-        let ready = slot.ready_at.load(Ordering::Acquire);
-        if ready > 0 {
-            let now = monotonic_ns();
-            if now > ready
-                && slot
-                    .ready_at
-                    .compare_exchange(ready, now, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-            {
-                waited += (now - ready) as u64;
-            }
-        }
-        Ok(Some(waited))
+        let _ =
+            slot.owner.compare_exchange(thread | ENDED, TOMB, Ordering::AcqRel, Ordering::Relaxed);
+        Ok(Some(tick_clock::to_ns(new)))
     })
+}
+
+/// The ticks `slot`'s thread waited since the last take, the wait under way counted up to now
+/// (its rest at its RESUMED). By the sampler only.
+fn take(slot: &Slot) -> u64 {
+    // `waited` before `ready_at` (module doc): a wait is in one or the other, never both.
+    let mut total = slot.waited.load(Ordering::Acquire);
+    let ready = slot.ready_at.load(Ordering::Acquire);
+    if ready > 0 {
+        total += tick_clock::now().saturating_sub(ready);
+    }
+    let new = total.saturating_sub(slot.taken.load(Ordering::Relaxed));
+    if new > 0 {
+        slot.taken.store(total, Ordering::Relaxed);
+    }
+    new
 }
 
 /// `Profiler._native_gvl_waiting(thread)`: whether `thread` is ready to run but without the
@@ -284,19 +310,22 @@ fn on_event(event: u32, thread: usize) {
         return;
     };
     match event {
+        // Plain loads and stores: only this thread's events write the wait fields, and they
+        // never run at once (module doc).
         imp::READY => {
-            // A plain store, not a compare-and-swap: besides this thread's own events, which
-            // never run at once, only the take writes `ready_at`, and only while it is not 0.
             // A READY with a wait under way keeps the wait's start.
             if slot.ready_at.load(Ordering::Relaxed) == 0 {
-                slot.ready_at.store(monotonic_ns(), Ordering::Release);
+                slot.ready_at.store(tick_clock::now(), Ordering::Release);
             }
         }
         imp::RESUMED => {
-            let ready = slot.ready_at.swap(0, Ordering::AcqRel);
-            let now = monotonic_ns();
-            if ready > 0 && now > ready {
-                slot.waited.fetch_add((now - ready) as u64, Ordering::AcqRel);
+            let ready = slot.ready_at.load(Ordering::Relaxed);
+            if ready > 0 {
+                let waited = tick_clock::now().saturating_sub(ready);
+                // Cleared before the wait is added, so that a take sees it in one place only.
+                slot.ready_at.store(0, Ordering::Relaxed);
+                let total = slot.waited.load(Ordering::Relaxed) + waited;
+                slot.waited.store(total, Ordering::Release);
             }
         }
         _ => {
@@ -454,6 +483,35 @@ mod tests {
         // A third thread of the same hash reuses the tomb.
         let c = same[1];
         assert!(std::ptr::eq(slot(c, true).unwrap(), slot_a));
+    }
+
+    #[test]
+    fn a_wait_is_taken_once_whether_taken_during_it_or_after() {
+        tick_clock::init();
+        let thread = 0x7f20_0000_1000;
+        let slot = slot(thread, true).unwrap();
+        let spin = |ns: u64| {
+            let start = tick_clock::now();
+            while tick_clock::to_ns(tick_clock::now() - start) < ns {}
+        };
+        on_event(imp::READY, thread);
+        spin(200_000);
+        let during = take(slot);
+        assert!(during > 0);
+        spin(200_000);
+        on_event(imp::RESUMED, thread);
+        let after = take(slot);
+        let whole = slot.waited.load(Ordering::Relaxed);
+        assert_eq!(during + after, whole, "the wait, in two parts");
+        assert!(tick_clock::to_ns(whole) >= 400_000);
+        assert_eq!(take(slot), 0, "nothing twice");
+        // A second wait adds to what is left to take, and only it.
+        on_event(imp::READY, thread);
+        spin(100_000);
+        on_event(imp::RESUMED, thread);
+        let second = take(slot);
+        assert!(tick_clock::to_ns(second) >= 100_000 && second < whole, "{second} of {whole}");
+        on_event(imp::EXITED, thread);
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod stack_capture;
 pub mod stats;
 pub mod thread_cpu;
 pub mod thread_end;
+pub mod tick_clock;
 pub mod trigger;
 
 use magnus::{Error, RModule, Ruby};
