@@ -142,9 +142,9 @@ RSpec.describe "ddprof-recorder record" do
               "Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < t); pid = fork { burn }; burn; Process.wait(pid)"
     out, err, status = run_exe("record", "-o", "f.pb", "--", RbConfig.ruby, "-e", program, env: { "RUBYOPT" => nil })
     expect([err, status]).to eq(["", 0])
-    # On the whole text, so that a failure shows the whole summary (an Array's is cut short).
+    # The whole summary in the message: RSpec's own cuts a long text short.
     expect(out).to include("\n  threads   2 in 2 processes: main (in each)\n",
-                           "\n  processes 2: the command's and 1 forked\n")
+                           "\n  processes 2: the command's and 1 forked\n"), "the summary:\n#{out}"
   end
 
   it "says that a program shorter than one sampling period has no samples, and names no hottest function" do
