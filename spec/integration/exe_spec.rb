@@ -91,7 +91,10 @@ RSpec.describe "exe/ddprof-recorder" do
     end
 
     it "profiles only the program, not the Ruby processes it starts" do
-      child = "p(defined?(DdprofRecorder::Profiler) ? DdprofRecorder::Profiler.running? : nil)"
+      # The child sleeps so that the parent, waiting for it, lives through tens of sampling
+      # periods: a parent that lived as long as a Ruby start-up (60-80 ms) once had no sample
+      # in a CI run (3.1.2).
+      child = "p(defined?(DdprofRecorder::Profiler) ? DdprofRecorder::Profiler.running? : nil); sleep 0.3"
       out, err, status = cli("record", "-o", "parent.pb.gz", "--", RbConfig.ruby, "-e",
                              "system(#{RbConfig.ruby.dump}, '-e', #{child.dump})")
       expect(status).to eq(0), err
