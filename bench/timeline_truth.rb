@@ -8,8 +8,9 @@
 #   waiting share against (its wall time from its release - its CPU - its run-queue time,
 #   /proc/thread-self/schedstat) over that wall time; the sleeper's blocked share against the
 #   time it asked to sleep over its wall time. Ruby 3.3+ (no waiting share on 3.1).
-# - GC: an allocation-heavy loop; the gc share against GC.stat(:time) (CPU time) over the
-#   thread's CPU.
+# - GC: an allocation-heavy loop; the gc share of the loop's wall time against GC.stat(:time)
+#   (CPU time) over the loop's CPU: the kernel's preemptions stretch the GC's wall time as they
+#   stretch the rest.
 #
 #   ruby bench/timeline_truth.rb
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
@@ -60,16 +61,18 @@ profiler = DdprofRecorder::Profiler.new(hz: 99, compression: :none, timeline: tr
 profiler.start
 gc_ms = GC.stat(:time)
 cpu = thread_cpu_ns
+wall = mono_ns
 keep = []
 150_000.times do |i|
   keep << (("x" * 100) + i.to_s)
   keep.shift if keep.size > 50_000
   { a: i, b: [i] }
 end
+wall = mono_ns - wall
 cpu = thread_cpu_ns - cpu
 truth = 100.0 * (GC.stat(:time) - gc_ms) * 1_000_000 / cpu
 main = threads_of(profiler.stop.last).fetch("main")
-got = 100.0 * main[:gc] / main[:wall]
+got = 100.0 * main[:gc] / wall
 results[:gc] = { measured: got.round(1), truth: truth.round(1), points: (got - truth).round(1) }
 printf("%-8s %-8s measured %5.1f%%  truth %5.1f%%  %+5.1f points\n", "main", "gc", got, truth, got - truth)
 puts JSON.generate(results)

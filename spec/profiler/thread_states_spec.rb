@@ -111,11 +111,12 @@ RSpec.describe DdprofRecorder::Profiler, "thread states" do
     end
   end
 
-  it "gives the GC its share of wall time within 5 points of GC.stat(:time)" do
+  it "gives the GC its share of wall time within 10 points of GC.stat(:time)'s, and its CPU within 15%" do
     profiler = described_class.new(hz: 99, compression: :none, timeline: true, gc: true)
     profiler.start
     gc_ms = GC.stat(:time)
     cpu = thread_cpu_ns
+    wall = mono_ns
     keep = []
     # Allocation-heavy: strings kept for a while (old objects to mark), hashes dropped at once.
     150_000.times do |i|
@@ -123,24 +124,29 @@ RSpec.describe DdprofRecorder::Profiler, "thread states" do
       keep.shift if keep.size > 50_000
       { a: i, b: [i] }
     end
+    wall = mono_ns - wall
     cpu = thread_cpu_ns - cpu
     # GC.stat(:time) is the process's CPU time in the GC (Ruby's gc.c, gc_clock_start:
-    # current_process_time), all of it on this thread here. Its share of this thread's CPU is
-    # its share of the thread's wall time as long as the kernel's preemptions fall alike on
-    # the GC and the rest, which a loaded machine keeps true but a GC.stat share of wall
-    # time would not (CPU never waits for a CPU; wall time does).
+    # current_process_time), all of it on this thread here.
     gc_ns = (GC.stat(:time) - gc_ms) * 1_000_000
     pprof = profiler.stop.last
     main = DdprofRecorder.summary(pprof)[:threads].find { |t| t[:name] == "main" }
     expect(gc_ns).to be > cpu / 20 # the program does spend time in the GC
-    # The thread's blocked time is outside the loop (it waits in the profiler's stop, for its
-    # threads: 31 ms of 216 in a CI run on a loaded machine, which took the share 5.1 points
-    # under the truth), so the share is of the rest of its wall time.
-    expect(100.0 * main[:gc] / (main[:wall] - main[:blocked].to_i)).to be_within(5).of(100.0 * gc_ns / cpu),
-                                                   "#{main.inspect}: GC.stat #{gc_ns} ns of #{cpu} ns CPU; " \
-                                                   "#{DdprofRecorder.summary(pprof)[:threads].inspect}"
+    context = "#{main.inspect}: GC.stat #{gc_ns} ns of #{cpu} ns CPU, #{wall} ns wall"
+    # The gc share is wall time: on a loaded machine the kernel's preemptions stretch the GC as
+    # they stretch the rest, so its share of the loop's wall time is GC.stat's share of the
+    # loop's CPU. (Not a share of the thread's wall less its blocked time: blocked holds the
+    # preemptions outside the GC but not those inside it, which took that share 12-19 points
+    # over the truth beside three busy loops on two CPUs.) With three busy loops the shares
+    # differed by -5 to +7 points: preemptions fall on the GC's milliseconds unevenly.
+    expect(100.0 * main[:gc] / wall).to be_within(10).of(100.0 * gc_ns / cpu), context
+    # Its CPU, on the samples in the GC, is GC.stat's, whatever the load (within 1.4% of it in
+    # 25 runs, quiet and beside three busy loops); ours spans GC_ENTER to GC_EXIT, a little
+    # more than the marking and sweeping that GC.stat times.
     gc_samples = samples_from(decode_pprof(pprof)).select { |s| s[:labels]["thread state"] == "gc" }
     expect(gc_samples).not_to be_empty
+    gc_cpu = gc_samples.sum { |s| s[:values]["cpu-time"].to_i }
+    expect(gc_cpu).to be_within(0.15 * gc_ns).of(gc_ns), "#{gc_cpu} ns of CPU on the GC's samples; #{context}"
     expect(gc_samples.map { |s| s[:labels]["gc kind"] }.uniq - %w[minor major]).to eq([])
   end
 
