@@ -198,7 +198,10 @@ RSpec.describe DdprofRecorder::Profiler, "thread states" do
       expect(samples.filter_map { |s| s[:labels]["thread state"] }.uniq - STATES).to eq([])
       expect(samples.flat_map { |s| s[:frames].map(&:first) }).to include("(garbage collection)")
       threads = DdprofRecorder.summary(pprof)[:threads].reject { |t| t[:name] == "main" }
-      expect(threads.size).to eq(2)
+      # The summary in the message: a third thread came once in CI (3.3.8) and once in 7 runs
+      # of the spec files on 3.4.5 beside a busy loop (not in 210 runs of the script alone),
+      # and its id and name would tell which thread it is.
+      expect(threads.size).to eq(2), DdprofRecorder.summary(pprof)[:threads].map(&:inspect).join("\n")
       expect(threads.sum { |t| t[:gc] + t[:running] }).to be_positive
     end
   end
