@@ -136,12 +136,12 @@ RSpec.describe DdprofRecorder::Profiler, "thread states" do
     # The gc share is wall time: on a loaded machine the kernel's preemptions stretch the GC as
     # they stretch the rest, so its share of the loop's wall time is GC.stat's share of the
     # loop's CPU. (Not a share of the thread's wall less its blocked time: blocked holds the
-    # preemptions outside the GC but not those inside it, which took that share 12-19 points
-    # over the truth beside three busy loops on two CPUs.) With three busy loops the shares
-    # differed by -5 to +7 points: preemptions fall on the GC's milliseconds unevenly.
+    # preemptions outside the GC but not those inside it, which took that share 12.5-19.0
+    # points over the truth beside three busy loops on two CPUs.) With three busy loops the
+    # shares differed by -5 to +7 points: preemptions fall on the GC's milliseconds unevenly.
     expect(100.0 * main[:gc] / wall).to be_within(10).of(100.0 * gc_ns / cpu), context
     # Its CPU, on the samples in the GC, is GC.stat's, whatever the load (within 1.4% of it in
-    # 25 runs, quiet and beside three busy loops); ours spans GC_ENTER to GC_EXIT, a little
+    # 21 runs, quiet and beside three busy loops); ours spans GC_ENTER to GC_EXIT, a little
     # more than the marking and sweeping that GC.stat times.
     gc_samples = samples_from(decode_pprof(pprof)).select { |s| s[:labels]["thread state"] == "gc" }
     expect(gc_samples).not_to be_empty
