@@ -59,18 +59,8 @@ end
 
 profiler = DdprofRecorder::Profiler.new(hz: 99, compression: :none, timeline: true, gc: true)
 profiler.start
-gc_ms = GC.stat(:time)
-cpu = thread_cpu_ns
-wall = mono_ns
-keep = []
-150_000.times do |i|
-  keep << (("x" * 100) + i.to_s)
-  keep.shift if keep.size > 50_000
-  { a: i, b: [i] }
-end
-wall = mono_ns - wall
-cpu = thread_cpu_ns - cpu
-truth = 100.0 * (GC.stat(:time) - gc_ms) * 1_000_000 / cpu
+wall, cpu, gc_ns = gc_churn
+truth = 100.0 * gc_ns / cpu
 main = threads_of(profiler.stop.last).fetch("main")
 got = 100.0 * main[:gc] / wall
 results[:gc] = { measured: got.round(1), truth: truth.round(1), points: (got - truth).round(1) }

@@ -12,7 +12,7 @@ require "tmpdir"
 # `record` prints. Checked against truths measured inside the program: its threads' own CPU
 # and wall clocks, the kernel's run-queue time, the time it asked to sleep, and GC.stat(:time).
 RSpec.describe DdprofRecorder::Profiler, "thread states" do
-  include ClockHelpers # mono_ns, thread_cpu_ns, runqueue_ns, busy_for
+  include ClockHelpers # mono_ns, thread_cpu_ns, runqueue_ns, gc_churn, busy_for
 
   STATES = ["running", "waiting for GVL", "blocked", "gc"].freeze
 
@@ -114,21 +114,7 @@ RSpec.describe DdprofRecorder::Profiler, "thread states" do
   it "gives the GC its share of wall time within 10 points of GC.stat(:time)'s, and its CPU within 15%" do
     profiler = described_class.new(hz: 99, compression: :none, timeline: true, gc: true)
     profiler.start
-    gc_ms = GC.stat(:time)
-    cpu = thread_cpu_ns
-    wall = mono_ns
-    keep = []
-    # Allocation-heavy: strings kept for a while (old objects to mark), hashes dropped at once.
-    150_000.times do |i|
-      keep << (("x" * 100) + i.to_s)
-      keep.shift if keep.size > 50_000
-      { a: i, b: [i] }
-    end
-    wall = mono_ns - wall
-    cpu = thread_cpu_ns - cpu
-    # GC.stat(:time) is the process's CPU time in the GC (Ruby's gc.c, gc_clock_start:
-    # current_process_time), all of it on this thread here.
-    gc_ns = (GC.stat(:time) - gc_ms) * 1_000_000
+    wall, cpu, gc_ns = gc_churn
     pprof = profiler.stop.last
     main = DdprofRecorder.summary(pprof)[:threads].find { |t| t[:name] == "main" }
     expect(gc_ns).to be > cpu / 20 # the program does spend time in the GC
