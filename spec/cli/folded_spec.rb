@@ -16,9 +16,13 @@ RSpec.describe "ddprof-recorder folded" do
                       "process id=11;run (app.rb);work (app.rb);crunch (app.rb) 900000000\n")
   end
 
-  it "takes --by-thread or --by-process, not both" do
-    out, err, status = run_cli("folded", "hot.pb.gz", "--by-thread", "--by-process")
-    expect([out, status]).to eq(["", 2])
-    expect_one_line(err, /\Addprof-recorder: give --by-thread or --by-process, not both \(--by-process\)$/)
+  it "takes one of --by-thread, --by-process and --group-by" do
+    [%w[--by-thread --by-process], ["--by-thread", "--group-by", "trace endpoint"]].each do |args|
+      out, err, status = run_cli("folded", "hot.pb.gz", *args)
+      expect([out, status]).to eq(["", 2])
+      expect_one_line(err, /\Addprof-recorder: give one of --by-thread, --by-process and --group-by \(#{args[1]}\)$/)
+    end
+    # The same label twice is no conflict.
+    expect(run_cli("folded", "hot.pb.gz", "--by-thread", "--group-by", "thread name")).to eq(run_cli("folded", "hot.pb.gz", "--by-thread"))
   end
 end
