@@ -25,4 +25,12 @@ RSpec.describe "ddprof-recorder folded" do
     # The same label twice is no conflict.
     expect(run_cli("folded", "hot.pb.gz", "--by-thread", "--group-by", "thread name")).to eq(run_cli("folded", "hot.pb.gz", "--by-thread"))
   end
+
+  it "folds the samples of --label under the roots of --group-by" do
+    File.binwrite(File.join(@dir, "web.pb"), endpoint_pprof)
+    out, err, status = run_cli("folded", "web.pb", "--group-by", "thread name", "--label", "trace endpoint=PagesController#heavy")
+    expect([err, status]).to eq(["", 0])
+    expect(out).to eq("thread name=puma 1;dispatch;heavy;render_json 700000000\nthread name=puma 2;dispatch;heavy 50000000\n")
+    expect(run_cli("folded", "web.pb", "--label", "trace endpoint=nope")).to eq(["", "", 0])
+  end
 end
