@@ -148,9 +148,8 @@ fn retain(
                 any = if label.str != 0 {
                     let value = string(label.str, "a label value")?;
                     match &f.value {
-                        LabelMatch::Exact(ResolvedLabelValue::Str(want)) | LabelMatch::Text(want) => {
-                            want == value
-                        }
+                        LabelMatch::Exact(ResolvedLabelValue::Str(want))
+                        | LabelMatch::Text(want) => want == value,
                         LabelMatch::Exact(ResolvedLabelValue::Num(_)) => false,
                     }
                 } else {
@@ -209,7 +208,9 @@ impl StackProfile {
     /// [`Self::keep_labels`] left no sample, else `otherwise`.
     pub(crate) fn nothing_left(&self, otherwise: ViewError) -> ViewError {
         match &self.filtered {
-            Some(f) if self.samples.is_empty() => ViewError::NoMatch { labels: describe(&f.labels) },
+            Some(f) if self.samples.is_empty() => {
+                ViewError::NoMatch { labels: describe(&f.labels) }
+            }
             _ => otherwise,
         }
     }

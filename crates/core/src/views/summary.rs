@@ -35,7 +35,9 @@ impl StackProfile {
     /// Fails with [`ViewError::UnknownLabel`] if the profile has samples and none has label
     /// `key`: a key to filter or group by that is not there is a typo more often than not.
     pub fn require_label(&self, key: &str) -> Result<(), ViewError> {
-        if self.samples.is_empty() || self.samples.iter().any(|s| s.labels.iter().any(|(k, _)| k == key)) {
+        if self.samples.is_empty()
+            || self.samples.iter().any(|s| s.labels.iter().any(|(k, _)| k == key))
+        {
             return Ok(());
         }
         Err(ViewError::UnknownLabel { key: key.to_string(), available: self.label_keys() })

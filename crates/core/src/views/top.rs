@@ -185,7 +185,8 @@ mod tests {
 
     #[test]
     fn top_by_a_numeric_label_sorts_its_numbers() {
-        let mut p = resolve(profile(&[(&[1], [5, 0], "a"), (&[2], [5, 0], "a"), (&[3], [7, 0], "a")]));
+        let mut p =
+            resolve(profile(&[(&[1], [5, 0], "a"), (&[2], [5, 0], "a"), (&[3], [7, 0], "a")]));
         for (s, pid) in p.samples.iter_mut().zip([12, 3, 40]) {
             s.labels = vec![("process id".to_string(), ResolvedLabelValue::Num(pid))];
         }

@@ -215,6 +215,7 @@ fn native_folded(
 
 /// `_native_flamegraph(pprof, value, title, filenames, root_label, labels,
 /// max_decompressed_bytes)` → SVG String.
+#[allow(clippy::too_many_arguments)] // one per Ruby keyword
 fn native_flamegraph(
     ruby: &Ruby,
     pprof: Value,
@@ -237,6 +238,7 @@ fn native_flamegraph(
 /// max_decompressed_bytes)` →
 /// the speedscope JSON String: one profile per value type named in `values` (nil: every value
 /// type of the pprof), or one per value type and value of the label `group_by`.
+#[allow(clippy::too_many_arguments)] // one per Ruby keyword
 fn native_speedscope(
     ruby: &Ruby,
     pprof: Value,
