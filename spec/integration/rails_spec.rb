@@ -9,7 +9,7 @@ require "tmpdir"
 # preloaded in the master) under load from wrk over its five endpoints for a few seconds. Every
 # worker writes a profile in which the app's controller actions and templates are seen, and
 # which go tool pprof reads; the app's RAILS_APP_TRUTH hook writes each worker's CPU by action.
-# One recording for the whole file, about 15 s.
+# One recording for the whole file, about 10 s.
 RSpec.describe "record on a Rails app served by Puma (cluster mode)" do
   include ServerHelpers
 
@@ -64,8 +64,7 @@ RSpec.describe "record on a Rails app served by Puma (cluster mode)" do
     @dir = Dir.mktmpdir("ddprof_recorder_rails")
     port = free_port
     pidfile = File.join(@dir, "puma.pid")
-    @truth = File.join(@dir, "truth.json")
-    env = { "RAILS_APP_TMP" => File.join(@dir, "rails_tmp"), "RAILS_APP_TRUTH" => @truth }
+    env = { "RAILS_APP_TMP" => File.join(@dir, "rails_tmp"), "RAILS_APP_TRUTH" => File.join(@dir, "truth.json") }
     script = File.join(@dir, "endpoints.lua")
     File.write(script, <<~LUA)
       -- Each wrk thread sends the endpoints in turn.
