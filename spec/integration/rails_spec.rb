@@ -143,6 +143,30 @@ RSpec.describe "record on a Rails app served by Puma (cluster mode)" do
     end
   end
 
+  # Endpoints, with nothing configured (the Railtie): each request's samples carry its
+  # Controller#action, the shares near those the app's own hook measured per request (wide
+  # margins here; bench/rails_endpoints.rb measures them closely).
+  it "labels each request's samples with its Controller#action, as the app measured its CPU" do
+    truth = Hash.new(0)
+    Dir[File.join(@dir, "truth.json.*")].each do |f|
+      JSON.parse(File.read(f)).each { |action, total| truth[action] += total["cpu_ns"] }
+    end
+    merged = samples_from(decode_pprof(DdprofRecorder.merge(@workers.values.map { |f| File.binread(f) })))
+    ours = merged.each_with_object(Hash.new(0)) do |sample, by|
+      by[sample[:labels]["trace endpoint"]] += sample[:values]["cpu-time"]
+    end
+    labelled = ours.reject { |endpoint, _| endpoint.nil? }
+    expect(labelled.keys).to match_array(endpoints.values), ours.to_s
+    truth_total = truth.values.sum.to_f
+    ours_total = labelled.values.sum.to_f
+    message = "ours #{labelled.transform_values { |v| (100 * v / ours_total).round(1) }}, " \
+              "truth #{truth.transform_values { |v| (100 * v / truth_total).round(1) }}"
+    truth.each do |action, cpu|
+      expect(labelled[action] / ours_total).to be_within(0.1).of(cpu / truth_total), message
+    end
+    expect(ours_total / truth_total).to be > 0.7, "labelled #{ours_total / 1e9} s of #{truth_total / 1e9} s; #{message}"
+  end
+
   it "writes profiles that go tool pprof -top reads" do
     skip "go is not on PATH (apt-get install golang-go)" unless Programs.available?("go")
     expect(@files.size).to eq(3), @output
