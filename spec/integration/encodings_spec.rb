@@ -15,10 +15,10 @@ RSpec.describe "ddprof-recorder under other default encodings" do
 
   # RUBYOPT for each run: none (the bytes to compare with), an internal encoding (Rails'
   # UTF-8), and an external one that is not UTF-8, under which writing text transcodes it.
-  RUBYOPTS = [nil, "-E UTF-8:UTF-8", "-E ISO-8859-1:UTF-8"].freeze
+  rubyopts = [nil, "-E UTF-8:UTF-8", "-E ISO-8859-1:UTF-8"].freeze
   # A thread name that ISO-8859-1 cannot hold, and a method name that it can: the views
   # below show both.
-  THREAD_NAME = "wörker 日本"
+  thread_name = "wörker 日本"
 
   # The work of the views' profile: `seconds` of this thread's CPU, in a method whose name
   # is not ASCII.
@@ -34,7 +34,7 @@ RSpec.describe "ddprof-recorder under other default encodings" do
     profiler = DdprofRecorder::Profiler.new(hz: 199, timeline: true)
     profiler.start
     Thread.new do
-      Thread.current.name = THREAD_NAME
+      Thread.current.name = thread_name
       self.class.rechne_größe(0.15)
     end.join
     File.binwrite(File.join(@dir, "in.pb.gz"), profiler.stop.last)
@@ -77,14 +77,14 @@ RSpec.describe "ddprof-recorder under other default encodings" do
     reference = view_outputs(nil, "plain")
     # What the comparison would miss if it were not there: the non-ASCII names.
     ["flamegraph -o FILE", "speedscope -o FILE", "timeline -o FILE.html", "timeline -o -", "folded"].each do |name|
-      expect(reference.fetch(name)).to include(THREAD_NAME.b), name
+      expect(reference.fetch(name)).to include(thread_name.b), name
     end
     expect(reference.fetch("top")).to include("rechne_größe".b)
     merged = samples_from(decode_pprof(reference.fetch("merge -o FILE.pb.gz")))
-    expect(merged.map { |s| s[:labels]["thread name"] }).to include(THREAD_NAME)
+    expect(merged.map { |s| s[:labels]["thread name"] }).to include(thread_name)
     expect(decode_pprof(reference.fetch("merge -o -")).sample.size).to eq(decode_pprof(reference.fetch("merge -o FILE.pb")).sample.size)
 
-    RUBYOPTS.compact.each_with_index do |rubyopt, i|
+    rubyopts.compact.each_with_index do |rubyopt, i|
       outputs = view_outputs(rubyopt, "encoded#{i}")
       reference.each do |name, bytes|
         expect(outputs.fetch(name) == bytes).to be(true), "#{name} under RUBYOPT=#{rubyopt}: #{outputs.fetch(name).bytesize} " \
@@ -107,12 +107,12 @@ RSpec.describe "ddprof-recorder under other default encodings" do
     expect(go_pprof_top(path, "wall-time")).to include("main") if Programs.available?("go")
   end
 
-  RUBYOPTS.each do |rubyopt|
+  rubyopts.each do |rubyopt|
     it "records a program that sets default_internal, its forked child and their windows (RUBYOPT=#{rubyopt.inspect})" do
       program = 'Encoding.default_internal = "UTF-8"; ' \
                 "def burn = (t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.25; nil while " \
                 "Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < t); pid = fork { burn }; burn; Process.wait(pid)"
-      name = "r#{RUBYOPTS.index(rubyopt)}"
+      name = "r#{rubyopts.index(rubyopt)}"
       [[], ["--interval", "0.2"]].each do |interval|
         out, err, status = run_exe("record", "-o", "#{name}.pb.gz", *interval, "--", RbConfig.ruby, "-e", program,
                                    env: rubyopt_env(rubyopt))
