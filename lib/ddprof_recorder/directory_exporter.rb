@@ -105,20 +105,21 @@ module DdprofRecorder
     def initialize(directory, keep: DEFAULT_KEEP, min_free_bytes: DEFAULT_MIN_FREE_BYTES,
                    min_free_fraction: DEFAULT_MIN_FREE_FRACTION, prefix: DEFAULT_PREFIX)
       path = directory.respond_to?(:to_path) ? directory.to_path : directory
-      unless path.is_a?(String) && !path.empty? && !path.include?("\0")
+      unless String === path && !path.empty? && !path.include?("\0")
         raise ArgumentError, "directory must be a non-empty String or Pathname without NUL, got #{shown(directory)}"
       end
-      unless keep.nil? || (keep.is_a?(Integer) && keep.positive?)
+      # `===`, not `is_a?`: a BasicObject has no is_a? (nor nil?).
+      unless NilClass === keep || (Integer === keep && keep.positive?)
         raise ArgumentError, "keep must be a positive Integer or nil, got #{shown(keep)}"
       end
-      unless min_free_bytes.is_a?(Integer) && !min_free_bytes.negative?
+      unless Integer === min_free_bytes && !min_free_bytes.negative?
         raise ArgumentError, "min_free_bytes must be an Integer >= 0, got #{shown(min_free_bytes)}"
       end
       unless [Integer, Float, Rational].any? { |c| c === min_free_fraction } && min_free_fraction >= 0 &&
              min_free_fraction < 1
         raise ArgumentError, "min_free_fraction must be a number in [0, 1), got #{shown(min_free_fraction)}"
       end
-      unless prefix.is_a?(String) && PREFIX_FORMAT.match?(prefix)
+      unless String === prefix && PREFIX_FORMAT.match?(prefix)
         raise ArgumentError, "prefix must be a String of letters, digits, _, . and - (not starting with . or -), " \
                              "got #{shown(prefix)}"
       end
@@ -151,8 +152,8 @@ module DdprofRecorder
     # @return [String, nil] the file written, or nil (skipped, or failed).
     # @raise [TypeError] unless start is a Time and pprof a String.
     def export(start, _finish, pprof)
-      raise TypeError, "start must be a Time, got #{shown(start)}" unless start.is_a?(Time)
-      raise TypeError, "pprof must be a String, got #{shown(pprof)}" unless pprof.is_a?(String)
+      raise TypeError, "start must be a Time, got #{shown(start)}" unless Time === start
+      raise TypeError, "pprof must be a String, got #{shown(pprof)}" unless String === pprof
 
       @lock.synchronize do
         reset_for_process unless @pid == Process.pid
@@ -269,7 +270,13 @@ module DdprofRecorder
         File.rename(tmp, path)
         tmp = nil
       ensure
-        file.close unless file.closed?
+        # The close of a failed write may fail again (flushing what the write left: EFBIG,
+        # ENOSPC); the temporary file goes all the same.
+        begin
+          file.close unless file.closed?
+        rescue SystemCallError, IOError
+          nil
+        end
         remove_temp(tmp) if tmp
       end
       sync_directory
@@ -355,7 +362,7 @@ module DdprofRecorder
 
     def shown(value)
       value.inspect
-    rescue StandardError, NoMethodError
+    rescue StandardError # a BasicObject has no inspect
       Kernel.instance_method(:inspect).bind_call(value)
     end
   end
