@@ -21,7 +21,7 @@ end
 RSpec.describe DdprofRecorder::DirectoryExporter do
   let(:log) { StringIO.new }
 
-  before { DdprofRecorder.logger = Logger.new(log) }
+  before { DdprofRecorder.logger = Logger.new(log, level: Logger::INFO) }
 
   around do |example|
     Dir.mktmpdir("ddprof_recorder_dir_exporter") do |dir|

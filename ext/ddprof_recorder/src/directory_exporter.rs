@@ -63,17 +63,19 @@ pub fn statvfs(path: &CString) -> Result<Space, i32> {
 /// for those.
 fn native_statvfs(ruby: &Ruby, path: Value) -> Result<Value, Error> {
     entry(ruby, || {
-        let s = RString::from_value(path).ok_or_else(|| type_error(ruby, "path must be a String"))?;
+        let s =
+            RString::from_value(path).ok_or_else(|| type_error(ruby, "path must be a String"))?;
         // SAFETY: the slice is copied at once, before any Ruby code or allocation can run.
         let bytes = unsafe { s.as_slice() }.to_vec();
-        let c_path = CString::new(bytes)
-            .map_err(|_| arg_error(ruby, "path must not contain a NUL byte"))?;
+        let c_path =
+            CString::new(bytes).map_err(|_| arg_error(ruby, "path must not contain a NUL byte"))?;
         match nogvl(ruby, move || statvfs(&c_path))? {
-            Ok(space) => Ok(ruby.ary_new_from_values(&[
-                ruby.integer_from_u64(space.available).as_value(),
-                ruby.integer_from_u64(space.total).as_value(),
-            ])
-            .as_value()),
+            Ok(space) => Ok(ruby
+                .ary_new_from_values(&[
+                    ruby.integer_from_u64(space.available).as_value(),
+                    ruby.integer_from_u64(space.total).as_value(),
+                ])
+                .as_value()),
             Err(errno) => Ok(ruby.integer_from_i64(i64::from(errno)).as_value()),
         }
     })
