@@ -187,6 +187,21 @@ module DdprofRecorder
       # @return [Profiler, nil] the process-wide profiler, if started.
       attr_reader :current
 
+      # @return [Boolean] whether a profiler samples this process now, the process-wide one
+      #   or any other (one at a time: the native trigger drives one).
+      def sampling?
+        @sampling&.running? || false
+      end
+
+      # Links a request's span id to its endpoint in the sampling profiler's window (see
+      # Endpoints); nothing when none samples.
+      #
+      # @return [Boolean] whether a profiler took it.
+      def record_endpoint(span_id, endpoint)
+        profiler = @sampling
+        profiler ? profiler.record_endpoint(span_id, endpoint) : false
+      end
+
       # @return [Boolean] whether the process-wide profiler is running.
       def running?
         @current&.running? || false
@@ -351,6 +366,7 @@ module DdprofRecorder
 
         @recorder = new_recorder
         @pid = Process.pid
+        @endpoints = @endpoints_lost = 0
         @started_ns = now_ns
         @sampler_thread_cpu_base = @sampler_thread_cpu_ns = nil
         @sampler_thread = @exporting = nil # made at the end
@@ -381,6 +397,7 @@ module DdprofRecorder
         # 110-125 µs of CPU past the cut, was in record's profile on 3.4.5 under load, 2 runs
         # of 200).
         @sampler.started
+        Profiler.instance_variable_set(:@sampling, self)
       end
       self
     ensure
@@ -516,6 +533,24 @@ module DdprofRecorder
       start
     end
 
+    # Links `span_id` to `endpoint` in the current window (StackRecorder#record_endpoint):
+    # the samples labelled `"local root span id" => span_id` get `"trace endpoint" =>
+    # endpoint`. Counted in `stats[:endpoints]`.
+    #
+    # @return [Boolean] whether it was recorded (false when not running, or when the window
+    #   was at its limits).
+    def record_endpoint(span_id, endpoint)
+      return false unless running?
+
+      @recorder.record_endpoint(span_id, endpoint)
+      @endpoints += 1
+      true
+    rescue RuntimeError => e # both slots busy: never expected (see DESIGN.md), but never raised into the app
+      @endpoints_lost += 1
+      DdprofRecorder.logger.warn("profiler: an endpoint was not recorded: #{e.message}")
+      false
+    end
+
     # @return [Boolean] whether it samples: started, not stopped, and not given up after
     #   {MAX_CONSECUTIVE_ERRORS} failed passes.
     def running?
@@ -554,7 +589,8 @@ module DdprofRecorder
     #   their exit; `:cpu_ns`: CPU charged at ends and exits; `:unsampled_cpu_ns`: of which to
     #   `(unsampled thread)`; `:dropped`: ends and exits not queued, their CPU left to the next
     #   charge of their native thread, if any),
-    #   `:recorder` ({StackRecorder#stats}), `:interrupt_deferral` (whether the jobs defer
+    #   `:endpoints` (`:recorded`: requests linked to their endpoint, {#record_endpoint};
+    #   `:lost`: those that could not be), `:recorder` ({StackRecorder#stats}), `:interrupt_deferral` (whether the jobs defer
     #   the program's `Thread#raise`/`Timeout` to after them on this Ruby: its thread layout
     #   passed the start's check, ext/ddprof_recorder/src/vm/mod.rs; false means they may be
     #   lost, and the profile's `sampling` comment says so); with allocations or heap, `:allocations`
@@ -593,6 +629,7 @@ module DdprofRecorder
         trigger_cpu_ns: @started ? Profiler._native_sampling_stats[:trigger_cpu_ns] : @trigger_cpu_ns,
         thread_ends: counts[:thread_ends],
         thread_end_accounting: thread_end_stats(counts),
+        endpoints: { recorded: @endpoints, lost: @endpoints_lost },
         recorder: @recorder.stats,
       }.merge(memory_stats).merge(exporter_stats)
     end

@@ -135,7 +135,7 @@ module DdprofRecorder
     # @param what [String] "started" or "failed".
     def report_start(env, what)
       path = env[STARTED]
-      File.write(path, "#{what} #{Process.pid}\n") if path && !path.empty?
+      File.binwrite(path, "#{what} #{Process.pid}\n") if path && !path.empty?
     rescue SystemCallError => e
       warn "ddprof-recorder: could not tell record that this process #{what}: #{e.message}"
     end
@@ -242,6 +242,11 @@ module DdprofRecorder
     # A new file next to `path`, `<path>.tmp<PID>-<12 random hex digits>`, opened for
     # writing with O_CREAT | O_EXCL | O_NOFOLLOW (mode 0666 less the umask, as File.write
     # makes it); a name that exists (planted, or a clash) is passed over for another.
+    # `binmode: true`, because integer flags do not make a file binary (File::BINARY is 0
+    # off Windows): under a program's `Encoding.default_internal` (Rails sets it) the write
+    # transcoded the pprof, and the first byte of its gzip header, 0x8b, raised
+    # Encoding::UndefinedConversionError from ASCII-8BIT to UTF-8. A text view (SVG, JSON)
+    # is written as its bytes too, whatever `default_external` says.
     #
     # @return [Array(File, String)] the open file and its name.
     def create_temp(path)
@@ -249,7 +254,7 @@ module DdprofRecorder
       attempts = 0
       begin
         tmp = "#{path}.tmp#{Process.pid}-#{Random.urandom(6).unpack1('H*')}"
-        [File.new(tmp, flags, 0o666), tmp]
+        [File.new(tmp, flags, 0o666, binmode: true), tmp]
       rescue Errno::EEXIST, Errno::ELOOP
         attempts += 1
         retry if attempts < 10

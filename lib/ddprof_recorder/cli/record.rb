@@ -126,7 +126,7 @@ module DdprofRecorder
                                                                         Recording::WRITTEN => written.path))
         elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
         files = Recording.profile_files(out, written: File.binread(written.path).split("\0"))
-        raise Failure, no_profile(options.command, status, File.read(report.path)) if files.empty?
+        raise Failure, no_profile(options.command, status, File.binread(report.path)) if files.empty?
 
         ours = files.values.flatten
         earlier = { replaced: ours & before, left: Recording.profile_files(out).values.flatten - ours }
