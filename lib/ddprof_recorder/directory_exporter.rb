@@ -263,8 +263,7 @@ module DdprofRecorder
       path = next_path(start, pprof)
       file, tmp = Recording.create_temp(path)
       begin
-        file.binmode
-        file.write(pprof)
+        file.write(pprof) # binary: create_temp opens it so
         file.fsync
         file.close
         File.rename(tmp, path)
