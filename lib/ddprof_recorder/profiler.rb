@@ -6,6 +6,7 @@ require_relative "profiler/exporter"
 require_relative "profiler/allocation_recorder"
 require_relative "profiler/ractor_guard"
 require_relative "profiler/trap_context"
+require_relative "directory_exporter"
 
 module DdprofRecorder
   # A sampling profiler built on {StackRecorder}. It records, for every live Ruby thread,
@@ -63,6 +64,7 @@ module DdprofRecorder
   #   File.binwrite("profile.pb.gz", pprof)
   #
   #   DdprofRecorder::Profiler.start(interval: 60) { |start, finish, pprof| upload(pprof) }
+  #   DdprofRecorder::Profiler.start(interval: 60, directory: "tmp/profiles") # DirectoryExporter
   #   ...
   #   DdprofRecorder::Profiler.stop
   class Profiler
@@ -235,6 +237,9 @@ module DdprofRecorder
     #   `export` if it has one, else `call`. Or pass a block. It runs in a thread of its own
     #   (the last window: in the thread calling {#stop}) and may take its time; an exception
     #   it raises is logged and forgotten.
+    # @param directory [String, Pathname, nil] instead of an exporter: write each window to a
+    #   file of its own there, `DirectoryExporter.new(directory)` with its defaults (keep the 60
+    #   newest, stop writing under 100 MiB free; see {DirectoryExporter} for those options).
     # @param max_queued_windows [Integer] windows that may wait for the exporter, at least 1
     #   (default {DEFAULT_MAX_QUEUED_WINDOWS}); when one more is cut, the oldest waiting one
     #   is dropped, counted (`stats[:exporter][:dropped]`) and logged.
@@ -281,7 +286,7 @@ module DdprofRecorder
                    compression: :gzip, allocations: false, allocation_interval: DEFAULT_ALLOCATION_INTERVAL,
                    allocation_overhead: DEFAULT_ALLOCATION_OVERHEAD, heap: false, gc: false, timeline: false,
                    signals: Profiler.signals_default, ticks: Profiler.ticks_default, max_queued_windows: DEFAULT_MAX_QUEUED_WINDOWS,
-                   export_timeout: EXPORT_TIMEOUT, &block)
+                   export_timeout: EXPORT_TIMEOUT, directory: nil, &block)
       Profiler.check_hz(hz)
 
       { allocations: allocations, heap: heap, gc: gc, signals: signals, timeline: timeline }.each do |name, value|
@@ -297,6 +302,7 @@ module DdprofRecorder
               "allocation_overhead must be a number in #{ALLOCATION_OVERHEAD_RANGE}, got #{shown(allocation_overhead)}"
       end
       raise ArgumentError, "give an exporter or a block, not both" if exporter && block
+      raise ArgumentError, "give directory or an exporter (or a block), not both" if directory && (exporter || block)
       unless Integer === max_queued_windows && max_queued_windows.positive?
         raise ArgumentError, "max_queued_windows must be a positive Integer, got #{shown(max_queued_windows)}"
       end
@@ -311,10 +317,10 @@ module DdprofRecorder
       if @exporter && !(@exporter.respond_to?(:export) || @exporter.respond_to?(:call))
         raise ArgumentError, "exporter must respond to #export or #call"
       end
-      raise ArgumentError, "interval needs an exporter (or a block) to hand the windows to" if interval && !@exporter
+      raise ArgumentError, "interval needs an exporter (or a block) to hand the windows to" if interval && !@exporter && !directory
 
       @hz = hz
-      @interval = interval || (@exporter ? 60 : nil)
+      @interval = interval || (@exporter || directory ? 60 : nil)
       @max_frames = max_frames
       @compression = compression
       @allocations = allocations || heap
@@ -330,6 +336,8 @@ module DdprofRecorder
       @export_timeout = export_timeout
       # Fails now, not in start, on a bad max_frames / compression.
       @recorder = new_recorder
+      # Last: it creates the directory, once every other option is known good.
+      @exporter = DirectoryExporter.new(directory) if directory
       @lifecycle = Mutex.new
       # @started: between start and stop; @running: the sampler should keep sampling (it
       # clears it itself after too many failures).
@@ -593,7 +601,8 @@ module DdprofRecorder
     #   `:exporter` (`:exported`: windows it returned from, the last one too; `:failed`: it
     #   raised; `:queued`: waiting now; `:dropped`: the oldest waiting when
     #   `max_queued_windows` were, and those it had not finished when {#stop} killed its
-    #   thread after `export_timeout`).
+    #   thread after `export_timeout`; with a {DirectoryExporter}, `:directory`, its
+    #   {DirectoryExporter#stats}).
     def stats
       return {} unless @sampler
 
@@ -705,7 +714,11 @@ module DdprofRecorder
     end
 
     def exporter_stats
-      @exporting ? { exporter: @exporting.stats } : {}
+      return {} unless @exporting
+
+      stats = @exporting.stats
+      stats = stats.merge(directory: @exporter.stats) if @exporter.is_a?(DirectoryExporter)
+      { exporter: stats }
     end
 
     def memory_stats
