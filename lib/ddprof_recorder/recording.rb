@@ -219,7 +219,11 @@ module DdprofRecorder
         File.rename(tmp, path)
         tmp = nil
       ensure
-        file.close unless file.closed?
+        begin
+          file.close unless file.closed?
+        rescue SystemCallError, IOError
+          nil # a failed flush: the temporary file goes all the same
+        end
         begin
           File.delete(tmp) if tmp
         rescue SystemCallError
