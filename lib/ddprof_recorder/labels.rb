@@ -85,7 +85,7 @@ module DdprofRecorder
         end
 
         pairs = @stack[depth]
-        @stack.slice!(depth..)
+        @stack.pop while @stack.size > depth
         change(pairs)
         nil
       end
@@ -184,15 +184,13 @@ module DdprofRecorder
           raise ArgumentError, "labels must be a Hash of String keys to String values, got #{labels.class}"
         end
 
-        pairs = labels.map do |key, value|
-          check(key, "key", key)
-          check(value, "value", key)
-          raise ArgumentError, "label key must not be empty" if key.empty?
-          if RESERVED.key?(key)
-            raise ArgumentError, "label key #{key.inspect} is the profiler's own (reserved: #{RESERVED.keys.join(', ')})"
+        pairs = []
+        labels.each do |key, value|
+          unless key.is_a?(String) && value.is_a?(String) && key.bytesize <= MAX_BYTES && value.bytesize <= MAX_BYTES &&
+                 !key.empty? && !RESERVED.key?(key)
+            refuse(key, value)
           end
-
-          [key.frozen? ? key : -key, value.frozen? ? value : -value].freeze
+          pairs << [key.frozen? ? key : -key, value.frozen? ? value : -value].freeze
         end
         merged(base, pairs)
       end
@@ -211,13 +209,19 @@ module DdprofRecorder
         all.freeze
       end
 
-      def check(string, what, key)
-        unless string.is_a?(String)
-          raise ArgumentError, "label #{what} must be a String, got #{string.class} (key #{key.inspect})"
-        end
-        return if string.bytesize <= MAX_BYTES
+      # Raises the ArgumentError that says what is wrong with the pair.
+      def refuse(key, value)
+        [[key, "key"], [value, "value"]].each do |string, what|
+          unless string.is_a?(String)
+            raise ArgumentError, "label #{what} must be a String, got #{string.class} (key #{key.inspect[0, 40]})"
+          end
+          next if string.bytesize <= MAX_BYTES
 
-        raise ArgumentError, "label #{what} is #{string.bytesize} bytes, over #{MAX_BYTES} (key #{key.inspect[0, 40]})"
+          raise ArgumentError, "label #{what} is #{string.bytesize} bytes, over #{MAX_BYTES} (key #{key.inspect[0, 40]})"
+        end
+        raise ArgumentError, "label key must not be empty" if key.empty?
+
+        raise ArgumentError, "label key #{key.inspect} is the profiler's own (reserved: #{RESERVED.keys.join(', ')})"
       end
     end
   end
