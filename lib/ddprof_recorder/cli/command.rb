@@ -228,7 +228,7 @@ module DdprofRecorder
           begin
             read_input(path, max_input)
           rescue SystemCallError => e
-            raise Failure, "#{path}: cannot read it: #{reason(e)}"
+            raise Failure, "#{path}: cannot read it: #{Recording.reason(e)}"
           end
         end
         on_profiles(paths) { yield data }
@@ -293,15 +293,9 @@ module DdprofRecorder
         check_output(path)
         yield
       rescue SystemCallError => e
-        raise Failure, "#{name}: #{path}: cannot write it: #{reason(e)}"
+        raise Failure, "#{name}: #{path}: cannot write it: #{Recording.reason(e)}"
       rescue Recording::OutputError => e
         raise Failure, "#{name}: #{e.message}"
-      end
-
-      # What went wrong in a failed system call, as strerror says it ("Permission denied"):
-      # Ruby's message adds the call and the path (`@ rb_sysopen - x.svg`).
-      def reason(error)
-        SystemCallError.new(nil, error.errno).message
       end
 
       # Runs the view `method` of DdprofRecorder (:top, :folded...) on the FILEs: the one pprof,

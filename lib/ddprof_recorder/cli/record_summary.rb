@@ -36,8 +36,11 @@ module DdprofRecorder
       #   run.
       # @param left [Array<String>] the files from before the run with names of the same form
       #   (not read: an earlier run's, or the user's), left as they were.
-      def initialize(options, status, elapsed, files, replaced: [], left: [])
+      # @param lost [Array<Array(String, String)>] the files that were not written, `[path,
+      #   why]` each (Recording.lost_files; path nil for a window dropped unwritten).
+      def initialize(options, status, elapsed, files, replaced: [], left: [], lost: [])
         @options = options
+        @lost = lost
         @status = status
         @elapsed = elapsed
         @files = files
@@ -76,6 +79,7 @@ module DdprofRecorder
         lines.concat(endpoint_lines) if endpoints?
         lines.concat(allocator_lines(totals["alloc-count"]))
         lines.concat(@processes.size == 1 ? written_lines(@processes.first) : process_lines)
+        lines.concat(lost_lines)
         lines.concat(earlier_lines)
         lines.concat(view_lines(@files.keys, @processes.first[:paths].first))
       end
@@ -243,6 +247,17 @@ module DdprofRecorder
         lines
       end
 
+      # The files (windows, with --interval) that were not written, by why: how many, and some
+      # of their names.
+      def lost_lines
+        noun = @options.interval ? "window" : "file"
+        @lost.group_by(&:last).each_with_index.map do |(why, entries), i|
+          paths = entries.filter_map(&:first)
+          names = paths.empty? ? "" : ": #{name_list(paths, MAX_NAMED_FILES)}"
+          row(i.zero? ? "lost" : "", "#{entries.size} #{noun}#{'s' unless entries.size == 1} not written (#{why})#{names}")
+        end
+      end
+
       # What was there before the run: the files it replaced, and those it left untouched
       # (`record` removes nothing), by name (a few) and number.
       def earlier_lines
@@ -262,10 +277,9 @@ module DdprofRecorder
       # One file: its name, then `one`; several: how many, `several`, then some names
       # ("3 files ...: a.pb, b.pb, c.pb", "9 files ...: a.pb, b.pb, c.pb, ...").
       def files_text(paths, one, several)
-        names = paths.first(MAX_NAMED_FILES).map { |path| display_path(path) }
-        return "#{names.first}#{one}" if paths.size == 1
+        return "#{display_path(paths.first)}#{one}" if paths.size == 1
 
-        "#{paths.size} files#{several}#{names.join(', ')}#{paths.size > MAX_NAMED_FILES ? ', ...' : ''}"
+        "#{paths.size} files#{several}#{name_list(paths, MAX_NAMED_FILES)}"
       end
 
       # Whether #view_lines names the files by shell patterns: with forked children, unless
