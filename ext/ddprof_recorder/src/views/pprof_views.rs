@@ -400,7 +400,7 @@ fn native_top_by_label(
     key: String,
     labels: Labels,
     max_decompressed_bytes: u64,
-) -> Result<RArray, Error> {
+) -> Result<(String, i64, i64, usize, RArray), Error> {
     entry(ruby, || {
         let inputs = pprof_inputs(ruby, pprof, labels, max_decompressed_bytes)?;
         let (head, rows) = with_profile(ruby, inputs, value, move |p, i| {
@@ -411,13 +411,7 @@ fn native_top_by_label(
             ruby.ary_from_iter([label, ruby.integer_from_i64(r.value).as_value()])
         }));
         let (unit, total, profile_total, samples) = head;
-        let out = ruby.ary_new_capa(5);
-        out.push(unit)?;
-        out.push(total)?;
-        out.push(profile_total)?;
-        out.push(samples)?;
-        out.push(rows)?;
-        Ok(out)
+        Ok((unit, total, profile_total, samples, rows))
     })
 }
 
