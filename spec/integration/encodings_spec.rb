@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "zlib"
+
 require "fileutils"
 require "rbconfig"
 require "tmpdir"
@@ -38,7 +40,9 @@ RSpec.describe "ddprof-recorder under other default encodings" do
       self.class.rechne_größe(0.15)
     end.join
     File.binwrite(File.join(@dir, "in.pb.gz"), profiler.stop.last)
-    File.binwrite(File.join(@dir, "in.pb"), DdprofRecorder::Profiler.profile(hz: 199) { self.class.rechne_größe(0.05) })
+    # The same profile raw: merge reads a gzip'd and a raw file of the same value types (a
+    # second profile without the timeline had other types than this one on 3.3+).
+    File.binwrite(File.join(@dir, "in.pb"), Zlib.gunzip(File.binread(File.join(@dir, "in.pb.gz"))))
   end
 
   after(:context) { FileUtils.remove_entry(@dir, true) }
