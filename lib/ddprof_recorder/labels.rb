@@ -161,7 +161,9 @@ module DdprofRecorder
       # Endpoints, which owns that key.
       def push_span(span_id)
         slot = self.slot
-        slot.push(merged(slot.pairs, [[SPAN_ID_LABEL, span_id].freeze]))
+        # One more than an application may set: a request whose thread has MAX_LABELS on gets its
+        # span id all the same (Endpoints must never raise into the app).
+        slot.push(merged(slot.pairs, [[SPAN_ID_LABEL, span_id].freeze], MAX_LABELS + 1))
       end
 
       def pop(depth)
@@ -195,15 +197,15 @@ module DdprofRecorder
         merged(base, pairs)
       end
 
-      def merged(base, pairs)
+      def merged(base, pairs, limit = MAX_LABELS)
         all = if base.empty?
                 pairs
               else
                 keys = pairs.to_h { |k, _| [k, true] }
                 base.reject { |k, _| keys.key?(k) }.concat(pairs)
               end
-        if all.size > MAX_LABELS
-          raise ArgumentError, "at most #{MAX_LABELS} labels on a thread at once, this would make #{all.size}"
+        if all.size > limit
+          raise ArgumentError, "at most #{limit} labels on a thread at once, this would make #{all.size}"
         end
 
         all.freeze

@@ -190,7 +190,7 @@ module DdprofRecorder
       # @return [Boolean] whether a profiler samples this process now, the process-wide one
       #   or any other (one at a time: the native trigger drives one).
       def sampling?
-        @sampling&.running? || false
+        @sampling_profiler&.running? || false
       end
 
       # Links a request's span id to its endpoint in the sampling profiler's window (see
@@ -198,9 +198,13 @@ module DdprofRecorder
       #
       # @return [Boolean] whether a profiler took it.
       def record_endpoint(span_id, endpoint)
-        profiler = @sampling
+        profiler = @sampling_profiler
         profiler ? profiler.record_endpoint(span_id, endpoint) : false
       end
+
+      # @api private
+      # The profiler that samples now ({#start} sets it; Endpoints records to it).
+      attr_writer :sampling_profiler
 
       # @return [Boolean] whether the process-wide profiler is running.
       def running?
@@ -397,7 +401,7 @@ module DdprofRecorder
         # 110-125 µs of CPU past the cut, was in record's profile on 3.4.5 under load, 2 runs
         # of 200).
         @sampler.started
-        Profiler.instance_variable_set(:@sampling, self)
+        Profiler.sampling_profiler = self
       end
       self
     ensure
@@ -537,8 +541,8 @@ module DdprofRecorder
     # the samples labelled `"local root span id" => span_id` get `"trace endpoint" =>
     # endpoint`. Counted in `stats[:endpoints]`.
     #
-    # @return [Boolean] whether it was recorded (false when not running, or when the window
-    #   was at its limits).
+    # @return [Boolean] whether the recorder took it (false when not running; an endpoint
+    #   past the window's limits is taken and folded, counted in the recorder's stats).
     def record_endpoint(span_id, endpoint)
       return false unless running?
 

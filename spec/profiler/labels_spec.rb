@@ -116,6 +116,16 @@ RSpec.describe "Application labels" do
     expect(by[nil]).to be < 0.2 * by.values.sum
   end
 
+  it "gives a request its endpoint when the thread already has as many labels as an app may set" do
+    skip "rack is Debian's, for its Ruby: #{SINATRA_MISSING}" if defined?(SINATRA_MISSING)
+    app = DdprofRecorder::Endpoints.new(->(_env) { 200_000.times { |i| i.to_s }; [200, {}, ["ok"]] })
+    full = (1..DdprofRecorder::Labels::MAX_LABELS).to_h { |i| ["k#{i}", "v"] }
+    pprof = DdprofRecorder::Profiler.profile(hz: 999) do
+      DdprofRecorder.with_labels(full) { 3.times { Rack::MockRequest.new(app).get("/") } }
+    end
+    expect(cpu_by(samples_from(decode_pprof(pprof)), "trace endpoint").keys).to include("GET")
+  end
+
   it "names a plain Rack app's endpoint by what it put in the env, else by the request method" do
     skip "rack is Debian's, for its Ruby: #{SINATRA_MISSING}" if defined?(SINATRA_MISSING)
     app = DdprofRecorder::Endpoints.new(lambda do |env|
