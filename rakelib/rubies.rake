@@ -38,8 +38,9 @@ module SpecRuns
   # The line RSpec ends with: "601 examples, 0 failures, 2 pending" (", N errors occurred
   # outside of examples" when a file did not load).
   SUMMARY = /^\d+ examples?, \d+ failures?.*$/
-  # A line of RSpec's list of failed examples: "rspec ./spec/x_spec.rb:12 # what it does".
-  FAILED = %r{^rspec \./spec/\S+ # .*$}
+  # A line of RSpec's list of failed examples: "rspec ./spec/x_spec.rb:12 # what it does", or
+  # "rspec './spec/x_spec.rb[1:2:3]' # ..." for an example that its line does not tell apart.
+  FAILED = %r{^rspec '?\./spec/\S+ # .*$}
 
   @runs = []
 
