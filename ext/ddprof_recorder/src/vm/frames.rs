@@ -16,10 +16,15 @@
 //! frame's callable method entry if `rb_vm_frame_method_entry(cfp)` (`vm_insnhelper.c`) gives
 //! one of type `VM_METHOD_TYPE_ISEQ`, else `cfp->iseq`, and the line `calc_lineno(iseq, pc)`;
 //! for a C frame, the method entry if it is a `VM_METHOD_TYPE_CFUNC` one, with line 0.
-//! [`read`] does the same for the execution context of any thread, with one difference: for
+//! [`read`] does the same for the execution context of any thread, with two differences: for
 //! a bmethod's frame (and the blocks inside it, which `rb_vm_frame_method_entry` also maps to
 //! it) it stores the bmethod's method entry where `rb_profile_frames` stores the block's iseq,
-//! so that the frame can be named `Node#meth` rather than `block in <class:Node>`.
+//! so that the frame can be named `Node#meth` rather than `block in <class:Node>`; and for
+//! code eval'd from a string (an `ISEQ_TYPE_EVAL` iseq and the blocks in it, [`in_eval`]) it
+//! stores the frame's iseq where `rb_profile_frames` stores the method entry of the method
+//! whose binding the eval ran in, so that a template's code (`ERB#result` evals the template's
+//! compiled source with the caller's binding) is named for the template's file, not for the
+//! method that rendered it (`stack_capture`'s module doc, "Names").
 //!
 //! The layouts it relies on (Ruby 3.1.0 `vm_core.h`, `method.h`, `internal/imemo.h`; checked
 //! against the machine code of `rb_profile_frames` and `rb_profile_frame_classpath` in
@@ -38,10 +43,21 @@
 //! - `rb_callable_method_entry_t`: `def` at 0x10; `rb_method_definition_t`: the method type in
 //!   the low 4 bits of its first word (`ISEQ` 0, `CFUNC` 1, `BMETHOD` 4), `body` at 0x08
 //!   (`body.iseq.iseqptr`, `body.bmethod.proc`), `original_id` at 0x20.
-//! - `rb_iseq_t`: `body` at 0x10; its body: `type` at 0x00 (`ISEQ_TYPE_TOP` 0),
-//!   `iseq_encoded` at 0x08. The line is `rb_iseq_line_no(iseq, pos)` (exported by libruby),
+//! - `rb_iseq_t`: `body` at 0x10; its body: `type` at 0x00 (`enum iseq_type`: `TOP` 0,
+//!   `METHOD` 1, `BLOCK` 2, `CLASS` 3, `RESCUE` 4, `ENSURE` 5, `EVAL` 6, `MAIN` 7, `PLAIN` 8),
+//!   `iseq_encoded` at 0x08, `parent_iseq` at [`BODY_PARENT_ISEQ`] (0xa8 on 3.1, 0xa0 on 3.3
+//!   and 3.4). The line is `rb_iseq_line_no(iseq, pos)` (exported by libruby),
 //!   with `pos` the pc's index less 1 (or 0), as `calc_lineno` does; with no pc, 0 for a
-//!   top iseq and its first line otherwise.
+//!   top iseq and its first line otherwise. The type and `parent_iseq` were checked in
+//!   Debian's 3.1.2 machine code (`prepare_iseq_build` stores the type at 0x00, then for a
+//!   `METHOD` or `CLASS` iseq (`type & ~2 == 1`) itself as `local_iseq` at 0xb0 and its
+//!   parent at 0xa8; `rb_iseq_new_eval` passes type 6; `rb_iseq_method_name` compares
+//!   `local_iseq`'s type with 1) and in the debug information of our 3.3.8 and 3.4.5 builds
+//!   (`ptype /o struct rb_iseq_constant_body`: `parent_iseq` at 160; `ISEQ_TYPE_EVAL` 6). A
+//!   child iseq marks its parent (`rb_iseq_mark_and_move`, 3.3.8 `iseq.c`), so the parent of a
+//!   live iseq is live. A block, class body, `rescue` or `ensure` has the iseq it is in as
+//!   its parent (`NEW_CHILD_ISEQ`, 3.3.8 `compile.c`); a method has none (`NEW_ISEQ`); an
+//!   eval's is the iseq of the binding it runs in (`eval_make_iseq`).
 //! - a Proc's typed data (`rb_proc_t`) starts with its `rb_block`: the captured block's iseq at
 //!   0x10, the block type at 0x18 (`block_type_iseq` 0).
 //!
@@ -52,7 +68,9 @@
 //! `rb_profile_frames` gives; the thread's `ec->thread_ptr` back to its `rb_thread_t`; a C
 //! method's `original_id` naming it as `rb_profile_frame_method_name` does; a Ruby method's
 //! `body.iseq.iseqptr` being the iseq its frame runs; and the bmethod's Proc running the
-//! iseq of its frame. Only if all hold is [`read`] used; otherwise the
+//! iseq of its frame; and that block's parents (at [`BODY_PARENT_ISEQ`]) being iseqs of type
+//! `CLASS` up to one of type `TOP` (the module bodies around `FrameNames`, in the file that
+//! `require` loaded; the leafmost bmethod is the check's own). Only if all hold is [`read`] used; otherwise the
 //! profiler names frames the weaker way (`stack_capture`'s module doc). Each later read checks
 //! the thread's back pointer and bounds again, and a bmethod's Proc is only followed to an
 //! iseq that is a live `imemo_iseq`.
@@ -92,6 +110,19 @@ const DEF_BODY: usize = 0x08;
 const DEF_ORIGINAL_ID: usize = 0x20;
 const ISEQ_BODY: usize = 0x10;
 const BODY_ISEQ_ENCODED: usize = 0x08;
+/// `rb_iseq_constant_body::parent_iseq` (module doc): 3.1's `location.first_lineno` is a
+/// VALUE (an `int` from 3.2), which makes `location` 8 bytes longer there.
+const BODY_PARENT_ISEQ: usize = if cfg!(ruby_eq_3_1) { 0xa8 } else { 0xa0 };
+/// `enum iseq_type` (module doc).
+const ISEQ_TYPE_TOP: u32 = 0;
+const ISEQ_TYPE_BLOCK: u32 = 2;
+const ISEQ_TYPE_CLASS: u32 = 3;
+const ISEQ_TYPE_RESCUE: u32 = 4;
+const ISEQ_TYPE_ENSURE: u32 = 5;
+const ISEQ_TYPE_EVAL: u32 = 6;
+const ISEQ_TYPE_PLAIN: u32 = 8;
+/// Deeper nesting of blocks than this in one scope is not looked through by [`in_eval`].
+const MAX_NESTING: usize = 64;
 const PROC_BLOCK_ISEQ: usize = 0x10;
 const PROC_BLOCK_TYPE: usize = 0x18;
 
@@ -214,6 +245,76 @@ pub unsafe fn bmethod_iseq(me: VALUE) -> Option<VALUE> {
     (kind == 0 && unsafe { imemo_type(iseq) } == Some(IMEMO_ISEQ)).then_some(iseq)
 }
 
+/// The type and parent of `iseq` (module doc), if it is a live `imemo_iseq` with a body.
+///
+/// # Safety
+///
+/// `iseq` is a live object, 0 or a special constant; GVL held (or, in a signal handler, the
+/// interrupted thread holds it: the reads are plain loads).
+unsafe fn type_and_parent(iseq: VALUE) -> Option<(u32, VALUE)> {
+    // SAFETY: the caller's contract.
+    if unsafe { imemo_type(iseq) } != Some(IMEMO_ISEQ) {
+        return None;
+    }
+    // SAFETY: a live iseq's body pointer (module doc).
+    let body = unsafe { *((iseq as usize + ISEQ_BODY) as *const usize) };
+    if body == 0 {
+        return None;
+    }
+    // SAFETY: the body's `type` and `parent_iseq` fields (module doc).
+    Some(unsafe { (*(body as *const u32), *((body + BODY_PARENT_ISEQ) as *const VALUE)) })
+}
+
+/// Whether `iseq` is code eval'd from a string outside any method that code defines: an
+/// `ISEQ_TYPE_EVAL` iseq (`Kernel#eval`, `Binding#eval`, `instance_eval`/`module_eval` of a
+/// String: `eval_make_iseq`, Ruby 3.1 `vm_eval.c`; `ERB#result` runs a template so), or a
+/// block, `rescue`, `ensure` or `once` iseq whose nearest enclosing scope is one. A method
+/// or class body defined inside eval'd code is its own scope, not eval'd code. Only reads
+/// memory: callable from the signal handler.
+///
+/// # Safety
+///
+/// `iseq` is the iseq of a live frame (or 0 or a special constant); GVL held, or a signal
+/// handler that interrupted the thread holding it; the layouts were checked.
+pub unsafe fn in_eval(iseq: VALUE) -> bool {
+    let mut iseq = iseq;
+    for _ in 0..MAX_NESTING {
+        // SAFETY: `iseq` is the frame's iseq or, after a step, the parent of a live iseq,
+        // which that iseq marks (module doc).
+        match unsafe { type_and_parent(iseq) } {
+            Some((ISEQ_TYPE_EVAL, _)) => return true,
+            Some((
+                ISEQ_TYPE_BLOCK | ISEQ_TYPE_RESCUE | ISEQ_TYPE_ENSURE | ISEQ_TYPE_PLAIN,
+                parent,
+            )) => iseq = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// Whether `iseq` is a block whose parents are class or module bodies, up to a file's top
+/// level (the self-check: `FrameNames.check_from_bmethod`'s block).
+///
+/// # Safety
+///
+/// As [`type_and_parent`].
+unsafe fn block_in_class_bodies(iseq: VALUE) -> bool {
+    // SAFETY: the caller's contract.
+    let Some((ISEQ_TYPE_BLOCK, mut parent)) = (unsafe { type_and_parent(iseq) }) else {
+        return false;
+    };
+    for bodies in 0..MAX_NESTING {
+        // SAFETY: the parent of a live iseq is live (module doc).
+        match unsafe { type_and_parent(parent) } {
+            Some((ISEQ_TYPE_CLASS, next)) => parent = next,
+            Some((ISEQ_TYPE_TOP, _)) => return bodies > 0,
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// `check_method_entry` (Ruby 3.1 `vm_insnhelper.c`).
 ///
 /// # Safety
@@ -283,13 +384,14 @@ unsafe fn line_of(iseq: VALUE, pc: usize) -> i32 {
     unsafe { rb_iseq_line_no(iseq, pos.saturating_sub(1)) as i32 }
 }
 
-/// What [`read`] does with a bmethod's frames.
+/// Which frame objects [`read`] stores (module doc).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Bmethods {
-    /// The bmethod's method entry (module doc).
+pub enum Read {
+    /// A bmethod's method entry for its frames, and the iseq of eval'd code's frames.
     Named,
-    /// The block's iseq, as `rb_profile_frames` gives.
-    AsBlocks,
+    /// What `rb_profile_frames` stores: the block's iseq for a bmethod's frames, and the
+    /// method entry of the binding's method for eval'd code's (the self-check).
+    AsProfileFrames,
 }
 
 /// The execution context of `thread` (a Thread object), checked against its back pointer;
@@ -326,7 +428,7 @@ pub unsafe fn thread_ec(thread: VALUE) -> Option<*const u8> {
 /// # Safety
 ///
 /// `ec` comes from [`thread_ec`] for a live thread, with the GVL held since.
-pub unsafe fn read(ec: *const u8, frames: &mut [VALUE], lines: &mut [i32], bm: Bmethods) -> usize {
+pub unsafe fn read(ec: *const u8, frames: &mut [VALUE], lines: &mut [i32], how: Read) -> usize {
     // SAFETY: the context's stack fields (module doc).
     let (stack, size, mut cfp) = unsafe {
         (
@@ -363,8 +465,10 @@ pub unsafe fn read(ec: *const u8, frames: &mut [VALUE], lines: &mut [i32], bm: B
         let pcless = crate::vm::PROFILE_FRAMES_SKIP_DUMMY_AND_PCLESS && pc == 0;
         if flags & FRAME_FLAG_CFRAME == 0 && !pcless {
             frames[n] = match (me, kind) {
+                // SAFETY: the frame's iseq; the layouts were checked.
+                (Some(_), _) if how == Read::Named && unsafe { in_eval(iseq) } => iseq,
                 (Some(me), Some(METHOD_ISEQ)) => me,
-                (Some(me), Some(METHOD_BMETHOD)) if bm == Bmethods::Named => me,
+                (Some(me), Some(METHOD_BMETHOD)) if how == Read::Named => me,
                 _ => iseq,
             };
             // SAFETY: on 3.3+, a frame's `jit_return` word (vm::CFP_JIT_RETURN_OFFSET).
@@ -416,7 +520,7 @@ unsafe fn check_current() -> bool {
     // SAFETY: the running thread is alive; GVL held.
     let Some(ec) = (unsafe { thread_ec(thread) }) else { return false };
     // SAFETY: as above.
-    let n = unsafe { read(ec, &mut ours, &mut our_lines, Bmethods::AsBlocks) };
+    let n = unsafe { read(ec, &mut ours, &mut our_lines, Read::AsProfileFrames) };
     // SAFETY: both buffers hold DEPTH entries; GVL held.
     let m = unsafe {
         rb_sys::rb_profile_frames(0, DEPTH as i32, theirs.as_mut_ptr(), their_lines.as_mut_ptr())
@@ -450,7 +554,9 @@ unsafe fn check_current() -> bool {
                     METHOD_ISEQ if flags & FRAME_FLAG_CFRAME == 0 && method_body(me) == iseq => {
                         iseq_method = true;
                     }
-                    METHOD_BMETHOD if flags & FRAME_FLAG_BMETHOD != 0 => {
+                    // The leafmost: `FrameNames.check_from_bmethod`, whose block the
+                    // module body defines (a bmethod further down is the program's).
+                    METHOD_BMETHOD if flags & FRAME_FLAG_BMETHOD != 0 && bmethod.is_none() => {
                         bmethod = Some((me, iseq));
                     }
                     _ => {}
@@ -463,5 +569,6 @@ unsafe fn check_current() -> bool {
     // layout says (the Proc is in the same union).
     let Some((me, iseq)) = bmethod.filter(|_| cfunc && iseq_method) else { return false };
     // SAFETY: a live bmethod entry (its frame is still on the stack); the layout was checked.
-    unsafe { bmethod_iseq(me) == Some(iseq) }
+    // The parents are read only once the Proc's iseq was found where the layout says.
+    unsafe { bmethod_iseq(me) == Some(iseq) && block_in_class_bodies(iseq) }
 }
