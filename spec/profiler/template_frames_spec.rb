@@ -143,6 +143,36 @@ end", path, 0)
     end
   end
 
+  # Methods defined by eval'd code (`class_eval` of a String, as ActiveSupport's `delegate`
+  # and ERB#def_method do) are methods: they keep their names, a `define_method` one too.
+  eval_methods_program = <<~'RUBY'
+    require "ddprof_recorder"
+    class Widget
+      class_eval <<~SRC, "widget_methods.rb", 1
+        def spin(n) = n.times { |i| i.to_s }
+        define_method(:whirl) { |n| n.times { |i| i.to_s } }
+      SRC
+    end
+    widget = Widget.new
+    pprof = DdprofRecorder::Profiler.profile(hz: 499) do
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.4
+      while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+        widget.spin(20_000)
+        widget.whirl(20_000)
+      end
+    end
+    print [pprof].pack("m0")
+  RUBY
+
+  it "keeps the names of methods that eval'd code defines, define_method ones too" do
+    out, err, status = run_program(["-e", eval_methods_program], @dir)
+    expect(status).to be_success, err
+    frames = samples_from(decode_pprof(out.unpack1("m0"))).flat_map { |sample| sample[:frames] }.uniq
+    names = frames.select { |_, file, _| file == "widget_methods.rb" }.map(&:first).uniq
+    expect(names).to include("Widget#spin", "Widget#whirl")
+    expect(names.grep_v(/\A[A-Z][\w:]*[#.]/)).to eq([])
+  end
+
   describe "ActionView" do
     before(:context) do
       views = File.join(@dir, "app", "views", "pages")

@@ -20,11 +20,12 @@
 //! a bmethod's frame (and the blocks inside it, which `rb_vm_frame_method_entry` also maps to
 //! it) it stores the bmethod's method entry where `rb_profile_frames` stores the block's iseq,
 //! so that the frame can be named `Node#meth` rather than `block in <class:Node>`; and for
-//! code eval'd from a string (an `ISEQ_TYPE_EVAL` iseq and the blocks in it, [`in_eval`]) it
-//! stores the frame's iseq where `rb_profile_frames` stores the method entry of the method
-//! whose binding the eval ran in, so that a template's code (`ERB#result` evals the template's
-//! compiled source with the caller's binding) is named for the template's file, not for the
-//! method that rendered it (`stack_capture`'s module doc, "Names").
+//! code eval'd from a string (an eval's frame, and the blocks in it: an eval's frame comes in
+//! their ep chain before the method entry) it stores the frame's iseq where
+//! `rb_profile_frames` stores the method entry of the method whose binding the eval ran in,
+//! so that a template's code (`ERB#result` evals the template's compiled source with the
+//! caller's binding) is named for the template's file, not for the method that rendered it
+//! (`stack_capture`'s module doc, "Names"; [`in_eval`] tells such an iseq when it is named).
 //!
 //! The layouts it relies on (Ruby 3.1.0 `vm_core.h`, `method.h`, `internal/imemo.h`; checked
 //! against the machine code of `rb_profile_frames` and `rb_profile_frame_classpath` in
@@ -36,8 +37,12 @@
 //!   0x10, `thread_ptr` 0x30.
 //! - `rb_control_frame_t` (64 bytes): `pc` 0x00, `iseq` 0x10, `ep` 0x20. `ep[0]` holds the
 //!   frame flags (`VM_FRAME_FLAG_BMETHOD` 0x40, `VM_FRAME_FLAG_CFRAME` 0x80,
-//!   `VM_ENV_FLAG_LOCAL` 0x2), `ep[-1]` the previous ep (tagged in its low 2 bits) and
-//!   `ep[-2]` a method entry, a cref or (local ep only) an svar whose `cref_or_me` is at 0x8.
+//!   `VM_ENV_FLAG_LOCAL` 0x2) and the frame's magic (`& 0x7fff0001`: `METHOD` 0x11110001,
+//!   `BLOCK` 0x22220001, `CFUNC` 0x55550001, `EVAL` 0x77770001; copied with the flags when
+//!   the env moves to the heap, `vm_make_env_each`; 3.1.2's machine code masks and compares
+//!   them so, and our 3.3.8 and 3.4.5 builds' debug information has the same values),
+//!   `ep[-1]` the previous ep (tagged in its low 2 bits) and `ep[-2]` a method entry, a cref
+//!   or (local ep only) an svar whose `cref_or_me` is at 0x8.
 //! - an imemo's type is `(flags >> 12) & 0xf` (`imemo_cref` 1, `imemo_svar` 2, `imemo_ment`
 //!   6, `imemo_iseq` 7) of a `T_IMEMO` (0x1a) object.
 //! - `rb_callable_method_entry_t`: `def` at 0x10; `rb_method_definition_t`: the method type in
@@ -68,12 +73,13 @@
 //! `rb_profile_frames` gives; the thread's `ec->thread_ptr` back to its `rb_thread_t`; a C
 //! method's `original_id` naming it as `rb_profile_frame_method_name` does; a Ruby method's
 //! `body.iseq.iseqptr` being the iseq its frame runs; and the bmethod's Proc running the
-//! iseq of its frame; and that block's parents (at [`BODY_PARENT_ISEQ`]) being iseqs of type
+//! iseq of its frame; the C method's, the Ruby method's and the bmethod's frames having the
+//! magic of their kind; and that block's parents (at [`BODY_PARENT_ISEQ`]) being iseqs of type
 //! `CLASS` up to one of type `TOP` (the module bodies around `FrameNames`, in the file that
-//! `require` loaded; the leafmost bmethod is the check's own). Only if all hold is [`read`] used; otherwise the
-//! profiler names frames the weaker way (`stack_capture`'s module doc). Each later read checks
-//! the thread's back pointer and bounds again, and a bmethod's Proc is only followed to an
-//! iseq that is a live `imemo_iseq`.
+//! `require` loaded; the leafmost bmethod is the check's own). Only if all hold is [`read`]
+//! used; otherwise the profiler names frames the weaker way (`stack_capture`'s module doc).
+//! Each later read checks the thread's back pointer and bounds again, and a bmethod's Proc is
+//! only followed to an iseq that is a live `imemo_iseq`.
 //!
 //! **Other threads.** `Thread#backtrace_locations` (Ruby 3.1 `vm_backtrace.c`,
 //! `thread_backtrace_to_ary`) reads another thread's `th->ec` frames the same way with the
@@ -95,6 +101,11 @@ const CFP_PC: usize = 0x00;
 const CFP_ISEQ: usize = 0x10;
 const CFP_EP: usize = 0x20;
 const FRAME_FLAG_BMETHOD: VALUE = 0x40;
+const FRAME_MAGIC_MASK: VALUE = 0x7fff_0001;
+const FRAME_MAGIC_METHOD: VALUE = 0x1111_0001;
+const FRAME_MAGIC_BLOCK: VALUE = 0x2222_0001;
+const FRAME_MAGIC_CFUNC: VALUE = 0x5555_0001;
+const FRAME_MAGIC_EVAL: VALUE = 0x7777_0001;
 const FRAME_FLAG_CFRAME: VALUE = 0x80;
 const ENV_FLAG_LOCAL: VALUE = 0x2;
 const T_MASK: usize = 0x1f;
@@ -249,8 +260,7 @@ pub unsafe fn bmethod_iseq(me: VALUE) -> Option<VALUE> {
 ///
 /// # Safety
 ///
-/// `iseq` is a live object, 0 or a special constant; GVL held (or, in a signal handler, the
-/// interrupted thread holds it: the reads are plain loads).
+/// `iseq` is a live object, 0 or a special constant; GVL held.
 unsafe fn type_and_parent(iseq: VALUE) -> Option<(u32, VALUE)> {
     // SAFETY: the caller's contract.
     if unsafe { imemo_type(iseq) } != Some(IMEMO_ISEQ) {
@@ -269,17 +279,19 @@ unsafe fn type_and_parent(iseq: VALUE) -> Option<(u32, VALUE)> {
 /// `ISEQ_TYPE_EVAL` iseq (`Kernel#eval`, `Binding#eval`, `instance_eval`/`module_eval` of a
 /// String: `eval_make_iseq`, Ruby 3.1 `vm_eval.c`; `ERB#result` runs a template so), or a
 /// block, `rescue`, `ensure` or `once` iseq whose nearest enclosing scope is one. A method
-/// or class body defined inside eval'd code is its own scope, not eval'd code. Only reads
-/// memory: callable from the signal handler.
+/// or class body defined inside eval'd code is its own scope, not eval'd code; the block of a
+/// `define_method` inside it is one of these blocks, but [`read`] gives its frames the
+/// bmethod's entry (found in the ep chain before any eval's frame), so that it is not named
+/// as eval'd code. Only reads memory.
 ///
 /// # Safety
 ///
-/// `iseq` is the iseq of a live frame (or 0 or a special constant); GVL held, or a signal
-/// handler that interrupted the thread holding it; the layouts were checked.
+/// `iseq` is a frame object read from a live stack and alive since (or 0 or a special
+/// constant); GVL held; the layouts were checked.
 pub unsafe fn in_eval(iseq: VALUE) -> bool {
     let mut iseq = iseq;
     for _ in 0..MAX_NESTING {
-        // SAFETY: `iseq` is the frame's iseq or, after a step, the parent of a live iseq,
+        // SAFETY: `iseq` is the frame object or, after a step, the parent of a live iseq,
         // which that iseq marks (module doc).
         match unsafe { type_and_parent(iseq) } {
             Some((ISEQ_TYPE_EVAL, _)) => return true,
@@ -334,30 +346,35 @@ unsafe fn check_method_entry(v: VALUE, can_be_svar: bool) -> Option<VALUE> {
 }
 
 /// `rb_vm_frame_method_entry` (Ruby 3.1 `vm_insnhelper.c`): walks the ep chain to the local
-/// one.
+/// one. Also says whether an eval's frame (`VM_FRAME_MAGIC_EVAL` in an ep's flags) comes in
+/// the chain before the method entry: the frame runs code eval'd from a string, in the
+/// method's binding, not the method's own code (a method, or a `define_method` block, defined
+/// inside eval'd code has its entry in its own ep, found first).
 ///
 /// # Safety
 ///
 /// `ep` is a live frame's ep; GVL held.
-unsafe fn frame_method_entry(mut ep: *const VALUE) -> Option<VALUE> {
+unsafe fn frame_method_entry(mut ep: *const VALUE) -> (Option<VALUE>, bool) {
+    let mut eval = false;
     // A chain deeper than this is not one (the walk must end even on a bad read).
     for _ in 0..100_000 {
         // SAFETY: an ep points at its flags word, preceded by the specval and me/cref words.
         let (flags, me_cref, prev) = unsafe { (*ep, *ep.sub(2), *ep.sub(1)) };
+        eval |= flags & FRAME_MAGIC_MASK == FRAME_MAGIC_EVAL;
         let local = flags & ENV_FLAG_LOCAL != 0;
         // SAFETY: ep[-2] of a live frame.
         if let Some(me) = unsafe { check_method_entry(me_cref, local) } {
-            return Some(me);
+            return (Some(me), eval);
         }
         if local {
-            return None;
+            return (None, eval);
         }
         ep = (prev & !3) as *const VALUE;
         if ep.is_null() {
-            return None;
+            return (None, eval);
         }
     }
-    None
+    (None, eval)
 }
 
 /// `calc_lineno` (Ruby 3.1 `vm_backtrace.c`, module doc).
@@ -459,14 +476,13 @@ pub unsafe fn read(ec: *const u8, frames: &mut [VALUE], lines: &mut [i32], how: 
         // SAFETY: a frame's ep points at its flags word.
         let flags = unsafe { *ep };
         // SAFETY: the live frame's ep.
-        let me = unsafe { frame_method_entry(ep) };
+        let (me, eval) = unsafe { frame_method_entry(ep) };
         // SAFETY: `me` is a live method entry (the frame marks it).
         let kind = me.map(|me| unsafe { method_type(me) });
         let pcless = crate::vm::PROFILE_FRAMES_SKIP_DUMMY_AND_PCLESS && pc == 0;
         if flags & FRAME_FLAG_CFRAME == 0 && !pcless {
             frames[n] = match (me, kind) {
-                // SAFETY: the frame's iseq; the layouts were checked.
-                (Some(_), _) if how == Read::Named && unsafe { in_eval(iseq) } => iseq,
+                (Some(_), _) if how == Read::Named && eval => iseq,
                 (Some(me), Some(METHOD_ISEQ)) => me,
                 (Some(me), Some(METHOD_BMETHOD)) if how == Read::Named => me,
                 _ => iseq,
@@ -542,21 +558,32 @@ unsafe fn check_current() -> bool {
             let iseq = *((cfp + CFP_ISEQ) as *const VALUE);
             let ep = *((cfp + CFP_EP) as *const *const VALUE);
             let flags = *ep;
-            if let Some(me) = frame_method_entry(ep) {
+            // Each kind of frame has its magic in its flags (`eval` is told by it).
+            let magic = flags & FRAME_MAGIC_MASK;
+            if let (Some(me), _) = frame_method_entry(ep) {
                 match method_type(me) {
                     METHOD_CFUNC if flags & FRAME_FLAG_CFRAME != 0 => {
                         let name = rb_sys::rb_id2str(original_id(me));
-                        if name == 0 || name != rb_sys::rb_profile_frame_method_name(me) {
+                        if name == 0
+                            || name != rb_sys::rb_profile_frame_method_name(me)
+                            || magic != FRAME_MAGIC_CFUNC
+                        {
                             return false;
                         }
                         cfunc = true;
                     }
                     METHOD_ISEQ if flags & FRAME_FLAG_CFRAME == 0 && method_body(me) == iseq => {
+                        if magic != FRAME_MAGIC_METHOD {
+                            return false;
+                        }
                         iseq_method = true;
                     }
                     // The leafmost: `FrameNames.check_from_bmethod`, whose block the
                     // module body defines (a bmethod further down is the program's).
                     METHOD_BMETHOD if flags & FRAME_FLAG_BMETHOD != 0 && bmethod.is_none() => {
+                        if magic != FRAME_MAGIC_BLOCK {
+                            return false;
+                        }
                         bmethod = Some((me, iseq));
                     }
                     _ => {}
