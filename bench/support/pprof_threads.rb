@@ -5,8 +5,8 @@ require "tmpdir"
 require "zlib"
 
 # Decodes a profile with google-protobuf (spec/support/profile.proto, compiled by protoc at
-# first use) and sums it per `thread name`, shared by bench/profiler_rate.rb and
-# bench/server_throughput.rb.
+# first use) and sums it per `thread name` (bench/profiler_rate.rb, bench/server_throughput.rb)
+# or per a label's value (bench/rails_endpoints.rb).
 module BenchPprofThreads
   ROOT = File.expand_path("../..", __dir__)
 
@@ -24,6 +24,20 @@ module BenchPprofThreads
     require File.join(dir, "profile_pb")
   rescue LoadError => e
     raise "google-protobuf is needed to decode the pprof (apt-get install ruby-google-protobuf): #{e.message}"
+  end
+
+  # cpu-time per value of the string label `key` (nil: samples without it), of pprof bytes.
+  def by_label(pprof, key)
+    load_profile_proto
+    pprof = Zlib.gunzip(pprof) if pprof.start_with?("\x1f\x8b".b)
+    profile = Perftools::Profiles::Profile.decode(pprof)
+    strings = profile.string_table
+    cpu_i = profile.sample_type.map { |t| strings[t.type] }.index("cpu-time") or raise "no cpu-time"
+    key_i = strings.index(key)
+    profile.sample.each_with_object(Hash.new(0)) do |sample, by|
+      label = key_i && sample.label.find { |l| l.key == key_i }
+      by[label ? strings[label.str] : nil] += sample.value[cpu_i]
+    end
   end
 
   # Per `thread name`: {wall_samples:, cpu_samples: (cpu-samples where cpu-time > 0), cpu_ns:}.

@@ -10,6 +10,16 @@ module DdprofRecorder
   # {.merge}): e.g. the profiles of a server's processes, or the windows of one. Errors about
   # one of an Array's pprofs name it `pprofs[i]`.
   #
+  # Each view and {.merge} take `label:`, a Hash of label key => value (`{ "trace endpoint" =>
+  # "PagesController#index" }`): they then see only the samples that have every one of those
+  # labels with that value, compared as text (a String label of that text, or a numeric label
+  # written so in decimal: `"process id" => 11` and `=> "11"` are the same). A key that no
+  # sample has raises ArgumentError naming the keys there are (a typo, most likely); a value
+  # that no sample has leaves no sample: {.top} and {.folded} say nothing, the views that
+  # draw raise DdprofRecorder::Error (`nothing to draw: no sample has trace endpoint=...`).
+  # {.filter}'s `labels:` are typed instead (a String never equals a number), and a key no
+  # sample has keeps nothing there, without an error.
+  #
   # A pprof is untrusted input: each one is read only up to `max_decompressed_bytes` of
   # protobuf (after gunzip, or as given), and reading it, like the folded or flamegraph text
   # made from it, may take at most a fixed multiple of that in memory (`MEMORY_PER_BYTE` in
@@ -26,19 +36,24 @@ module DdprofRecorder
     # @param pprof [String, Array<String>] a pprof, raw or gzip-compressed, or several.
     # @param value [String, Symbol] which sample type to use, e.g. `"cpu-time"`, `"wall-time"`.
     # @param filenames [Boolean] write frames as `name (file)` instead of `name`.
-    # @param group_by [String, nil] a label key (e.g. `"thread name"`) whose value becomes the
-    #   root frame, `key=value`: one tower per thread in a flamegraph.
+    # @param group_by [String, nil] a label key (e.g. `"thread name"`, `"trace endpoint"`)
+    #   whose value becomes the root frame, `key=value` (`(no key)` for the samples without
+    #   it): one tower per thread, or per endpoint, in a flamegraph.
+    # @param label [Hash{String, Symbol => String, Integer}, nil] only the samples with these
+    #   labels (see the module's doc).
     # @param max_decompressed_bytes [Integer] most bytes of protobuf each pprof may have once
     #   decompressed (default {DEFAULT_MAX_DECOMPRESSED_BYTES}, 1 GiB).
-    # @return [String] UTF-8 text, one line per stack.
+    # @return [String] UTF-8 text, one line per stack; empty when no sample is left.
     # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type (the message
-    #   lists the ones it has).
+    #   lists the ones it has), or no sample has the `group_by` or a `label` key (the message
+    #   lists the keys there are); if `group_by` or `label` is empty.
+    # @raise [TypeError] if `group_by` or `label` is not of the types above.
     # @raise [DdprofRecorder::Error] if several pprofs have different value types, or a pprof
     #   is over the read limits.
-    def folded(pprof, value: "cpu-time", filenames: false, group_by: nil,
+    def folded(pprof, value: "cpu-time", filenames: false, group_by: nil, label: nil,
                max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
-      _native_folded(pprof, value_name(value), filenames ? true : false, label_key(group_by),
-                     read_limit(max_decompressed_bytes))
+      _native_folded(pprof, value_name(value), filenames ? true : false, label_key(group_by, "group_by"),
+                     label_filters(label), read_limit(max_decompressed_bytes))
     end
 
     # A flamegraph of the profile as an SVG document, drawn by the inferno crate (the Rust
@@ -49,20 +64,24 @@ module DdprofRecorder
     # @param value [String, Symbol] which sample type to draw.
     # @param title [String, nil] defaults to `"<value> flamegraph"`.
     # @param filenames [Boolean] label frames `name (file)`.
-    # @param group_by [String, nil] a label key whose value becomes the root frame.
+    # @param group_by [String, nil] a label key whose value becomes the root frame: one tower
+    #   per value (see {.folded}).
+    # @param label [Hash{String, Symbol => String, Integer}, nil] only the samples with these
+    #   labels (see the module's doc).
     # @param max_decompressed_bytes [Integer] see {.folded}.
     # @return [String] the SVG (UTF-8).
-    # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type.
-    # @raise [DdprofRecorder::Error] if no sample has a non-zero `value` (nothing to draw),
-    #   several pprofs have different value types, or a pprof is over the read limits.
-    def flamegraph(pprof, value: "cpu-time", title: nil, filenames: false, group_by: nil,
+    # @raise [ArgumentError] as {.folded}.
+    # @raise [DdprofRecorder::Error] if no sample has a non-zero `value` (nothing to draw; `no
+    #   sample has key=value` when `label` left none), several pprofs have different value
+    #   types, or a pprof is over the read limits.
+    def flamegraph(pprof, value: "cpu-time", title: nil, filenames: false, group_by: nil, label: nil,
                    max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
       unless title.nil? || title.is_a?(String)
         raise TypeError, "title must be a String or nil, got #{title.class}"
       end
 
-      _native_flamegraph(pprof, value_name(value), title, filenames ? true : false, label_key(group_by),
-                         read_limit(max_decompressed_bytes))
+      _native_flamegraph(pprof, value_name(value), title, filenames ? true : false, label_key(group_by, "group_by"),
+                         label_filters(label), read_limit(max_decompressed_bytes))
     end
 
     # The profile as a speedscope file (https://www.speedscope.app; also what stackprof and
@@ -78,20 +97,22 @@ module DdprofRecorder
     #   in that order; nil (default) for every value type of the pprof, in its order
     #   (cpu-time, cpu-samples, wall-time for the profiler's).
     # @param group_by [String, Symbol, nil] a label key (e.g. `"thread name"`): one profile per
-    #   value of it.
+    #   value of it, named `value type, key=value` (`(no key)` for the samples without it).
     # @param timeline [Boolean] instead, the samples that carry their time (the profiler's
     #   `timeline: true`): one `wall-time` profile per thread, its samples in time order, each
     #   weighted by its wall time and under a root frame naming the thread's state then
     #   (`[running]`, `[waiting for GVL]`, `[blocked]`, `[gc]`), so that "Time Order" shows
     #   what each thread did when. Not with `value` or `group_by`.
     # @param name [String] the file's name in speedscope's title bar.
+    # @param label [Hash{String, Symbol => String, Integer}, nil] only the samples with these
+    #   labels (see the module's doc); with `timeline` too.
     # @param max_decompressed_bytes [Integer] see {.folded}.
     # @return [String] the JSON document (UTF-8).
-    # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type.
+    # @raise [ArgumentError] as {.folded}.
     # @raise [DdprofRecorder::Error] if no sample has a positive value of the value types
-    #   (nothing to draw), or with `timeline` none has a time; if several pprofs have
-    #   different value types, or a pprof is over the read limits.
-    def speedscope(pprof, value: nil, group_by: nil, timeline: false, name: "ddprof_recorder profile",
+    #   (nothing to draw), or with `timeline` none has a time, or `label` left none; if several
+    #   pprofs have different value types, or a pprof is over the read limits.
+    def speedscope(pprof, value: nil, group_by: nil, timeline: false, name: "ddprof_recorder profile", label: nil,
                    max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
       raise TypeError, "name must be a String, got #{name.class}" unless name.is_a?(String)
 
@@ -100,10 +121,11 @@ module DdprofRecorder
       raise ArgumentError, "timeline: true takes no value: or group_by:" if timeline && (values || group_by)
 
       exporter = "ddprof_recorder #{VERSION}"
+      labels = label_filters(label)
       limit = read_limit(max_decompressed_bytes)
-      return _native_speedscope_timeline(pprof, name, exporter, limit) if timeline
+      return _native_speedscope_timeline(pprof, name, exporter, labels, limit) if timeline
 
-      _native_speedscope(pprof, values, label_key(group_by), name, exporter, limit)
+      _native_speedscope(pprof, values, label_key(group_by, "group_by"), name, exporter, labels, limit)
     end
 
     # What each thread was doing, and when: a timeline of the samples that carry their time
@@ -116,17 +138,21 @@ module DdprofRecorder
     # @param pprof [String, Array<String>] a pprof, raw or gzip-compressed, or several.
     # @param format [Symbol] `:svg`, or `:html` (the SVG in a page with a table of the shares).
     # @param title [String]
+    # @param label [Hash{String, Symbol => String, Integer}, nil] only the samples with these
+    #   labels (see the module's doc): the lanes show when they ran, and the shares are of
+    #   their wall time (e.g. how one endpoint's time went: running, waiting for the GVL...).
     # @param max_decompressed_bytes [Integer] see {.folded}.
     # @return [String] the document (UTF-8).
     # @raise [ArgumentError] if `pprof` is not a pprof, or has no wall-time, or `format` is
-    #   neither.
-    # @raise [DdprofRecorder::Error] if no sample has a time, or as {.folded}.
-    def timeline(pprof, format: :svg, title: "ddprof_recorder timeline",
+    #   neither; as {.folded} for `label`.
+    # @raise [DdprofRecorder::Error] if no sample has a time (or `label` left none), or as
+    #   {.folded}.
+    def timeline(pprof, format: :svg, title: "ddprof_recorder timeline", label: nil,
                  max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
       raise TypeError, "title must be a String, got #{title.class}" unless title.is_a?(String)
       raise ArgumentError, "format must be :svg or :html, got #{format.inspect}" unless %i[svg html].include?(format)
 
-      _native_timeline(pprof, format, title, read_limit(max_decompressed_bytes))
+      _native_timeline(pprof, format, title, label_filters(label), read_limit(max_decompressed_bytes))
     end
 
     # The pprof with only the samples that have every label of `labels` (the same key with the
@@ -161,27 +187,53 @@ module DdprofRecorder
     end
 
     # The functions holding the most of one value: self (as the leaf of a sample) and total
-    # (anywhere in the stack, once per sample).
+    # (anywhere in the stack, once per sample). With `by:`, the values of a label holding the
+    # most of it instead: `top(pprof, by: "trace endpoint")` is which endpoint burns the CPU.
     #
     # @param pprof [String, Array<String>] a pprof, raw or gzip-compressed, or several.
     # @param value [String, Symbol] which sample type to rank by.
     # @param sort [Symbol] `:self` (default) or `:total`: the value rows are sorted by, highest
-    #   first; ties by the other value (highest first), then name, then file.
+    #   first; ties by the other value (highest first), then name, then file. With `by:` the
+    #   two are one (a sample has one value of a label): rows by their total.
     # @param limit [Integer, nil] keep only the first `limit` rows.
+    # @param by [String, Symbol, nil] a label key (string or numeric label): one row per value
+    #   of it, the sum of `value` over its samples, and one row (`label: nil`) for the samples
+    #   without it; highest first, ties by label value, the row without it last. Rows of 0
+    #   are left out; the rows add up to `:total`.
+    # @param label [Hash{String, Symbol => String, Integer}, nil] only the samples with these
+    #   labels (see the module's doc).
     # @param max_decompressed_bytes [Integer] see {.folded}.
-    # @return [Hash] `{value:, unit:, total:, rows: [{name:, filename:, self:, total:}, ...]}`.
-    # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type, or `sort`
-    #   is neither `:self` nor `:total`.
+    # @return [Hash] `{value:, unit:, total:, profile_total:, samples:, rows: [{name:,
+    #   filename:, self:, total:}, ...]}`; with `by:`, `rows: [{label:, total:}, ...]` (a label
+    #   value is a String or an Integer) and `by:` (the key). `:total` is the sum over the
+    #   samples kept, `:profile_total` over the whole profile (the same without `label:`),
+    #   `:samples` how many (distinct pprof) samples were kept: 0 when `label:` matched none.
+    # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type, `sort` is
+    #   neither `:self` nor `:total`, `by` is empty or no sample has it, or as {.folded} for
+    #   `label`.
+    # @raise [TypeError] if `by` is not a String, Symbol or nil.
     # @raise [DdprofRecorder::Error] if several pprofs have different value types, or a pprof
     #   is over the read limits.
-    def top(pprof, value: "cpu-time", sort: :self, limit: nil, max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
+    def top(pprof, value: "cpu-time", sort: :self, limit: nil, by: nil, label: nil,
+            max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
       value = value_name(value)
       raise ArgumentError, "sort must be :self or :total, got #{sort.inspect}" unless %i[self total].include?(sort)
 
-      unit, total, rows = _native_top(pprof, value, sort, read_limit(max_decompressed_bytes))
+      by = label_key(by, "by")
+      labels = label_filters(label)
+      limit_bytes = read_limit(max_decompressed_bytes)
+      if by
+        unit, total, profile_total, samples, rows = _native_top_by_label(pprof, value, by, labels, limit_bytes)
+        rows = rows.first(limit) if limit
+        rows = rows.map { |label_value, sum| { label: label_value, total: sum } }
+        return { value: value, unit: unit, total: total, profile_total: profile_total, samples: samples, by: by,
+                 rows: rows }
+      end
+
+      unit, total, profile_total, samples, rows = _native_top(pprof, value, sort, labels, limit_bytes)
       rows = rows.first(limit) if limit
       rows = rows.map { |name, filename, self_value, total_value| { name: name, filename: filename, self: self_value, total: total_value } }
-      { value: value, unit: unit, total: total, rows: rows }
+      { value: value, unit: unit, total: total, profile_total: profile_total, samples: samples, rows: rows }
     end
 
     # What a profile holds, in numbers.
@@ -191,19 +243,21 @@ module DdprofRecorder
     #   `:start` and `:finish` (Time), `:duration` (seconds, Float), `:samples` (distinct
     #   pprof samples), `:functions`, `:thread_ids`, `:thread_names` and `:process_ids`
     #   (distinct values of the profiler's `"thread id"` / `"thread name"` / `"process id"`
-    #   labels), `:comments` (the pprof's `comment` strings, e.g. StackRecorder#comments=;
+    #   labels), `:label_keys` (every label key of the samples, sorted), `:comments` (the pprof's `comment` strings, e.g. StackRecorder#comments=;
     #   each distinct one once, in the order they first appear, over all the pprofs given),
     #   `:threads`: per thread (`"thread id"` label, and `"process id"`), by process then the
     #   longest first, a Hash of `:process_id`, `:thread_id`, `:name`, and its wall time and
     #   how it was spent, in ns: `:wall`, `:running` (its cpu-time outside the GC),
     #   `:waiting` (its gvl-wait-time; nil without that value: Ruby 3.1, where `:blocked`
     #   holds the waits too), `:gc` (the wall time of its GC samples), `:blocked` (the rest).
+    # @param label [Hash{String, Symbol => String, Integer}, nil] only the samples with these
+    #   labels (see the module's doc): e.g. one endpoint's totals and threads.
     # @param max_decompressed_bytes [Integer] see {.folded}.
-    # @raise [ArgumentError] if `pprof` is not a pprof.
+    # @raise [ArgumentError] if `pprof` is not a pprof, or as {.folded} for `label`.
     # @raise [DdprofRecorder::Error] if several pprofs have different value types, or a pprof
     #   is over the read limits.
-    def summary(pprof, max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
-      s = _native_summary(pprof, read_limit(max_decompressed_bytes))
+    def summary(pprof, label: nil, max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
+      s = _native_summary(pprof, label_filters(label), read_limit(max_decompressed_bytes))
       start = Time.at(0, s[:time_nanos], :nanosecond).utc
       {
         value_types: s[:value_types],
@@ -216,6 +270,7 @@ module DdprofRecorder
         thread_ids: s[:thread_ids],
         thread_names: s[:thread_names],
         process_ids: s[:process_ids],
+        label_keys: s[:label_keys],
         comments: s[:comments],
         threads: s[:threads].map do |pid, tid, name, wall, running, waiting, gc, blocked|
           { process_id: pid, thread_id: tid, name: name, wall: wall, running: running, waiting: waiting, gc: gc,
@@ -232,17 +287,20 @@ module DdprofRecorder
     # @param pprofs [Array<String>] pprofs, raw or gzip-compressed, with the same value types
     #   (types and units, in the same order).
     # @param compression [Symbol] `:gzip` (default, the usual `.pb.gz`) or `:none`.
+    # @param label [Hash{String, Symbol => String, Integer}, nil] keep only the samples with
+    #   these labels (see the module's doc): e.g. one endpoint's pprof, for `go tool pprof`.
+    #   Functions and locations stay, as {.filter} leaves them.
     # @param max_decompressed_bytes [Integer] see {.folded}; for each of `pprofs`.
-    # @return [String] the merged pprof (binary).
+    # @return [String] the merged pprof (binary); without samples if `label` matched none.
     # @raise [ArgumentError] if `pprofs` is empty or one of them is not a pprof (the message
-    #   names it `pprofs[i]`).
+    #   names it `pprofs[i]`), or as {.folded} for `label`.
     # @raise [DdprofRecorder::Error] if their value types differ, or one is over the read
     #   limits.
-    def merge(pprofs, compression: :gzip, max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
+    def merge(pprofs, compression: :gzip, label: nil, max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
       raise TypeError, "pprofs must be an Array of Strings, got #{pprofs.class}" unless pprofs.is_a?(Array)
       raise ArgumentError, "compression must be :none or :gzip, got #{compression.inspect}" unless %i[gzip none].include?(compression)
 
-      _native_merge(pprofs, compression, read_limit(max_decompressed_bytes))
+      _native_merge(pprofs, compression, label_filters(label), read_limit(max_decompressed_bytes))
     end
 
     private
@@ -264,12 +322,43 @@ module DdprofRecorder
       end
     end
 
-    def label_key(key)
-      case key
-      when nil, String then key
-      when Symbol then key.to_s
-      else raise TypeError, "group_by must be a String, Symbol or nil, got #{key.class}"
+    # A label key argument (`group_by:`, `by:`) as a String, or nil; `name` names it.
+    def label_key(key, name)
+      key = case key
+            when nil, String then key
+            when Symbol then key.to_s
+            else raise TypeError, "#{name} must be a String, Symbol or nil, got #{key.class}"
+            end
+      raise ArgumentError, "#{name} must not be empty" if key&.empty?
+
+      key
+    end
+
+    # `label:` (nil or a Hash of key => value) as the native `[[key, value], ...]`, Strings:
+    # an Integer value as its decimal text, which the native side compares with a string
+    # label's text or a numeric label's decimal form.
+    def label_filters(label)
+      return [] if label.nil?
+      raise TypeError, "label must be a Hash of label key => value, got #{label.class}" unless label.is_a?(Hash)
+
+      filters = label.map do |key, value|
+        key = key.to_s if key.is_a?(Symbol)
+        raise TypeError, "label keys must be Strings or Symbols, got #{key.class}" unless key.is_a?(String)
+        raise ArgumentError, "label keys must not be empty" if key.empty?
+
+        text = case value
+               when String then value
+               when Integer then value.to_s
+               else raise TypeError, "label #{key.inspect} must be a String or an Integer, got #{value.class}"
+               end
+        raise ArgumentError, "label #{key.inspect} must not be empty" if text.empty?
+
+        [key, text]
       end
+      duplicate = filters.map(&:first).tally.find { |_, n| n > 1 }
+      raise ArgumentError, "label #{duplicate.first.inspect} is given twice (as a String and a Symbol)" if duplicate
+
+      filters
     end
   end
 end

@@ -6,6 +6,7 @@ require_relative "profiler/exporter"
 require_relative "profiler/allocation_recorder"
 require_relative "profiler/ractor_guard"
 require_relative "profiler/trap_context"
+require_relative "directory_exporter"
 
 module DdprofRecorder
   # A sampling profiler built on {StackRecorder}. It records, for every live Ruby thread,
@@ -63,6 +64,7 @@ module DdprofRecorder
   #   File.binwrite("profile.pb.gz", pprof)
   #
   #   DdprofRecorder::Profiler.start(interval: 60) { |start, finish, pprof| upload(pprof) }
+  #   DdprofRecorder::Profiler.start(interval: 60, directory: "tmp/profiles") # DirectoryExporter
   #   ...
   #   DdprofRecorder::Profiler.stop
   class Profiler
@@ -185,6 +187,21 @@ module DdprofRecorder
       # @return [Profiler, nil] the process-wide profiler, if started.
       attr_reader :current
 
+      # @return [Boolean] whether a profiler samples this process now, the process-wide one
+      #   or any other (one at a time: the native trigger drives one).
+      def sampling?
+        @sampling&.running? || false
+      end
+
+      # Links a request's span id to its endpoint in the sampling profiler's window (see
+      # Endpoints); nothing when none samples.
+      #
+      # @return [Boolean] whether a profiler took it.
+      def record_endpoint(span_id, endpoint)
+        profiler = @sampling
+        profiler ? profiler.record_endpoint(span_id, endpoint) : false
+      end
+
       # @return [Boolean] whether the process-wide profiler is running.
       def running?
         @current&.running? || false
@@ -220,6 +237,9 @@ module DdprofRecorder
     #   `export` if it has one, else `call`. Or pass a block. It runs in a thread of its own
     #   (the last window: in the thread calling {#stop}) and may take its time; an exception
     #   it raises is logged and forgotten.
+    # @param directory [String, Pathname, nil] instead of an exporter: write each window to a
+    #   file of its own there, `DirectoryExporter.new(directory)` with its defaults (keep the 60
+    #   newest, stop writing under 100 MiB free; see {DirectoryExporter} for those options).
     # @param max_queued_windows [Integer] windows that may wait for the exporter, at least 1
     #   (default {DEFAULT_MAX_QUEUED_WINDOWS}); when one more is cut, the oldest waiting one
     #   is dropped, counted (`stats[:exporter][:dropped]`) and logged.
@@ -266,7 +286,7 @@ module DdprofRecorder
                    compression: :gzip, allocations: false, allocation_interval: DEFAULT_ALLOCATION_INTERVAL,
                    allocation_overhead: DEFAULT_ALLOCATION_OVERHEAD, heap: false, gc: false, timeline: false,
                    signals: Profiler.signals_default, ticks: Profiler.ticks_default, max_queued_windows: DEFAULT_MAX_QUEUED_WINDOWS,
-                   export_timeout: EXPORT_TIMEOUT, &block)
+                   export_timeout: EXPORT_TIMEOUT, directory: nil, &block)
       Profiler.check_hz(hz)
 
       { allocations: allocations, heap: heap, gc: gc, signals: signals, timeline: timeline }.each do |name, value|
@@ -282,6 +302,7 @@ module DdprofRecorder
               "allocation_overhead must be a number in #{ALLOCATION_OVERHEAD_RANGE}, got #{shown(allocation_overhead)}"
       end
       raise ArgumentError, "give an exporter or a block, not both" if exporter && block
+      raise ArgumentError, "give directory or an exporter (or a block), not both" if directory && (exporter || block)
       unless Integer === max_queued_windows && max_queued_windows.positive?
         raise ArgumentError, "max_queued_windows must be a positive Integer, got #{shown(max_queued_windows)}"
       end
@@ -296,10 +317,10 @@ module DdprofRecorder
       if @exporter && !(@exporter.respond_to?(:export) || @exporter.respond_to?(:call))
         raise ArgumentError, "exporter must respond to #export or #call"
       end
-      raise ArgumentError, "interval needs an exporter (or a block) to hand the windows to" if interval && !@exporter
+      raise ArgumentError, "interval needs an exporter (or a block) to hand the windows to" if interval && !@exporter && !directory
 
       @hz = hz
-      @interval = interval || (@exporter ? 60 : nil)
+      @interval = interval || (@exporter || directory ? 60 : nil)
       @max_frames = max_frames
       @compression = compression
       @allocations = allocations || heap
@@ -315,6 +336,8 @@ module DdprofRecorder
       @export_timeout = export_timeout
       # Fails now, not in start, on a bad max_frames / compression.
       @recorder = new_recorder
+      # Last: it creates the directory, once every other option is known good.
+      @exporter = DirectoryExporter.new(directory) if directory
       @lifecycle = Mutex.new
       # @started: between start and stop; @running: the sampler should keep sampling (it
       # clears it itself after too many failures).
@@ -343,6 +366,7 @@ module DdprofRecorder
 
         @recorder = new_recorder
         @pid = Process.pid
+        @endpoints = @endpoints_lost = 0
         @started_ns = now_ns
         @sampler_thread_cpu_base = @sampler_thread_cpu_ns = nil
         @sampler_thread = @exporting = nil # made at the end
@@ -373,6 +397,7 @@ module DdprofRecorder
         # 110-125 µs of CPU past the cut, was in record's profile on 3.4.5 under load, 2 runs
         # of 200).
         @sampler.started
+        Profiler.instance_variable_set(:@sampling, self)
       end
       self
     ensure
@@ -508,6 +533,24 @@ module DdprofRecorder
       start
     end
 
+    # Links `span_id` to `endpoint` in the current window (StackRecorder#record_endpoint):
+    # the samples labelled `"local root span id" => span_id` get `"trace endpoint" =>
+    # endpoint`. Counted in `stats[:endpoints]`.
+    #
+    # @return [Boolean] whether it was recorded (false when not running, or when the window
+    #   was at its limits).
+    def record_endpoint(span_id, endpoint)
+      return false unless running?
+
+      @recorder.record_endpoint(span_id, endpoint)
+      @endpoints += 1
+      true
+    rescue RuntimeError => e # both slots busy: never expected (see DESIGN.md), but never raised into the app
+      @endpoints_lost += 1
+      DdprofRecorder.logger.warn("profiler: an endpoint was not recorded: #{e.message}")
+      false
+    end
+
     # @return [Boolean] whether it samples: started, not stopped, and not given up after
     #   {MAX_CONSECUTIVE_ERRORS} failed passes.
     def running?
@@ -546,7 +589,8 @@ module DdprofRecorder
     #   their exit; `:cpu_ns`: CPU charged at ends and exits; `:unsampled_cpu_ns`: of which to
     #   `(unsampled thread)`; `:dropped`: ends and exits not queued, their CPU left to the next
     #   charge of their native thread, if any),
-    #   `:recorder` ({StackRecorder#stats}), `:interrupt_deferral` (whether the jobs defer
+    #   `:endpoints` (`:recorded`: requests linked to their endpoint, {#record_endpoint};
+    #   `:lost`: those that could not be), `:recorder` ({StackRecorder#stats}), `:interrupt_deferral` (whether the jobs defer
     #   the program's `Thread#raise`/`Timeout` to after them on this Ruby: its thread layout
     #   passed the start's check, ext/ddprof_recorder/src/vm/mod.rs; false means they may be
     #   lost, and the profile's `sampling` comment says so); with allocations or heap, `:allocations`
@@ -557,7 +601,8 @@ module DdprofRecorder
     #   `:exporter` (`:exported`: windows it returned from, the last one too; `:failed`: it
     #   raised; `:queued`: waiting now; `:dropped`: the oldest waiting when
     #   `max_queued_windows` were, and those it had not finished when {#stop} killed its
-    #   thread after `export_timeout`).
+    #   thread after `export_timeout`; with a {DirectoryExporter}, `:directory`, its
+    #   {DirectoryExporter#stats}).
     def stats
       return {} unless @sampler
 
@@ -584,6 +629,7 @@ module DdprofRecorder
         trigger_cpu_ns: @started ? Profiler._native_sampling_stats[:trigger_cpu_ns] : @trigger_cpu_ns,
         thread_ends: counts[:thread_ends],
         thread_end_accounting: thread_end_stats(counts),
+        endpoints: { recorded: @endpoints, lost: @endpoints_lost },
         recorder: @recorder.stats,
       }.merge(memory_stats).merge(exporter_stats)
     end
@@ -668,7 +714,11 @@ module DdprofRecorder
     end
 
     def exporter_stats
-      @exporting ? { exporter: @exporting.stats } : {}
+      return {} unless @exporting
+
+      stats = @exporting.stats
+      stats = stats.merge(directory: @exporter.stats) if @exporter.is_a?(DirectoryExporter)
+      { exporter: stats }
     end
 
     def memory_stats

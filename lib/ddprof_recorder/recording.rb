@@ -36,7 +36,12 @@ module DdprofRecorder
   # `DDPROF_RECORDER_WRITTEN`, if set, names a file to which every process appends the path
   # of each profile file it wrote, NUL-terminated: `record` lists those, and only those (a
   # file of the directory whose name looks like one, `profile.2024.pb.gz`, may be the
-  # user's, or an earlier run's).
+  # user's, or an earlier run's). `DDPROF_RECORDER_LOST`, if set, names a file to which every
+  # process appends each profile file it could not write, as its path and why (the errno's
+  # text, "No space left on device"), each NUL-terminated, and an empty path for each window
+  # that the writing thread dropped unwritten (it fell behind: Profiler::Exporter): `record`
+  # counts them in its summary and its exit status ({.lost_files}). A process that cannot
+  # append there either (the same full disk) says so on $stderr.
   #
   # Nothing here may break the program: a failure is one line on $stderr (a bad value in one
   # of these variables: the variable, its text as written and what it must be; the process
@@ -53,6 +58,9 @@ module DdprofRecorder
     ALLOCATION_OVERHEAD = "DDPROF_RECORDER_ALLOCATION_OVERHEAD"
     STARTED = "DDPROF_RECORDER_STARTED"
     WRITTEN = "DDPROF_RECORDER_WRITTEN"
+    LOST = "DDPROF_RECORDER_LOST"
+    # Why a window has no file when the writing thread dropped it unwritten.
+    DROPPED = "dropped: the writes fell behind the interval"
 
     # A bad value in one of the variables above: the message names it, with its text as
     # written, and says what it must be.
@@ -60,6 +68,10 @@ module DdprofRecorder
 
     # An output path that {.write} does not replace (see {.not_regular}).
     class OutputError < StandardError; end
+
+    # A profile file that {.write_profile} could not write: the message names it and says
+    # why, without the name of the temporary file.
+    class WriteError < StandardError; end
 
     # `exit!` on an object (Kernel's private instance method), prepended to Kernel.
     module KernelExitBang
@@ -97,7 +109,7 @@ module DdprofRecorder
       end
     end
 
-    @out = @owner = @profiler = @written = nil
+    @out = @owner = @profiler = @written = @lost = nil
 
     module_function
 
@@ -117,6 +129,7 @@ module DdprofRecorder
       @out = out
       @owner = Process.pid
       @written = env[WRITTEN] && !env[WRITTEN].empty? ? env[WRITTEN] : nil
+      @lost = env[LOST] && !env[LOST].empty? ? env[LOST] : nil
       at_exit { finish }
       Kernel.prepend(KernelExitBang)
       [Kernel, Process].each { |mod| mod.singleton_class.prepend(ExitBang) }
@@ -135,7 +148,7 @@ module DdprofRecorder
     # @param what [String] "started" or "failed".
     def report_start(env, what)
       path = env[STARTED]
-      File.write(path, "#{what} #{Process.pid}\n") if path && !path.empty?
+      File.binwrite(path, "#{what} #{Process.pid}\n") if path && !path.empty?
     rescue SystemCallError => e
       warn "ddprof-recorder: could not tell record that this process #{what}: #{e.message}"
     end
@@ -206,7 +219,11 @@ module DdprofRecorder
         File.rename(tmp, path)
         tmp = nil
       ensure
-        file.close unless file.closed?
+        begin
+          file.close unless file.closed?
+        rescue SystemCallError, IOError
+          nil # a failed flush: the temporary file goes all the same
+        end
         begin
           File.delete(tmp) if tmp
         rescue SystemCallError
@@ -242,6 +259,11 @@ module DdprofRecorder
     # A new file next to `path`, `<path>.tmp<PID>-<12 random hex digits>`, opened for
     # writing with O_CREAT | O_EXCL | O_NOFOLLOW (mode 0666 less the umask, as File.write
     # makes it); a name that exists (planted, or a clash) is passed over for another.
+    # `binmode: true`, because integer flags do not make a file binary (File::BINARY is 0
+    # off Windows): under a program's `Encoding.default_internal` (Rails sets it) the write
+    # transcoded the pprof, and the first byte of its gzip header, 0x8b, raised
+    # Encoding::UndefinedConversionError from ASCII-8BIT to UTF-8. A text view (SVG, JSON)
+    # is written as its bytes too, whatever `default_external` says.
     #
     # @return [Array(File, String)] the open file and its name.
     def create_temp(path)
@@ -249,7 +271,7 @@ module DdprofRecorder
       attempts = 0
       begin
         tmp = "#{path}.tmp#{Process.pid}-#{Random.urandom(6).unpack1('H*')}"
-        [File.new(tmp, flags, 0o666), tmp]
+        [File.new(tmp, flags, 0o666, binmode: true), tmp]
       rescue Errno::EEXIST, Errno::ELOOP
         attempts += 1
         retry if attempts < 10
@@ -258,17 +280,46 @@ module DdprofRecorder
     end
 
     # Writes one of this recording's profile files ({.write}), then says so in the file that
-    # {WRITTEN} named, if any. One write(2) of a few bytes with O_APPEND: the lines of
-    # processes writing at once do not mix.
+    # {WRITTEN} named, if any; or, if the write failed, says why in the one {LOST} named.
+    #
+    # @raise [WriteError] if the write failed: "could not write PATH: No space left on device".
     def write_profile(path, pprof)
-      write(path, pprof)
-      return unless @written
-
       begin
-        File.write(@written, "#{path}\0", mode: "ab")
-      rescue SystemCallError => e
-        warn "ddprof-recorder: could not tell record that this process wrote #{path}: #{e.message}"
+        write(path, pprof)
+      rescue SystemCallError, OutputError => e
+        why = e.is_a?(SystemCallError) ? reason(e) : e.message.delete_prefix("#{path}: ")
+        report(@lost, "#{path}\0#{why}\0", "could not write #{path}")
+        raise WriteError, "could not write #{path}: #{why}"
       end
+      report(@written, "#{path}\0", "wrote #{path}")
+    end
+
+    # What went wrong in a failed system call, as strerror says it ("No space left on
+    # device"): Ruby's message adds the call and the path (`@ fptr_finalize_flush - x.tmp...`).
+    #
+    # @param error [SystemCallError]
+    # @return [String]
+    def reason(error)
+      SystemCallError.new(nil, error.errno).message
+    end
+
+    # Appends `record` to the report file `path` (nil: no report asked). One write(2) of a few
+    # bytes with O_APPEND: the records of processes writing at once do not mix.
+    #
+    # @param what [String] what the record says, for the message if it cannot be written.
+    def report(path, record, what)
+      File.write(path, record, mode: "ab") if path
+    rescue SystemCallError => e
+      warn "ddprof-recorder: could not tell record that this process #{what}: #{reason(e)}"
+    end
+
+    # The lost files that processes reported in the {LOST} file's text `report`.
+    #
+    # @param report [String] the file's bytes.
+    # @return [Array<Array(String, String)>] `[path, why]` each, in the order reported; the
+    #   path is nil for a window dropped unwritten.
+    def lost_files(report)
+      report.split("\0").each_slice(2).map { |path, why| [path.empty? ? nil : path, why.to_s] }
     end
 
     # This process's pid if it is a forked child, nil in the owner.
@@ -348,13 +399,23 @@ module DdprofRecorder
     end
 
     # At exit: the last window (and the only one without an interval) goes to the file of
-    # this process. Nothing in a process that does not profile (a forked child whose profiler
-    # did not restart, or one that already wrote).
+    # this process; with an interval, the windows the writing thread dropped unwritten are
+    # reported lost. Nothing in a process that does not profile (a forked child whose
+    # profiler did not restart, or one that already wrote).
     def finish
       return unless @profiler
 
       result = @profiler.stop
-      write_profile(profile_path(@out, pid: child_pid), result[2]) if result && !@profiler.interval
+      return unless result
+
+      if @profiler.interval
+        dropped = @profiler.stats.dig(:exporter, :dropped).to_i
+        report(@lost, "\0#{DROPPED}\0" * dropped, "dropped #{dropped} windows") if dropped.positive?
+      else
+        write_profile(profile_path(@out, pid: child_pid), result[2])
+      end
+    rescue WriteError => e
+      warn "ddprof-recorder: #{e.message}"
     rescue StandardError => e
       warn "ddprof-recorder: could not write the profile: #{e.class}: #{e.message}"
     end

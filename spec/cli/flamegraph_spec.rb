@@ -34,4 +34,30 @@ RSpec.describe "ddprof-recorder flamegraph" do
     expect([out, status]).to eq(["", 1])
     expect_one_line(err, /\Addprof-recorder: nothing to draw: no sample has a non-zero cpu-time$/)
   end
+
+  it "draws one tower per value of --group-by LABEL, and only the samples of --label" do
+    File.binwrite(File.join(@dir, "web.pb"), endpoint_pprof)
+    out, err, status = run_cli("flamegraph", "web.pb", "--group-by", "trace endpoint")
+    expect([err, status]).to eq(["", 0])
+    expect(out).to start_with("ddprof-recorder: wrote web.svg (cpu-time, ")
+    expect(titles(File.read(File.join(@dir, "web.svg")))).to include(
+      "trace endpoint=PagesController#heavy (750 ms of cpu-time, 75.00%)",
+      "trace endpoint=PagesController#index (200 ms of cpu-time, 20.00%)",
+      "(no trace endpoint) (50 ms of cpu-time, 5.00%)"
+    )
+
+    out, = run_cli("flamegraph", "web.pb", "-o", "heavy.svg", "--label", "trace endpoint=PagesController#heavy")
+    expect(out).to start_with("ddprof-recorder: wrote heavy.svg (cpu-time (trace endpoint=PagesController#heavy), ")
+    svg = File.read(File.join(@dir, "heavy.svg"))
+    expect(svg).to include(">cpu-time flamegraph (trace endpoint=PagesController#heavy)<")
+    expect(titles(svg)).to include("render_json (700 ms of cpu-time, 93.33%)")
+    expect(titles(svg).grep(/index|gc/)).to eq([])
+
+    out, err, status = run_cli("flamegraph", "web.pb", "--label", "trace endpoint=nope")
+    expect([out, status]).to eq(["", 1])
+    expect_one_line(err, /\Addprof-recorder: nothing to draw: no sample has trace endpoint=nope$/)
+    out, err, status = run_cli("flamegraph", "web.pb", "--group-by", "endpoint")
+    expect([out, status]).to eq(["", 1])
+    expect_one_line(err, /\Addprof-recorder: web\.pb: no sample has a label "endpoint"; this profile's labels: /)
+  end
 end

@@ -37,4 +37,26 @@ RSpec.describe "ddprof-recorder merge" do
       expect_one_line(err, /\Addprof-recorder: merge: give (the output file with -o OUT|a pprof FILE)/)
     end
   end
+
+  it "keeps the samples of --label, and says how many it kept" do
+    File.binwrite(File.join(@dir, "web.pb"), endpoint_pprof)
+    out, err, status = run_cli("merge", "-o", "heavy.pb.gz", "web.pb", "--label", "trace endpoint=PagesController#heavy")
+    expect([err, status]).to eq(["", 0])
+    data = File.binread(File.join(@dir, "heavy.pb.gz"))
+    expect(out).to eq("ddprof-recorder: merged 1 profiles into heavy.pb.gz, keeping the 2 samples with " \
+                      "trace endpoint=PagesController#heavy (#{data.bytesize} bytes)\n")
+    samples = samples_from(decode_pprof(data))
+    expect(samples.map { |s| [s[:frames].map(&:first), s[:labels]["trace endpoint"], s[:values]["cpu-time"]] }.sort)
+      .to eq([[%w[heavy dispatch], EndpointProfiles::HEAVY, 50_000_000],
+              [%w[render_json heavy dispatch], EndpointProfiles::HEAVY, 700_000_000]])
+
+    out, = run_cli("merge", "-o", "none.pb", "web.pb", "web.pb", "--label", "trace endpoint=nope")
+    expect(out).to start_with("ddprof-recorder: merged 2 profiles into none.pb, keeping no sample: none has trace endpoint=nope (")
+    expect(decode_pprof(File.binread(File.join(@dir, "none.pb"))).sample.to_a).to eq([])
+
+    out, err, status = run_cli("merge", "-o", "x.pb", "web.pb", "--label", "endpoint=x")
+    expect([out, status]).to eq(["", 1])
+    expect_one_line(err, /\Addprof-recorder: web\.pb: no sample has a label "endpoint"; this profile's labels: /)
+    expect(File.exist?(File.join(@dir, "x.pb"))).to be(false)
+  end
 end

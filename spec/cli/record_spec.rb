@@ -277,6 +277,46 @@ RSpec.describe "ddprof-recorder record" do
     expect(DdprofRecorder.folded(File.binread(File.join(@dir, "s.pb")), value: "wall-time")).to include("(garbage collection)")
   end
 
+  describe "the endpoints line" do
+    def summary_lines(files)
+      options = DdprofRecorder::CLI::Record::Options.new(command: %w[puma], out: "web.pb", hz: 99)
+      Dir.chdir(@dir) { DdprofRecorder::CLI::RecordSummary.new(options, status_of("exit 0"), 1, files).lines }
+    end
+
+    it "names the endpoints with the most cpu-time, and the share outside any, when samples have them" do
+      path = File.join(@dir, "web.pb")
+      File.binwrite(path, endpoint_pprof)
+      lines = summary_lines({ nil => [path] })
+      expect(lines.grep(/\A  (hottest|endpoints)/)).to eq([
+        "  hottest   render_json (pages.rb) 70.0% of cpu-time",
+        "  endpoints PagesController#heavy 75.0%, PagesController#index 20.0% of cpu-time, 5.0% outside any endpoint",
+      ])
+      expect(lines.last(4)).to eq(["  view it   ddprof-recorder top web.pb", "            ddprof-recorder top --by 'trace endpoint' web.pb",
+                                   "            ddprof-recorder flamegraph web.pb -o web.svg", "            go tool pprof -top web.pb"])
+    end
+
+    it "names three, counts the others, over every process's files" do
+      files = { nil => [], 12 => [] }
+      (1..5).each do |i|
+        recorder = DdprofRecorder::StackRecorder.new
+        recorder.record_sample([["work", "app.rb", 1]], [i * 10_000_000, i, i], { "local root span id" => i })
+        recorder.record_endpoint(i, "GET /#{i}")
+        path = File.join(@dir, i.odd? ? "web.#{i}.pb" : "web.pid12.#{i}.pb")
+        File.binwrite(path, recorder.serialize!)
+        files[i.odd? ? nil : 12] << path
+      end
+      # 150 ms in all: /5 50 ms, /4 40 ms, /3 30 ms; nothing outside an endpoint.
+      expect(summary_lines(files).grep(/\A  endpoints/))
+        .to eq(["  endpoints GET /5 33.3%, GET /4 26.7%, GET /3 20.0% (+2 more) of cpu-time"])
+    end
+
+    it "is not there when no sample has an endpoint" do
+      path = write_profile("hot.pb", CliHelpers::HOT_SAMPLES)
+      lines = summary_lines({ nil => [path] })
+      expect(lines.grep(/endpoint/)).to eq([])
+    end
+  end
+
   it "says how a signal ended the program, and names windows" do
     windows = %w[w.0001.pb w.0002.pb].map { |name| write_profile(name, CliHelpers::HOT_SAMPLES) }
     options = DdprofRecorder::CLI::Record::Options.new(command: ["ruby", "it's.rb"], out: "w.pb", hz: 99, interval: 0.5)

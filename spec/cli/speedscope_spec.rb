@@ -21,4 +21,18 @@ RSpec.describe "ddprof-recorder speedscope" do
     out, = run_cli("speedscope", "hot.pb.gz", "--value", "wall-time", "--by-thread", "-o", "-")
     expect(JSON.parse(out)["profiles"].size).to eq(2) # sleeper and cruncher
   end
+
+  it "writes one profile per value of --group-by LABEL, of the samples of --label" do
+    File.binwrite(File.join(@dir, "web.pb"), endpoint_pprof)
+    out, err, status = run_cli("speedscope", "web.pb", "--value", "cpu-time", "--group-by", "trace endpoint", "-o", "-")
+    expect([err, status]).to eq(["", 0])
+    expect(JSON.parse(out)["profiles"].map { |p| [p["name"], p["weights"].sum] }).to eq(
+      [["cpu-time, trace endpoint=PagesController#heavy", 750_000_000],
+       ["cpu-time, trace endpoint=PagesController#index", 200_000_000], ["cpu-time, (no trace endpoint)", 50_000_000]]
+    )
+    out, = run_cli("speedscope", "web.pb", "--value", "cpu-time", "--label", "process id=12", "-o", "-")
+    doc = JSON.parse(out)
+    expect(doc["name"]).to eq("web.pb (process id=12)")
+    expect(doc["profiles"].map { |p| p["weights"] }).to eq([[50_000_000]])
+  end
 end

@@ -20,16 +20,6 @@ RSpec.describe "exe/ddprof-recorder" do
 
   include CliHelpers # expect_one_line
 
-  # The function names of `go tool pprof -top` rows, in order.
-  def go_pprof_top(file, sample_index)
-    out, err, status = Open3.capture3({ "HOME" => @dir }, "go", "tool", "pprof", "-top", "-symbolize=none",
-                                      "-sample_index=#{sample_index}", file)
-    raise "go tool pprof failed: #{err}" unless status.success?
-
-    rows = out.lines.drop_while { |l| !l.include?("flat%") }.drop(1)
-    rows.map { |l| l.split.last }
-  end
-
   # One recording of the example for the whole file: it takes a few seconds.
   before(:context) do
     @dir = Dir.mktmpdir("ddprof_recorder_cli")

@@ -220,7 +220,7 @@ RSpec.describe "exe/ddprof-recorder and forked processes" do
 
       _, err, status = cli("folded", "--by-thread", "--by-process", *@files)
       expect(status).to eq(2)
-      expect(err).to eq("ddprof-recorder: give --by-thread or --by-process, not both (--by-process)\n")
+      expect(err).to eq("ddprof-recorder: give one of --by-thread, --by-process and --group-by (--by-process)\n")
     end
   end
 

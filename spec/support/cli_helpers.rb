@@ -22,11 +22,12 @@ module CliHelpers
 
   EXE = File.expand_path("../../exe/ddprof-recorder", __dir__)
 
-  # Runs exe/ddprof-recorder as a user does, a process of its own, in `dir`.
+  # Runs exe/ddprof-recorder as a user does, a process of its own, in `dir`; under the
+  # command `wrapper` if given (`unshare ...`: it runs the rest of its arguments).
   #
   # @return [Array(String, String, Integer)] stdout, stderr and the exit status.
-  def run_exe(*argv, dir: @dir, env: {})
-    out, err, status = Open3.capture3(env, RbConfig.ruby, EXE, *argv, chdir: dir)
+  def run_exe(*argv, dir: @dir, env: {}, wrapper: [])
+    out, err, status = Open3.capture3(env, *wrapper, RbConfig.ruby, EXE, *argv, chdir: dir)
     [out, err, status.exitstatus]
   end
 

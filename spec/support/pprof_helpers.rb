@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "open3"
 require "zlib"
 
 # Decoding the gem's pprof output with the classes protoc generated from spec/support/profile.proto.
@@ -42,6 +43,18 @@ module PprofHelpers
     samples.each_with_object(Hash.new(0)) do |sample, totals|
       sample[:values].each { |type, value| totals[type] += value }
     end
+  end
+
+  # The function names of `go tool pprof -top` rows for `file`, in order (most `sample_index`
+  # first). go keeps its settings and cache under `home`.
+  #
+  # @raise [RuntimeError] if go tool pprof fails.
+  def go_pprof_top(file, sample_index, home: @dir)
+    out, err, status = Open3.capture3({ "HOME" => home }, "go", "tool", "pprof", "-top", "-symbolize=none",
+                                      "-sample_index=#{sample_index}", file)
+    raise "go tool pprof failed: #{err}" unless status.success?
+
+    out.lines.drop_while { |l| !l.include?("flat%") }.drop(1).map { |l| l.split.last }
   end
 
   # Unix nanoseconds of a Time.

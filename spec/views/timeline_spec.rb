@@ -150,7 +150,7 @@ RSpec.describe "timeline views" do
       threads = DdprofRecorder.summary(@pprof)[:threads].size
       expect(out).to match(/wrote t\.speedscope\.json \(#{threads} profiles, \d+ bytes\)/)
       _, err, status = Open3.capture3(RbConfig.ruby, exe, "speedscope", "--timeline", "--by-thread", "t.pb.gz", chdir: @dir)
-      expect([status.exitstatus, err]).to eq([2, "ddprof-recorder: speedscope: --timeline takes no --value, --by-thread or --by-process\n"])
+      expect([status.exitstatus, err]).to eq([2, "ddprof-recorder: speedscope: --timeline takes no --value, --by-thread, --by-process or --group-by\n"])
     end
   end
 

@@ -1,11 +1,12 @@
 //! The pprof reader fuzz harness: the views' reader (`ddprof_recorder_core::views`) on
 //! untrusted bytes. The first byte of an input picks how the rest is used:
 //! - even: as a pprof, raw or gzip, read under small limits (64 KiB of protobuf, so a 1 MiB
-//!   budget): reading and every view (folded, top both ways, flamegraph, speedscope and its
-//!   timeline, the timeline and the threads' shares, summary,
-//!   merge, filter) must return `Ok` or a `ViewError`, never panic, and what they return must
-//!   agree with the resolved samples (the frames of each sample within `MAX_STACK_DEPTH`, the
-//!   folded values and top's self values adding up to the totals);
+//!   budget): reading and every view (folded, top both ways and by label, flamegraph,
+//!   speedscope and its timeline, the timeline and the threads' shares, summary, merge,
+//!   filter, keep_labels) must return `Ok` or a `ViewError`, never panic, and what they return
+//!   must agree with the resolved samples (the frames of each sample within `MAX_STACK_DEPTH`,
+//!   the folded values, top's self values and the label rows adding up to the totals, the
+//!   samples kept by a label those that have it);
 //! - odd: as the recipe of a structured profile (functions, locations with inline lines,
 //!   samples with values and labels, some ids dangling), which the harness encodes with
 //!   prost and, when the recipe says so, gzips. A model kept here predicts the outcome: a
@@ -24,8 +25,8 @@ use ddprof_recorder_core::views::merge::{merge_bytes, stack_profile};
 use ddprof_recorder_core::views::speedscope::SpeedscopeOptions;
 use ddprof_recorder_core::views::timeline::TimelineFormat;
 use ddprof_recorder_core::views::{
-    filter::filter_bytes, FoldOptions, ReadLimits, ResolvedLabelValue, StackProfile, TopSort,
-    ViewError, MAX_STACK_DEPTH,
+    filter::filter_bytes, FoldOptions, LabelFilter, ReadLimits, ResolvedLabelValue, StackProfile,
+    TopSort, ViewError, MAX_STACK_DEPTH,
 };
 use prost::Message as _;
 
@@ -131,6 +132,9 @@ fn check_views(p: &StackProfile) {
             let leafs: Vec<i64> =
                 p.samples.iter().filter(|s| !s.frames.is_empty()).map(|s| s.values[v]).collect();
             assert_eq!(exact(top.iter().map(|r| r.self_value)), exact(leafs), "top's self");
+            if let Ok(rows) = p.top_by_label(v, "thread name") {
+                assert_eq!(exact(rows.iter().map(|r| r.value)), sum, "top by label of value {v}");
+            }
         }
         let options = FoldOptions { filenames: true, root_label: Some("thread name".into()) };
         let _ = p.folded(v, &options);
@@ -161,6 +165,17 @@ fn check_views(p: &StackProfile) {
         }
     }
     let _ = p.label_values("thread name");
+    let main = LabelFilter::text("thread name", "main");
+    let mut kept = p.clone();
+    match kept.keep_labels(std::slice::from_ref(&main)) {
+        Ok(()) => {
+            let has = |s: &&ddprof_recorder_core::views::StackSample| {
+                s.labels.iter().any(|(k, v)| k == "thread name" && main.matches(v))
+            };
+            assert_eq!(kept.samples.len(), p.samples.iter().filter(has).count());
+        }
+        Err(e) => assert!(matches!(e, ViewError::UnknownLabel { .. }), "{e}"),
+    }
 }
 
 fn raw(bytes: &[u8]) -> Outcome {

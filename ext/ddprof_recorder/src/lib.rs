@@ -2,6 +2,7 @@
 //! around the pure-Rust core in `crates/core`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+mod directory_exporter;
 mod memory;
 mod recorder;
 mod sampling;
@@ -16,5 +17,6 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     recorder::stack_recorder::init(ruby, module)?;
     views::pprof_views::init(ruby, module)?;
     sampling::init(ruby, module)?;
-    memory::init(ruby, module)
+    memory::init(ruby, module)?;
+    directory_exporter::init(ruby, module)
 }

@@ -36,10 +36,11 @@ module DdprofRecorder
       READ_CHUNK = 1 << 20
 
       # The typed options of a command that takes FILE... (a view or `merge`): a keyword Struct
-      # of `paths` (the FILEs), the command's own `fields`, then `max_decompressed` and
-      # `max_input`, the read limits (#read_limit_options).
+      # of `paths` (the FILEs), the command's own `fields`, then `labels` (--label, a Hash of
+      # key => value: #label_option), `max_decompressed` and `max_input`, the read limits
+      # (#read_limit_options).
       def self.files_options(*fields)
-        Struct.new(:paths, *fields, :max_decompressed, :max_input, keyword_init: true)
+        Struct.new(:paths, *fields, :labels, :max_decompressed, :max_input, keyword_init: true)
       end
 
       # @param out [IO] where the command's output goes (a StringIO in the specs). A command
@@ -121,32 +122,73 @@ module DdprofRecorder
         value
       end
 
-      # --by-thread and --by-process (`options.group_by`), with the help text of each.
-      def group_options(parser, options, by_thread, by_process)
+      # --by-thread, --by-process and --group-by LABEL (`options.group_by`), with the help text
+      # of each; `group_by` says what --group-by does with the label.
+      def group_options(parser, options, by_thread, by_process, group_by)
         parser.on("--by-thread", by_thread) { group_by(options, Profiler::THREAD_NAME_LABEL, "--by-thread") }
         parser.on("--by-process", by_process) { group_by(options, Profiler::PROCESS_ID_LABEL, "--by-process") }
+        parser.on("--group-by LABEL", group_by) do |key|
+          raise usage_error("#{name}: --group-by needs a label key, got an empty one") if key.empty?
+
+          group_by(options, key, "--group-by")
+        end
       end
 
-      # --by-thread, --by-process and --filenames (`options.filenames`, false unless given), shared
-      # by `flamegraph` and `folded`.
+      # --by-thread, --by-process, --group-by and --filenames (`options.filenames`, false unless
+      # given), shared by `flamegraph` and `folded`.
       def stack_options(parser, options)
         options.filenames = false
         group_options(parser, options, "the \"thread name\" label as the root frame (one tower per thread)",
-                      "the \"process id\" label as the root frame (one tower per process)")
+                      "the \"process id\" label as the root frame (one tower per process)",
+                      "label LABEL (e.g. \"trace endpoint\") as the root frame, one tower per value")
         parser.on("--filenames", "name frames \"function (file)\"") { options.filenames = true }
       end
 
       def group_by(options, label, flag)
         if options.group_by && options.group_by != label
-          raise usage_error("give --by-thread or --by-process, not both (#{flag})")
+          raise usage_error("give one of --by-thread, --by-process and --group-by (#{flag})")
         end
 
         options.group_by = label
       end
 
+      # --label KEY=VALUE, again for more (`options.labels`, {} unless given): the samples the
+      # view keeps, those with every label given (the views' `label:`, compared as text).
+      # KEY is what comes before the first `=` (an endpoint may hold one, a label key does
+      # not); both must be there, and a KEY once.
+      def label_option(parser, options)
+        options.labels = {}
+        parser.on("--label KEY=VALUE", "only the samples whose label KEY is VALUE (e.g. \"trace endpoint=Users#show\",",
+                  "\"process id=4242\"); again for more, all of them must match") do |arg|
+          key, equals, value = arg.partition("=")
+          raise usage_error("#{name}: --label takes KEY=VALUE, got #{arg.inspect}") if equals.empty?
+          raise usage_error("#{name}: --label #{arg.inspect}: the KEY before = is empty") if key.empty?
+          raise usage_error("#{name}: --label #{arg.inspect}: the VALUE after = is empty") if value.empty?
+          if options.labels.key?(key)
+            raise usage_error("#{name}: --label #{key.inspect} is given twice: a sample has one value per key, " \
+                              "and every --label must match")
+          end
+
+          options.labels[key] = value
+        end
+      end
+
+      # How a header names the samples that --label kept: `key=value and key=value`; nil
+      # without --label.
+      def labels_text(labels)
+        labels.map { |k, v| "#{k}=#{v}" }.join(" and ") unless labels.empty?
+      end
+
+      # `text` with what --label kept after it, in parentheses: `hot.pb.gz (trace endpoint=X)`.
+      def with_labels(text, labels)
+        kept = labels_text(labels)
+        kept ? "#{text} (#{kept})" : text
+      end
+
       # The OptionParser of a command that takes FILE... (a view or `merge`): its help is the
       # `banner`, the `about` lines between two blank lines, the options the block adds to the
-      # parser it yields, then --max-decompressed and --max-input (#read_limit_options).
+      # parser it yields, then --label (#label_option), --max-decompressed and --max-input
+      # (#read_limit_options).
       def files_parser(options, banner, *about)
         OptionParser.new do |o|
           o.banner = banner
@@ -154,6 +196,7 @@ module DdprofRecorder
           about.each { |line| o.separator(line) }
           o.separator ""
           yield o
+          label_option(o, options)
           read_limit_options(o, options)
         end
       end
@@ -185,7 +228,7 @@ module DdprofRecorder
           begin
             read_input(path, max_input)
           rescue SystemCallError => e
-            raise Failure, "#{path}: cannot read it: #{reason(e)}"
+            raise Failure, "#{path}: cannot read it: #{Recording.reason(e)}"
           end
         end
         on_profiles(paths) { yield data }
@@ -250,26 +293,20 @@ module DdprofRecorder
         check_output(path)
         yield
       rescue SystemCallError => e
-        raise Failure, "#{name}: #{path}: cannot write it: #{reason(e)}"
+        raise Failure, "#{name}: #{path}: cannot write it: #{Recording.reason(e)}"
       rescue Recording::OutputError => e
         raise Failure, "#{name}: #{e.message}"
       end
 
-      # What went wrong in a failed system call, as strerror says it ("Permission denied"):
-      # Ruby's message adds the call and the path (`@ rb_sysopen - x.svg`).
-      def reason(error)
-        SystemCallError.new(nil, error.errno).message
-      end
-
       # Runs the view `method` of DdprofRecorder (:top, :folded...) on the FILEs: the one pprof,
-      # or the Array of several (which it merges), within the --max-input and
-      # --max-decompressed read limits.
+      # or the Array of several (which it merges), on the samples of the --label options,
+      # within the --max-input and --max-decompressed read limits.
       #
       # @return the view's result.
       def view(method, options, **keywords)
         with_profiles(options.paths, options.max_input) do |data|
           DdprofRecorder.public_send(method, data.size == 1 ? data.first : data, **keywords,
-                                     max_decompressed_bytes: options.max_decompressed)
+                                     label: options.labels, max_decompressed_bytes: options.max_decompressed)
         end
       end
 

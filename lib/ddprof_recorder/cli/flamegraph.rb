@@ -17,13 +17,16 @@ module DdprofRecorder
       def parse(argv)
         options = Options.new
         parser = files_parser(
-          options, "Usage: ddprof-recorder flamegraph FILE... [-o out.svg] [--value TYPE] [--by-thread|--by-process]",
+          options, "Usage: ddprof-recorder flamegraph FILE... [-o out.svg] [--value TYPE] " \
+                   "[--by-thread|--by-process|--group-by LABEL] [--label KEY=VALUE]...",
           "Draws a pprof (raw or gzip) as an SVG flamegraph (open it in a browser: click to zoom,",
           "Ctrl-F to search). Several FILEs are merged."
         ) do |o|
           output_option(o, options, "where to write the SVG (default: the first FILE with .svg; - for stdout)")
           value_option(o, options)
-          o.on("--title TEXT", "the title (default: \"<value> flamegraph\")") { |v| options.title = v }
+          o.on("--title TEXT", "the title (default: \"<value> flamegraph\", and the --label KEY=VALUEs)") do |v|
+            options.title = v
+          end
           stack_options(o, options)
         end
         parse_with_files(parser, argv, options)
@@ -31,9 +34,10 @@ module DdprofRecorder
 
       # @return [Integer] the exit status.
       def run(options)
-        svg = view(:flamegraph, options, value: options.value, title: options.title, group_by: options.group_by,
+        title = options.title || with_labels("#{options.value} flamegraph", options.labels)
+        svg = view(:flamegraph, options, value: options.value, title: title, group_by: options.group_by,
                                          filenames: options.filenames)
-        write_view(options.out || view_name(options.paths.first, ".svg"), svg) { options.value }
+        write_view(options.out || view_name(options.paths.first, ".svg"), svg) { with_labels(options.value, options.labels) }
         0
       end
     end

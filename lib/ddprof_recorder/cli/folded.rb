@@ -15,7 +15,8 @@ module DdprofRecorder
       def parse(argv)
         options = Options.new
         parser = files_parser(
-          options, "Usage: ddprof-recorder folded FILE... [--value TYPE] [--by-thread|--by-process] [--filenames]",
+          options, "Usage: ddprof-recorder folded FILE... [--value TYPE] [--by-thread|--by-process|--group-by LABEL] " \
+                   "[--filenames] [--label KEY=VALUE]...",
           "Prints a pprof (raw or gzip) as folded stacks, one `root;...;leaf value` line per stack:",
           "the input of flamegraph.pl, inferno-flamegraph and speedscope. Several FILEs are merged."
         ) do |o|

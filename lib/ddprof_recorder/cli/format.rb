@@ -45,6 +45,11 @@ module DdprofRecorder
         command.map { |word| word.match?(%r{\A[\w@%+=:,./-]+\z}) ? word : "'#{word.gsub("'", "'\\\\''")}'" }.join(" ")
       end
 
+      # Some of `paths`, shown (#display_path) and joined: "a.pb, b.pb, c.pb, ..." past `max`.
+      def name_list(paths, max = 3)
+        "#{paths.first(max).map { |path| display_path(path) }.join(', ')}#{paths.size > max ? ', ...' : ''}"
+      end
+
       # How a header names the files: the one, or "3 profiles (a, b, c)".
       def files_title(paths)
         return paths.first if paths.size == 1

@@ -17,10 +17,12 @@ module DdprofRecorder
       def parse(argv)
         options = Options.new
         parser = files_parser(
-          options, "Usage: ddprof-recorder merge -o OUT FILE... [--max-decompressed BYTES] [--max-input BYTES]",
+          options, "Usage: ddprof-recorder merge -o OUT FILE... [--label KEY=VALUE]... [--max-decompressed BYTES] " \
+                   "[--max-input BYTES]",
           "Merges pprof files (raw or gzip, with the same value types) into one, e.g. the",
           "profiles of a server's processes that `record` wrote. Samples with the same stack and",
-          "labels are added up; the \"process id\" label keeps the processes apart."
+          "labels are added up; the \"process id\" label keeps the processes apart. With --label,",
+          "only those samples: e.g. one endpoint's pprof (of one FILE too), for go tool pprof."
         ) do |o|
           output_option(o, options, "where to write the pprof (gzip if OUT ends in .gz; - for stdout, raw)", "OUT")
         end
@@ -34,16 +36,31 @@ module DdprofRecorder
         out = options.out
         compression = out != "-" && out.end_with?(".gz") ? :gzip : :none
         merged = with_profiles(options.paths, options.max_input) do |data|
-          DdprofRecorder.merge(data, compression: compression, max_decompressed_bytes: options.max_decompressed)
+          DdprofRecorder.merge(data, compression: compression, label: options.labels,
+                                     max_decompressed_bytes: options.max_decompressed)
         end
         if out == "-"
           @out.binmode
           @out.write(merged)
         else
           write_output(out) { Recording.write(out, merged) }
-          @out.puts("ddprof-recorder: merged #{options.paths.size} profiles into #{out} (#{merged.bytesize} bytes)")
+          @out.puts("ddprof-recorder: merged #{options.paths.size} profiles into #{out}#{kept(options.labels, merged)} " \
+                    "(#{merged.bytesize} bytes)")
         end
         0
+      end
+
+      private
+
+      # What --label kept: `, keeping the 12 samples with trace endpoint=X` (distinct pprof
+      # samples), or that none has it; "" without --label.
+      def kept(labels, merged)
+        return "" if labels.empty?
+
+        samples = DdprofRecorder.summary(merged)[:samples]
+        return ", keeping no sample: none has #{labels_text(labels)}" if samples.zero?
+
+        ", keeping the #{samples} sample#{samples == 1 ? '' : 's'} with #{labels_text(labels)}"
       end
     end
   end

@@ -42,7 +42,8 @@ module DdprofRecorder
           o.separator ""
           o.separator "Runs COMMAND, a Ruby program (ruby, bundle exec, rake, ...), profiling its threads;"
           o.separator "writes the pprof (gzip if FILE ends in .gz) and prints a summary."
-          o.separator "Exits with COMMAND's exit status."
+          o.separator "Exits with COMMAND's exit status; with 1 if it exited 0 but a profile file or window could"
+          o.separator "not be written (a full disk: the summary's `lost` line says how many, and why)."
           o.separator ""
           output_option(o, options, "where to write the pprof (default #{DEFAULT_OUT})")
           o.on("--hz N", Integer, "samples per second and thread (#{Profiler::HZ_RANGE}, default #{Profiler::DEFAULT_HZ})") do |v|
@@ -111,36 +112,52 @@ module DdprofRecorder
       # (`-o backup.tar.gz` and `backup.2024.tar.gz`); the summary names those, and the files
       # of this run that replaced one from before.
       #
-      # @return [Integer] the program's exit status (128 + signal if a signal ended it).
+      # A profile file or window that the program's processes could not write (a full disk)
+      # is in the summary and makes the exit status 1 if the program's was 0.
+      #
+      # @return [Integer] the program's exit status (128 + signal if a signal ended it), or
+      #   FAILURE for a lost file of a program that exited 0.
       def run(options)
         check_output(options.out)
         out = File.expand_path(options.out)
         before = Recording.profile_files(out).values.flatten
 
-        report = Tempfile.create("ddprof-recorder-started")
-        report.close
-        written = Tempfile.create("ddprof-recorder-written")
-        written.close
+        # What the processes report (see Recording): the files' paths, by variable.
+        reports = {}
+        [Recording::STARTED, Recording::WRITTEN, Recording::LOST].each do |variable|
+          file = Tempfile.create("ddprof-recorder-report")
+          file.close
+          reports[variable] = file.path
+        end
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        status = run_profiled(options.command, env(out, options).merge(Recording::STARTED => report.path,
-                                                                        Recording::WRITTEN => written.path))
+        status = run_profiled(options.command, env(out, options).merge(reports))
         elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
-        files = Recording.profile_files(out, written: File.binread(written.path).split("\0"))
-        raise Failure, no_profile(options.command, status, File.read(report.path)) if files.empty?
+        said = reports.transform_values { |path| File.binread(path) }
+        files = Recording.profile_files(out, written: said[Recording::WRITTEN].split("\0"))
+        lost = Recording.lost_files(said[Recording::LOST])
+        raise Failure, no_profile(options.command, status, said[Recording::STARTED], lost) if files.empty?
 
         ours = files.values.flatten
         earlier = { replaced: ours & before, left: Recording.profile_files(out).values.flatten - ours }
-        print_summary(RecordSummary.new(options, status, elapsed, files, **earlier))
-        exit_status(status)
+        print_summary(RecordSummary.new(options, status, elapsed, files, lost: lost, **earlier))
+        lost.empty? || !exit_status(status).zero? ? exit_status(status) : FAILURE
       ensure
-        [report, written].each { |f| File.delete(f.path) if f && File.exist?(f.path) }
+        reports&.each_value { |path| File.delete(path) if File.exist?(path) }
       end
 
       private
 
-      # Why no profile came, from what the command's Ruby said at start (Recording::STARTED:
-      # nothing if no Ruby loaded the profiler) and how the command ended.
-      def no_profile(command, status, report)
+      # Why no profile came: the writes that failed, and why (Recording::LOST); else from what
+      # the command's Ruby said at start (Recording::STARTED: nothing if no Ruby loaded the
+      # profiler) and how the command ended.
+      def no_profile(command, status, report, lost)
+        unless lost.empty?
+          texts = lost.group_by(&:last).map do |why, entries|
+            paths = entries.filter_map(&:first)
+            "#{paths.empty? ? "#{entries.size} window#{'s' unless entries.size == 1}" : name_list(paths)}: #{why}"
+          end
+          return "record: no profile: could not write #{texts.join('; ')}"
+        end
         shown = "`#{display_command(command)}`"
         what, pid = report.split
         case what

@@ -15,6 +15,10 @@ module DdprofRecorder
       MAX_NAMED_FILES = 3
       # With --timeline, the shares of this many threads (the longest first), one per line.
       MAX_THREAD_LINES = 8
+      # The label that the recorder's record_endpoint puts on a request's samples.
+      ENDPOINT_LABEL = "trace endpoint"
+      # The `endpoints` line names this many, the most cpu-time first; the rest are counted.
+      MAX_ENDPOINTS = 3
 
       # A pprof comment that starts with this says how the profile was sampled (the profiler
       # sets it, through StackRecorder#comments=); the summary's `sampling` line shows the rest.
@@ -32,8 +36,11 @@ module DdprofRecorder
       #   run.
       # @param left [Array<String>] the files from before the run with names of the same form
       #   (not read: an earlier run's, or the user's), left as they were.
-      def initialize(options, status, elapsed, files, replaced: [], left: [])
+      # @param lost [Array<Array(String, String)>] the files that were not written, `[path,
+      #   why]` each (Recording.lost_files; path nil for a window dropped unwritten).
+      def initialize(options, status, elapsed, files, replaced: [], left: [], lost: [])
         @options = options
+        @lost = lost
         @status = status
         @elapsed = elapsed
         @files = files
@@ -69,8 +76,10 @@ module DdprofRecorder
         # Without a sample, the cpu-time is only what the threads used before the profiler
         # stopped, charged where they were then: no hottest function to name.
         lines.concat(hottest_lines(totals["cpu-time"])) if samples.positive?
+        lines.concat(endpoint_lines) if endpoints?
         lines.concat(allocator_lines(totals["alloc-count"]))
         lines.concat(@processes.size == 1 ? written_lines(@processes.first) : process_lines)
+        lines.concat(lost_lines)
         lines.concat(earlier_lines)
         lines.concat(view_lines(@files.keys, @processes.first[:paths].first))
       end
@@ -176,6 +185,27 @@ module DdprofRecorder
                                100.0 * hottest[:self] / cpu_time))]
       end
 
+      # Whether some sample of some file has a "trace endpoint" label.
+      def endpoints?
+        @processes.any? { |p| p[:summaries].any? { |s| s[:label_keys].include?(ENDPOINT_LABEL) } }
+      end
+
+      # The endpoints with the most cpu-time and their shares of it over every file, and the
+      # share of the samples without one: `endpoints A 70.0%, B 20.0% of cpu-time, 10.0%
+      # outside any endpoint`.
+      def endpoint_lines
+        data = @processes.flat_map { |p| p[:data] }
+        top = DdprofRecorder.top(data.size == 1 ? data.first : data, value: "cpu-time", by: ENDPOINT_LABEL)
+        endpoints, outside = top[:rows].partition { |r| r[:label] }
+        return [row("endpoints", "none with cpu-time")] if endpoints.empty? || !top[:total].positive?
+
+        text = endpoints.first(MAX_ENDPOINTS).map { |r| "#{r[:label]} #{percent(r[:total], top[:total])}" }.join(", ")
+        text += " (+#{endpoints.size - MAX_ENDPOINTS} more)" if endpoints.size > MAX_ENDPOINTS
+        text += " of cpu-time"
+        text += ", #{percent(outside.first[:total], top[:total])} outside any endpoint" unless outside.empty?
+        [row("endpoints", text)]
+      end
+
       # With allocation samples: the function that allocated the most, as a leaf.
       def allocator_lines(allocated)
         return [] unless allocated.positive?
@@ -217,6 +247,17 @@ module DdprofRecorder
         lines
       end
 
+      # The files (windows, with --interval) that were not written, by why: how many, and some
+      # of their names.
+      def lost_lines
+        noun = @options.interval ? "window" : "file"
+        @lost.group_by(&:last).each_with_index.map do |(why, entries), i|
+          paths = entries.filter_map(&:first)
+          names = paths.empty? ? "" : ": #{name_list(paths, MAX_NAMED_FILES)}"
+          row(i.zero? ? "lost" : "", "#{entries.size} #{noun}#{'s' unless entries.size == 1} not written (#{why})#{names}")
+        end
+      end
+
       # What was there before the run: the files it replaced, and those it left untouched
       # (`record` removes nothing), by name (a few) and number.
       def earlier_lines
@@ -236,10 +277,9 @@ module DdprofRecorder
       # One file: its name, then `one`; several: how many, `several`, then some names
       # ("3 files ...: a.pb, b.pb, c.pb", "9 files ...: a.pb, b.pb, c.pb, ...").
       def files_text(paths, one, several)
-        names = paths.first(MAX_NAMED_FILES).map { |path| display_path(path) }
-        return "#{names.first}#{one}" if paths.size == 1
+        return "#{display_path(paths.first)}#{one}" if paths.size == 1
 
-        "#{paths.size} files#{several}#{names.join(', ')}#{paths.size > MAX_NAMED_FILES ? ', ...' : ''}"
+        "#{paths.size} files#{several}#{name_list(paths, MAX_NAMED_FILES)}"
       end
 
       # Whether #view_lines names the files by shell patterns: with forked children, unless
@@ -270,8 +310,9 @@ module DdprofRecorder
           by = " --by-process"
         end
         svg = view_name(stem, ".svg").shellescape
-        lines = [row("view it", "ddprof-recorder top #{shown}"),
-                 row("", "ddprof-recorder flamegraph#{by} #{shown} -o #{svg}")]
+        lines = [row("view it", "ddprof-recorder top #{shown}")]
+        lines << row("", "ddprof-recorder top --by #{display_command([ENDPOINT_LABEL])} #{shown}") if endpoints?
+        lines << row("", "ddprof-recorder flamegraph#{by} #{shown} -o #{svg}")
         if @options.timeline
           lines << row("", "ddprof-recorder timeline #{shown} -o #{view_name(stem, '.timeline.html').shellescape}")
         end

@@ -115,10 +115,13 @@ module DdprofRecorder
       # `signal_pass`, the pass count at its latest signal sample; `signal_cpu_ns`, its CPU
       # clock then; `signal_average`, its CPU per signal sample (see #signal_charge); with the
       # timeline, `last_state`, the thread state of its last sample (see #flush_idle);
-      # `stack_key`, the key its passes keep its stack under natively (see #pass_stack).
+      # `stack_key`, the key its passes keep its stack under natively (see #pass_stack); `slot`,
+      # its application labels' Labels::Slot once it has one, `slots_seen` the count of slots
+      # made when it was last looked for, and `app` the application labels its `labels` hold
+      # (see #app_labels).
       ThreadState = Struct.new(:thread, :wall_ns, :seen_cpu_ns, :native_id, :name, :labels, :locations,
                                :on_cpu_locations, :index, :sample_mark, :armed, :signal_pass, :signal_cpu_ns,
-                               :signal_average, :last_state, :stack_key)
+                               :signal_average, :last_state, :stack_key, :slot, :slots_seen, :app)
       private_constant :ThreadState
 
       # @return [Hash{Symbol => Integer}] counters: `:passes` (the sampling periods the wall
@@ -435,7 +438,8 @@ module DdprofRecorder
         state = @threads[thread]
         return state.labels if state&.labels && same_labels?(state, thread)
 
-        build_labels(thread, native_id(thread))
+        slot = Labels.slot_of(thread)
+        build_labels(thread, native_id(thread), slot ? slot.pairs : Labels::NONE)
       end
 
       # Writes the messages of failed jobs and passes to the logger. Not from a job.
@@ -448,7 +452,8 @@ module DdprofRecorder
       def new_state(thread, wall_ns)
         @stack_keys += 1
         state = ThreadState.new(thread, wall_ns, nil, nil, nil, nil, nil, nil, @scan_states.size,
-                                @counts[:passes] + 1, nil, nil, nil, nil, nil, PASS_STACK_KEYS - @stack_keys)
+                                @counts[:passes] + 1, nil, nil, nil, nil, nil, PASS_STACK_KEYS - @stack_keys,
+                                nil, nil, Labels::NONE)
         @scan_states << state
         @scan_tids << nil
         @scan_seen << nil
@@ -528,7 +533,10 @@ module DdprofRecorder
         passes = @counts[:passes]
         flush_idle(state) if state.sample_mark < passes
         thread = state.thread
-        refresh_labels(state, thread) unless same_labels?(state, thread)
+        # The application labels on at the tick (the sample may be recorded some ticks later).
+        app_labels(state)
+        app = state.slot ? state.slot.at(at_ns) : Labels::NONE
+        refresh_labels(state, thread, app) unless same_labels?(state, thread, app)
         take_gc(state, at_ns) if @gc
         cpu_used = signal_charge(state, tid, cpu_ns)
         @charged_cpu[tid] = (@charged_cpu[tid] || 0) + cpu_used
@@ -1129,8 +1137,8 @@ module DdprofRecorder
 
       # A dead thread has no native id any more (Ruby 3.1 gives nil): its samples still come
       # in after its death (signal samples wait for a job), and keep the id it had.
-      def same_labels?(state, thread)
-        return false unless thread.name.equal?(state.name)
+      def same_labels?(state, thread, app = app_labels(state))
+        return false unless thread.name.equal?(state.name) && app.equal?(state.app)
 
         id = native_id(thread)
         id == state.native_id || (id.nil? && !state.native_id.nil? && !thread.alive?)
@@ -1173,18 +1181,34 @@ module DdprofRecorder
         end
       end
 
-      def refresh_labels(state, thread)
+      # The application labels of the state's thread now (Labels): its slot's current set, a
+      # slot being looked for only when one was made since the last look (most threads never
+      # have one).
+      def app_labels(state)
+        slot = state.slot
+        return slot.pairs if slot
+
+        made = Labels::SLOTS_MADE[0]
+        return Labels::NONE if made == state.slots_seen
+
+        state.slots_seen = made
+        slot = state.slot = Labels.slot_of(state.thread)
+        slot ? slot.pairs : Labels::NONE
+      end
+
+      def refresh_labels(state, thread, app = app_labels(state))
         state.name = thread.name
         state.native_id = native_id(thread)
+        state.app = app
         @scan_tids[state.index] = state.native_id
-        state.labels = build_labels(thread, state.native_id)
+        state.labels = build_labels(thread, state.native_id, app)
         # A thread seen before it started has no native id yet: it is armed once it has one.
         arm(state) if @signal_period_ns
       end
 
-      def build_labels(thread, native_id)
+      def build_labels(thread, native_id, app = Labels::NONE)
         id = ThreadSampler.thread_id(thread, native_id)
-        [[THREAD_ID_LABEL, id].freeze, [THREAD_NAME_LABEL, display_name(thread)].freeze, *@extra_labels].freeze
+        [[THREAD_ID_LABEL, id].freeze, [THREAD_NAME_LABEL, display_name(thread)].freeze, *@extra_labels, *app].freeze
       end
 
       # `Thread#name`, or "main", or where the thread was created (from `Thread#inspect`,

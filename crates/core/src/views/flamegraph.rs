@@ -40,7 +40,9 @@ impl StackProfile {
     /// An SVG flamegraph of value `value`, drawn by inferno from [`StackProfile::folded`].
     /// Nanosecond values are shown in milliseconds.
     ///
-    /// Fails with [`ViewError::OverBudget`] if the folded text, or the SVG at its largest
+    /// Fails with [`ViewError::NothingToDraw`] if no sample has some of the value
+    /// ([`ViewError::NoMatch`] if [`Self::keep_labels`] left no sample), as [`Self::folded`]
+    /// does, and with [`ViewError::OverBudget`] if the folded text, or the SVG at its largest
     /// ([`svg_bound`]), could take more than the profile's output budget.
     pub fn flamegraph(
         &self,
@@ -51,7 +53,7 @@ impl StackProfile {
         let (value_name, unit) = &self.value_types[value];
         let folded = self.folded(value, options)?;
         if folded.is_empty() {
-            return Err(ViewError::NothingToDraw(value_name.clone()));
+            return Err(self.nothing_left(ViewError::NothingToDraw(value_name.clone())));
         }
         if drawn_total(&folded).is_none() {
             return Err(ViewError::Render(format!(

@@ -13,18 +13,19 @@ pub struct FoldOptions {
     /// Add ` (file)` after each function name, to tell apart same-named functions.
     pub filenames: bool,
     /// Put the value of this label (e.g. `"thread name"`) as the root-most frame, so that the
-    /// flamegraph has one tower per value. Samples without the label get `"-"`.
+    /// flamegraph has one tower per value ([`group_name`]: `key=value`, and `(no key)` for the
+    /// samples without the label).
     pub root_label: Option<String>,
 }
 
-/// Name of the root frame added under [`FoldOptions::root_label`], e.g. `thread name=main`.
-fn root_frame(key: &str, labels: &[(String, ResolvedLabelValue)]) -> String {
-    let value = labels
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.to_string())
-        .unwrap_or_else(|| "-".to_string());
-    sanitize(&format!("{key}={value}"))
+/// What a group of samples by label `key` is called (the root frame under
+/// [`FoldOptions::root_label`], a speedscope profile's name): `key=value`, e.g. `thread
+/// name=main`, or `(no key)` for the samples without the label.
+pub(crate) fn group_name(key: &str, labels: &[(String, ResolvedLabelValue)]) -> String {
+    match labels.iter().find(|(k, _)| k == key) {
+        Some((_, value)) => format!("{key}={value}"),
+        None => format!("(no {key})"),
+    }
 }
 
 /// What the folded text of one distinct stack costs beyond its line: the map's entry.
@@ -36,8 +37,12 @@ impl StackProfile {
     /// An empty stack is written as the single frame `(no stack)`.
     ///
     /// Fails with [`ViewError::OverBudget`] if the text would take more than the profile's
-    /// output budget (names repeated down deep stacks add up).
+    /// output budget (names repeated down deep stacks add up), and with
+    /// [`ViewError::UnknownLabel`] if no sample has the [`FoldOptions::root_label`].
     pub fn folded(&self, value: usize, options: &FoldOptions) -> Result<String, ViewError> {
+        if let Some(key) = &options.root_label {
+            self.require_label(key)?;
+        }
         let mut budget = self.output_budget;
         let names: Vec<String> =
             (0..self.functions.len()).map(|f| self.frame_name(f, options.filenames)).collect();
@@ -50,7 +55,7 @@ impl StackProfile {
             }
             line.clear();
             if let Some(key) = &options.root_label {
-                line.push_str(&root_frame(key, &s.labels));
+                line.push_str(&sanitize(&group_name(key, &s.labels)));
             }
             // Measured before it is written: one line alone can be what exhausts the budget.
             let len = s.frames.iter().fold(line.len() + NO_STACK.len(), |len, &f| {
@@ -122,6 +127,21 @@ mod tests {
              thread name=worker;main (a.rb);work (a.rb) 100\n\
              thread name=worker;main (a.rb);work (a.rb);spin (a.rb) 700\n"
         );
+    }
+
+    #[test]
+    fn a_group_label_that_some_samples_lack_is_their_own_root_and_one_none_has_an_error() {
+        let mut p = example();
+        p.samples[2].labels.clear();
+        let by = |key: &str| FoldOptions { filenames: false, root_label: Some(key.to_string()) };
+        assert_eq!(
+            p.folded(0, &by("thread name")).unwrap(),
+            "(no thread name);main;work;spin 50\n\
+             thread name=worker;main;work 100\n\
+             thread name=worker;main;work;spin 700\n"
+        );
+        let e = p.folded(0, &by("trace endpoint")).unwrap_err();
+        assert!(matches!(e, ViewError::UnknownLabel { .. }), "{e}");
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //! `.flamegraph` / ... methods show. They decode any pprof (ours, raw or gzip, or another
 //! tool's) with the prost messages of [`crate::pprof`]; [`reader`] checks every reference once
 //! and builds a resolved [`StackProfile`]: stacks as function indices, so that folding,
-//! ranking and drawing never look an id up again. One file per view: [`folded`], [`top`],
-//! [`flamegraph`], [`summary`], [`speedscope`], [`timeline`]; [`merge`] and [`filter`] work on the decoded
-//! messages.
+//! ranking and drawing never look an id up again. One file per view: [`folded`], [`top`] (by
+//! function or by a label's values), [`flamegraph`], [`summary`], [`speedscope`],
+//! [`timeline`]; [`merge`] works on the decoded messages, and [`filter`] on either (the
+//! views' `--label KEY=VALUE`).
 //!
 //! A pprof to read is untrusted input (a file from anywhere, a request body): [`ReadLimits`]
 //! bounds the memory that reading it and drawing it may take, and every failure is a
@@ -28,12 +29,13 @@ pub mod top;
 #[cfg(test)]
 mod test_profiles;
 
+pub use filter::{LabelFilter, LabelMatch};
 pub use folded::FoldOptions;
 pub use reader::{
     decode, ReadLimits, ResolvedFunction, ResolvedLabelValue, StackProfile, StackSample,
     MAX_STACK_DEPTH,
 };
-pub use top::{TopEntry, TopSort};
+pub use top::{LabelTotal, TopEntry, TopSort};
 
 /// Why a profile cannot be read or a view cannot be made from it.
 #[derive(Debug)]
@@ -59,6 +61,12 @@ pub enum ViewError {
     NoTimeline,
     /// A sample's stack has more than [`MAX_STACK_DEPTH`] frames (inline lines included).
     StackTooDeep { depth: usize },
+    /// A label key that no sample of the profile has (to filter or group by); `available`:
+    /// the keys its samples have, sorted.
+    UnknownLabel { key: String, available: Vec<String> },
+    /// Nothing to draw: no sample has the labels [`StackProfile::keep_labels`] kept
+    /// (`labels`: them, as `key=value and ...`).
+    NoMatch { labels: String },
 }
 
 impl ViewError {
@@ -103,6 +111,15 @@ impl fmt::Display for ViewError {
                 "nothing to draw: no sample has a time (label end_timestamp_ns); record with \
                  --timeline (Profiler.new(timeline: true))",
             ),
+            Self::UnknownLabel { key, available } if available.is_empty() => {
+                write!(f, "no sample has a label {key:?}; this profile's samples have no labels")
+            }
+            Self::UnknownLabel { key, available } => write!(
+                f,
+                "no sample has a label {key:?}; this profile's labels: {}",
+                available.join(", ")
+            ),
+            Self::NoMatch { labels } => write!(f, "nothing to draw: no sample has {labels}"),
             Self::StackTooDeep { depth } => write!(
                 f,
                 "a sample's stack has {depth} frames, more than the {MAX_STACK_DEPTH} a view \

@@ -24,6 +24,7 @@ use std::mem::size_of;
 
 use prost::Message as _;
 
+use super::filter::Filtered;
 use super::{scan, ViewError};
 use crate::pprof::PprofProfile;
 
@@ -162,6 +163,8 @@ pub struct StackProfile {
     pub comments: Vec<String>,
     pub functions: Vec<ResolvedFunction>,
     pub samples: Vec<StackSample>,
+    /// Set by [`StackProfile::keep_labels`]: which samples it kept, and the totals before.
+    pub filtered: Option<Filtered>,
     /// What each view's output may take (a fresh budget of the same size as reading's).
     pub(crate) output_budget: Budget,
 }
@@ -448,6 +451,7 @@ impl StackProfile {
             comments,
             functions: frames.functions,
             samples,
+            filtered: None,
             output_budget,
         })
     }

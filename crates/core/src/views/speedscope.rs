@@ -28,6 +28,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
+use super::folded::group_name;
 use super::reader::{StackProfile, NO_STACK};
 use super::timeline::{state_of, ThreadState};
 use super::ViewError;
@@ -43,7 +44,8 @@ pub struct SpeedscopeOptions {
     /// Who wrote the file: the format's `exporter`, e.g. `"ddprof_recorder 0.1.0"`.
     pub exporter: String,
     /// One profile per value of this label (e.g. `"thread name"`) rather than one for all
-    /// samples. Samples without the label go to the profile of `-`.
+    /// samples, named `value type, key=value`; the samples without the label go to the
+    /// profile of `value type, (no key)`.
     pub group_by: Option<String>,
 }
 
@@ -73,16 +75,21 @@ impl StackProfile {
     /// [`SpeedscopeOptions::group_by`]). Stacks whose value is 0 are left out, and so are
     /// negative values, which speedscope cannot lay out; so is a profile left without stacks.
     ///
-    /// Fails with [`ViewError::NothingToDraw`] if no profile is left.
+    /// Fails with [`ViewError::NothingToDraw`] if no profile is left ([`ViewError::NoMatch`]
+    /// if [`Self::keep_labels`] left no sample), and with [`ViewError::UnknownLabel`] if no
+    /// sample has the [`SpeedscopeOptions::group_by`] label.
     pub fn speedscope(
         &self,
         values: &[usize],
         options: &SpeedscopeOptions,
     ) -> Result<String, ViewError> {
+        if let Some(key) = &options.group_by {
+            self.require_label(key)?;
+        }
         let parts = self.parts(values, options.group_by.as_deref());
         if parts.is_empty() {
             let names: Vec<&str> = values.iter().map(|&v| self.value_types[v].0.as_str()).collect();
-            return Err(ViewError::NothingToDraw(names.join(" or ")));
+            return Err(self.nothing_left(ViewError::NothingToDraw(names.join(" or "))));
         }
 
         // The frames that some stack uses, numbered in the order of their names (then files),
@@ -113,12 +120,13 @@ impl StackProfile {
     /// with the most CPU first), in time order, each stack under a root frame naming the thread's state
     /// (see the module doc). Its profiles' names say the thread's shares of wall time.
     ///
-    /// Fails with [`ViewError::NoTimeline`] if no sample has a time.
+    /// Fails with [`ViewError::NoTimeline`] if no sample has a time ([`ViewError::NoMatch`] if
+    /// [`Self::keep_labels`] left no sample).
     pub fn speedscope_timeline(&self, options: &SpeedscopeOptions) -> Result<String, ViewError> {
         let wall = self.value_index("wall-time")?;
         let lanes = self.dated_lanes();
         if lanes.is_empty() {
-            return Err(ViewError::NoTimeline);
+            return Err(self.nothing_left(ViewError::NoTimeline));
         }
         // The thread that ran most first: speedscope opens it.
         let mut times = self.thread_times();
@@ -250,12 +258,7 @@ impl StackProfile {
                 if v <= 0 {
                     continue;
                 }
-                let group = group_by.map(|key| {
-                    s.labels
-                        .iter()
-                        .find(|(k, _)| k == key)
-                        .map_or_else(|| "-".to_string(), |(_, label)| label.to_string())
-                });
+                let group = group_by.map(|key| group_name(key, &s.labels));
                 let stack: Vec<Option<usize>> = if s.frames.is_empty() {
                     vec![None]
                 } else {
@@ -296,7 +299,7 @@ impl StackProfile {
     ) {
         let (value_name, unit) = &self.value_types[part.value];
         let name = match (group_by, &part.group) {
-            (Some(key), Some(group)) => format!("{value_name}, {key}={group}"),
+            (Some(_), Some(group)) => format!("{value_name}, {group}"),
             _ => value_name.clone(),
         };
         let mut stacks: Vec<(Vec<usize>, i64)> = part
@@ -391,6 +394,7 @@ mod tests {
             time_nanos: 1,
             duration_nanos: 2,
             comments: Vec::new(),
+            filtered: None,
             functions,
             samples: samples
                 .iter()
@@ -526,10 +530,10 @@ mod tests {
             [
                 ("cpu-time, thread name=worker", 700),
                 ("cpu-time, thread name=other", 100),
-                ("cpu-time, thread name=-", 5),
+                ("cpu-time, (no thread name)", 5),
                 ("cpu-samples, thread name=sleeper", 9),
                 ("cpu-samples, thread name=worker", 7),
-                ("cpu-samples, thread name=-", 1),
+                ("cpu-samples, (no thread name)", 1),
                 ("cpu-samples, thread name=other", 1),
             ]
         );

@@ -1,8 +1,10 @@
-//! What a profile holds, in numbers: the totals of its values, the distinct values of a label
-//! and its comments (the summary of `DdprofRecorder.summary` and `ddprof-recorder summary`).
-use std::collections::HashSet;
+//! What a profile holds, in numbers: the totals of its values, its label keys, the distinct
+//! values of a label and its comments (the summary of `DdprofRecorder.summary` and
+//! `ddprof-recorder summary`).
+use std::collections::{BTreeSet, HashSet};
 
 use super::reader::{ResolvedLabelValue, StackProfile};
+use super::ViewError;
 
 impl StackProfile {
     /// Sum of value `value` over all samples (saturating, like the recorder's sums).
@@ -21,6 +23,24 @@ impl StackProfile {
             .collect();
         values.sort();
         values
+    }
+
+    /// The distinct label keys of the samples, sorted.
+    pub fn label_keys(&self) -> Vec<String> {
+        let keys: BTreeSet<&str> =
+            self.samples.iter().flat_map(|s| s.labels.iter().map(|(k, _)| k.as_str())).collect();
+        keys.into_iter().map(str::to_string).collect()
+    }
+
+    /// Fails with [`ViewError::UnknownLabel`] if the profile has samples and none has label
+    /// `key`: a key to filter or group by that is not there is a typo more often than not.
+    pub fn require_label(&self, key: &str) -> Result<(), ViewError> {
+        if self.samples.is_empty()
+            || self.samples.iter().any(|s| s.labels.iter().any(|(k, _)| k == key))
+        {
+            return Ok(());
+        }
+        Err(ViewError::UnknownLabel { key: key.to_string(), available: self.label_keys() })
     }
 
     /// The profile's comments, each once, in the order they first appear (a merge of several
@@ -42,6 +62,29 @@ mod tests {
             p.label_values("thread name").iter().map(ToString::to_string).collect();
         assert_eq!(names, ["other", "sleeper", "worker"]);
         assert!(p.label_values("nope").is_empty());
+    }
+
+    #[test]
+    fn label_keys_are_distinct_and_sorted_and_a_missing_key_names_them() {
+        let mut p = example();
+        assert_eq!(p.label_keys(), ["thread name"]);
+        assert!(p.require_label("thread name").is_ok());
+        let e = p.require_label("trace endpoint").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "no sample has a label \"trace endpoint\"; this profile's labels: thread name"
+        );
+        for s in &mut p.samples {
+            s.labels.clear();
+        }
+        let e = p.require_label("thread name").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "no sample has a label \"thread name\"; this profile's samples have no labels"
+        );
+        // Without samples, nothing is missing: an empty profile is an empty answer.
+        p.samples.clear();
+        assert!(p.require_label("thread name").is_ok());
     }
 
     #[test]

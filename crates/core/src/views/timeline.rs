@@ -314,7 +314,8 @@ impl StackProfile {
     /// on hover, under a time axis; each lane's name says the thread's shares
     /// ([`Self::thread_times`]).
     ///
-    /// Fails with [`ViewError::NoTimeline`] if no sample has a time, and with
+    /// Fails with [`ViewError::NoTimeline`] if no sample has a time ([`ViewError::NoMatch`] if
+    /// [`Self::keep_labels`] left no sample), and with
     /// [`ViewError::OverBudget`] if the drawing could take more than the output budget.
     pub fn timeline(&self, format: TimelineFormat, title: &str) -> Result<String, ViewError> {
         let wall = self.value_index("wall-time")?;
@@ -322,7 +323,7 @@ impl StackProfile {
         let gvl = self.value_index("gvl-wait-time").ok();
         let mut lanes = self.dated_lanes();
         if lanes.is_empty() {
-            return Err(ViewError::NoTimeline);
+            return Err(self.nothing_left(ViewError::NoTimeline));
         }
         let times: BTreeMap<LaneKey, ThreadTimes> = self
             .thread_times()
@@ -561,6 +562,7 @@ mod tests {
             time_nanos: 0,
             duration_nanos: 1,
             comments: Vec::new(),
+            filtered: None,
             functions: ["main", "spin", "sleep"]
                 .iter()
                 .map(|n| ResolvedFunction { name: n.to_string(), filename: "a.rb".to_string() })

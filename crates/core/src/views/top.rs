@@ -1,8 +1,10 @@
-//! The "top" table: the functions holding the most of one value, self (as the leaf of a
-//! sample) and total (anywhere in its stack, once per sample).
-use std::collections::HashSet;
+//! The "top" tables: the functions holding the most of one value, self (as the leaf of a
+//! sample) and total (anywhere in its stack, once per sample); or the values of a label
+//! holding the most of it (`top --by "trace endpoint"`: which endpoint burns the CPU).
+use std::collections::{HashMap, HashSet};
 
-use super::reader::{ResolvedFunction, StackProfile};
+use super::reader::{ResolvedFunction, ResolvedLabelValue, StackProfile};
+use super::ViewError;
 
 /// One row of [`StackProfile::top`]: a function and the value it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +75,46 @@ impl StackProfile {
     }
 }
 
+/// One row of [`StackProfile::top_by_label`]: a value of the label, or `None` for the samples
+/// without it, and the sum of the asked value over its samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelTotal {
+    pub label: Option<ResolvedLabelValue>,
+    pub value: i64,
+}
+
+impl StackProfile {
+    /// The sum of value `value` per value of label `key`, and one row (`label: None`) for the
+    /// samples without it; highest first, ties by label value (a string before a number, the
+    /// row without the label last). Each sample counts once, under its first `key` label (a
+    /// pprof may repeat a key; the recorder never does), so the rows add up to
+    /// [`Self::total`]. Rows of 0 are left out, as [`Self::top`] leaves out such functions.
+    ///
+    /// Fails with [`ViewError::UnknownLabel`] if no sample has the key
+    /// ([`Self::require_label`]).
+    pub fn top_by_label(&self, value: usize, key: &str) -> Result<Vec<LabelTotal>, ViewError> {
+        self.require_label(key)?;
+        let mut sums: HashMap<Option<&ResolvedLabelValue>, i64> = HashMap::new();
+        for s in &self.samples {
+            let label = s.labels.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+            let sum = sums.entry(label).or_insert(0);
+            *sum = sum.saturating_add(s.values[value]);
+        }
+        let mut rows: Vec<LabelTotal> = sums
+            .into_iter()
+            .filter(|&(_, v)| v != 0)
+            .map(|(label, value)| LabelTotal { label: label.cloned(), value })
+            .collect();
+        rows.sort_by(|a, b| {
+            b.value.cmp(&a.value).then_with(|| match (&a.label, &b.label) {
+                (Some(x), Some(y)) => x.cmp(y),
+                (a, b) => b.is_some().cmp(&a.is_some()),
+            })
+        });
+        Ok(rows)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_profiles::{profile, resolve};
@@ -111,5 +153,46 @@ mod tests {
             rows(&p.top(0, TopSort::SelfValue)),
             [("sleep", 350, 350), ("spin", 350, 350), ("work", 100, 800), ("main", 0, 800)]
         );
+    }
+
+    #[test]
+    fn top_by_label_sums_each_value_with_a_row_for_samples_without_it() {
+        let mut p = resolve(profile(&[
+            (&[3, 2, 1], [700, 800], "worker"),
+            (&[2, 1], [100, 100], "worker"),
+            (&[3, 2, 1], [100, 60], "other"),
+            (&[4, 1], [0, 900], "sleeper"),
+            (&[4, 1], [50, 5], "x"),
+        ]));
+        p.samples[4].labels.clear();
+        let rows = |p: &StackProfile, v| -> Vec<(Option<String>, i64)> {
+            let rows = p.top_by_label(v, "thread name").unwrap();
+            rows.into_iter().map(|r| (r.label.map(|l| l.to_string()), r.value)).collect()
+        };
+        let worker = Some("worker".to_string());
+        let other = Some("other".to_string());
+        // sleeper has no cpu-time: left out; the rows add up to the total.
+        assert_eq!(rows(&p, 0), [(worker.clone(), 800), (other.clone(), 100), (None, 50)]);
+        assert_eq!(p.total(0), 950);
+        assert_eq!(rows(&p, 1)[0], (Some("sleeper".to_string()), 900));
+        // Ties: by value, the row without the label last.
+        p.samples[4].values[0] = 100;
+        assert_eq!(rows(&p, 0)[1..], [(other, 100), (None, 100)]);
+
+        let e = p.top_by_label(0, "trace endpoint").unwrap_err();
+        assert!(matches!(e, ViewError::UnknownLabel { .. }), "{e}");
+    }
+
+    #[test]
+    fn top_by_a_numeric_label_sorts_its_numbers() {
+        let mut p =
+            resolve(profile(&[(&[1], [5, 0], "a"), (&[2], [5, 0], "a"), (&[3], [7, 0], "a")]));
+        for (s, pid) in p.samples.iter_mut().zip([12, 3, 40]) {
+            s.labels = vec![("process id".to_string(), ResolvedLabelValue::Num(pid))];
+        }
+        let rows = p.top_by_label(0, "process id").unwrap();
+        let rows: Vec<(String, i64)> =
+            rows.into_iter().map(|r| (r.label.unwrap().to_string(), r.value)).collect();
+        assert_eq!(rows, [("40".to_string(), 7), ("3".to_string(), 5), ("12".to_string(), 5)]);
     }
 }

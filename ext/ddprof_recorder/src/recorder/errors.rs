@@ -79,10 +79,12 @@ impl IntoRubyError for RecordError {
 impl IntoRubyError for ViewError {
     fn into_ruby_error(self, ruby: &Ruby) -> Error {
         match self {
-            ViewError::NotPprof(_) | ViewError::Gzip(_) | ViewError::UnknownValue { .. } => {
-                arg_error(ruby, self.to_string())
-            }
+            ViewError::NotPprof(_)
+            | ViewError::Gzip(_)
+            | ViewError::UnknownValue { .. }
+            | ViewError::UnknownLabel { .. } => arg_error(ruby, self.to_string()),
             ViewError::NothingToDraw(_)
+            | ViewError::NoMatch { .. }
             | ViewError::NoTimeline
             | ViewError::Render(_)
             | ViewError::TooLarge { .. }

@@ -1,5 +1,5 @@
 //! `DdprofRecorder._native_folded`, `_native_flamegraph`, `_native_speedscope`,
-//! `_native_speedscope_timeline`, `_native_top`,
+//! `_native_speedscope_timeline`, `_native_top`, `_native_top_by_label`,
 //! `_native_summary`, `_native_timeline`, `_native_merge` and `_native_filter`: views of pprof profiles (raw or
 //! gzip) for people, computed by the core's [`views`](ddprof_recorder_core::views) module,
 //! their merge ([`merge`](ddprof_recorder_core::views::merge)) and the samples of some label
@@ -7,7 +7,9 @@
 //! docs are in `lib/ddprof_recorder/pprof_views.rb`.
 //!
 //! Every entry point takes `max_decompressed_bytes` last: the [`ReadLimits`] each pprof is
-//! read within.
+//! read within. The views and the merge take `labels` before it: `[[key, value], ...]`
+//! Strings, the samples to keep ([`LabelFilter::text`], the `label:` keyword), all of them
+//! matching, before the view is made.
 //!
 //! Each view takes one pprof String or an Array of them, merged into one profile first.
 //! Each entry point copies the pprofs out of their Ruby Strings, then decodes, merges and
@@ -17,8 +19,8 @@ use ddprof_recorder_core::views::merge::{self, MergeError};
 use ddprof_recorder_core::views::speedscope::SpeedscopeOptions;
 use ddprof_recorder_core::views::timeline::{ThreadTimes, TimelineFormat};
 use ddprof_recorder_core::views::{
-    filter, FoldOptions, ReadLimits, ResolvedLabelValue as LabelValue, StackProfile, TopSort,
-    ViewError as CoreError,
+    filter, FoldOptions, LabelFilter, ReadLimits, ResolvedLabelValue as LabelValue, StackProfile,
+    TopSort, ViewError as CoreError,
 };
 use ddprof_recorder_core::Compression;
 use magnus::{function, prelude::*, Error, RArray, RHash, RModule, RString, Ruby, Symbol, Value};
@@ -42,28 +44,37 @@ const COMPRESSIONS: &[(&str, Compression)] =
     &[("none", Compression::None), ("gzip", Compression::Gzip)];
 
 pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
-    module.define_singleton_method("_native_folded", function!(native_folded, 5))?;
-    module.define_singleton_method("_native_flamegraph", function!(native_flamegraph, 6))?;
-    module.define_singleton_method("_native_top", function!(native_top, 4))?;
-    module.define_singleton_method("_native_summary", function!(native_summary, 2))?;
-    module.define_singleton_method("_native_merge", function!(native_merge, 3))?;
-    module.define_singleton_method("_native_speedscope", function!(native_speedscope, 6))?;
+    module.define_singleton_method("_native_folded", function!(native_folded, 6))?;
+    module.define_singleton_method("_native_flamegraph", function!(native_flamegraph, 7))?;
+    module.define_singleton_method("_native_top", function!(native_top, 5))?;
+    module.define_singleton_method("_native_top_by_label", function!(native_top_by_label, 5))?;
+    module.define_singleton_method("_native_summary", function!(native_summary, 3))?;
+    module.define_singleton_method("_native_merge", function!(native_merge, 4))?;
+    module.define_singleton_method("_native_speedscope", function!(native_speedscope, 7))?;
     module.define_singleton_method(
         "_native_speedscope_timeline",
-        function!(native_speedscope_timeline, 4),
+        function!(native_speedscope_timeline, 5),
     )?;
-    module.define_singleton_method("_native_timeline", function!(native_timeline, 4))?;
+    module.define_singleton_method("_native_timeline", function!(native_timeline, 5))?;
     module.define_singleton_method("_native_filter", function!(native_filter, 5))?;
     Ok(())
 }
 
 /// The pprofs of a call: one String, or an Array of Strings (`array`: the caller gave an
-/// Array, whose elements the messages then name `pprofs[i]`), and the limits they are read
-/// within.
+/// Array, whose elements the messages then name `pprofs[i]`), the limits they are read
+/// within, and the samples the view keeps.
 struct Inputs {
     bytes: Vec<Vec<u8>>,
     array: bool,
     limits: ReadLimits,
+    labels: Vec<LabelFilter>,
+}
+
+/// The `labels` argument, `[[key, value], ...]`, as text filters.
+type Labels = Vec<(String, String)>;
+
+fn label_filters(labels: Labels) -> Vec<LabelFilter> {
+    labels.into_iter().map(|(key, value)| LabelFilter::text(key, value)).collect()
 }
 
 /// Why a view of several inputs failed: reading or merging them, the view itself, or
@@ -89,8 +100,15 @@ fn to_ruby_error(ruby: &Ruby, e: ViewError, array: bool) -> Error {
 }
 
 /// The pprof bytes of a String or of each String of an Array, copied: the Strings may change
-/// or move once the GVL is released; each is read within `max_decompressed_bytes`.
-fn pprof_inputs(ruby: &Ruby, pprofs: Value, max_decompressed_bytes: u64) -> Result<Inputs, Error> {
+/// or move once the GVL is released; each is read within `max_decompressed_bytes`, and the
+/// samples that match every filter of `labels` are kept.
+fn pprof_inputs(
+    ruby: &Ruby,
+    pprofs: Value,
+    labels: Labels,
+    max_decompressed_bytes: u64,
+) -> Result<Inputs, Error> {
+    let labels = label_filters(labels);
     let limits = ReadLimits::new(max_decompressed_bytes);
     let copy = |v: Value, name: &dyn Fn() -> String| -> Result<Vec<u8>, Error> {
         let s = RString::from_value(v).ok_or_else(|| {
@@ -105,7 +123,7 @@ fn pprof_inputs(ruby: &Ruby, pprofs: Value, max_decompressed_bytes: u64) -> Resu
     match RArray::from_value(pprofs) {
         None => {
             let bytes = vec![copy(pprofs, &|| "pprof".to_string())?];
-            Ok(Inputs { bytes, array: false, limits })
+            Ok(Inputs { bytes, array: false, limits, labels })
         }
         Some(array) => {
             let mut bytes = Vec::with_capacity(array.len());
@@ -115,7 +133,7 @@ fn pprof_inputs(ruby: &Ruby, pprofs: Value, max_decompressed_bytes: u64) -> Resu
                 let v: Value = array.entry(i as isize)?;
                 bytes.push(copy(v, &|| format!("pprofs[{i}]"))?);
             }
-            Ok(Inputs { bytes, array: true, limits })
+            Ok(Inputs { bytes, array: true, limits, labels })
         }
     }
 }
@@ -130,15 +148,17 @@ fn with_profile<R: Send>(
     with_whole_profile(ruby, inputs, move |p| view(p, p.value_index(&value)?))
 }
 
-/// Decodes (and merges) `inputs` and runs `view` on the profile, all without the GVL.
+/// Decodes (and merges) `inputs`, keeps the samples of its labels and runs `view` on the
+/// profile, all without the GVL.
 fn with_whole_profile<R: Send>(
     ruby: &Ruby,
     inputs: Inputs,
     view: impl Send + FnOnce(&StackProfile) -> Result<R, CoreError>,
 ) -> Result<R, Error> {
-    let Inputs { bytes, array, limits } = inputs;
+    let Inputs { bytes, array, limits, labels } = inputs;
     nogvl(ruby, move || -> Result<R, ViewError> {
-        let profile = merge::stack_profile(&bytes, &limits).map_err(ViewError::Merge)?;
+        let mut profile = merge::stack_profile(&bytes, &limits).map_err(ViewError::Merge)?;
+        profile.keep_labels(&labels)?;
         Ok(view(&profile)?)
     })?
     .map_err(|e| to_ruby_error(ruby, e, array))
@@ -149,10 +169,11 @@ fn with_whole_profile<R: Send>(
 fn text_view(
     ruby: &Ruby,
     pprof: Value,
+    labels: Labels,
     max_decompressed_bytes: u64,
     view: impl Send + FnOnce(&StackProfile) -> Result<String, CoreError>,
 ) -> Result<RString, Error> {
-    let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
+    let inputs = pprof_inputs(ruby, pprof, labels, max_decompressed_bytes)?;
     let text = with_whole_profile(ruby, inputs, view)?;
     Ok(ruby.str_new(&text))
 }
@@ -164,32 +185,37 @@ fn stacks_view(
     pprof: Value,
     value: String,
     options: FoldOptions,
+    labels: Labels,
     max_decompressed_bytes: u64,
     view: impl Send + FnOnce(&StackProfile, usize, &FoldOptions) -> Result<String, CoreError>,
 ) -> Result<RString, Error> {
-    text_view(ruby, pprof, max_decompressed_bytes, move |p| {
+    text_view(ruby, pprof, labels, max_decompressed_bytes, move |p| {
         view(p, p.value_index(&value)?, &options)
     })
 }
 
-/// `_native_folded(pprof, value, filenames, root_label, max_decompressed_bytes)` → String of
-/// folded stack lines.
+/// `_native_folded(pprof, value, filenames, root_label, labels, max_decompressed_bytes)` →
+/// String of folded stack lines.
 fn native_folded(
     ruby: &Ruby,
     pprof: Value,
     value: String,
     filenames: bool,
     root_label: Option<String>,
+    labels: Labels,
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     let options = FoldOptions { filenames, root_label };
     entry(ruby, || {
-        stacks_view(ruby, pprof, value, options, max_decompressed_bytes, |p, i, o| p.folded(i, o))
+        stacks_view(ruby, pprof, value, options, labels, max_decompressed_bytes, |p, i, o| {
+            p.folded(i, o)
+        })
     })
 }
 
-/// `_native_flamegraph(pprof, value, title, filenames, root_label, max_decompressed_bytes)`
-/// → SVG String.
+/// `_native_flamegraph(pprof, value, title, filenames, root_label, labels,
+/// max_decompressed_bytes)` → SVG String.
+#[allow(clippy::too_many_arguments)] // one per Ruby keyword
 fn native_flamegraph(
     ruby: &Ruby,
     pprof: Value,
@@ -197,19 +223,22 @@ fn native_flamegraph(
     title: Option<String>,
     filenames: bool,
     root_label: Option<String>,
+    labels: Labels,
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     let options = FoldOptions { filenames, root_label };
     entry(ruby, || {
-        stacks_view(ruby, pprof, value, options, max_decompressed_bytes, move |p, i, o| {
+        stacks_view(ruby, pprof, value, options, labels, max_decompressed_bytes, move |p, i, o| {
             p.flamegraph(i, title.as_deref(), o)
         })
     })
 }
 
-/// `_native_speedscope(pprof, values, group_by, name, exporter, max_decompressed_bytes)` →
+/// `_native_speedscope(pprof, values, group_by, name, exporter, labels,
+/// max_decompressed_bytes)` →
 /// the speedscope JSON String: one profile per value type named in `values` (nil: every value
 /// type of the pprof), or one per value type and value of the label `group_by`.
+#[allow(clippy::too_many_arguments)] // one per Ruby keyword
 fn native_speedscope(
     ruby: &Ruby,
     pprof: Value,
@@ -217,11 +246,12 @@ fn native_speedscope(
     group_by: Option<String>,
     name: String,
     exporter: String,
+    labels: Labels,
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let options = SpeedscopeOptions { name, exporter, group_by };
-        text_view(ruby, pprof, max_decompressed_bytes, move |p| {
+        text_view(ruby, pprof, labels, max_decompressed_bytes, move |p| {
             let indices = match values {
                 None => (0..p.value_types.len()).collect(),
                 Some(names) => {
@@ -233,33 +263,37 @@ fn native_speedscope(
     })
 }
 
-/// `_native_speedscope_timeline(pprof, name, exporter, max_decompressed_bytes)` → the
-/// speedscope JSON String of the dated samples: one time-ordered profile per thread.
+/// `_native_speedscope_timeline(pprof, name, exporter, labels, max_decompressed_bytes)` →
+/// the speedscope JSON String of the dated samples: one time-ordered profile per thread.
 fn native_speedscope_timeline(
     ruby: &Ruby,
     pprof: Value,
     name: String,
     exporter: String,
+    labels: Labels,
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let options = SpeedscopeOptions { name, exporter, group_by: None };
-        text_view(ruby, pprof, max_decompressed_bytes, move |p| p.speedscope_timeline(&options))
+        text_view(ruby, pprof, labels, max_decompressed_bytes, move |p| {
+            p.speedscope_timeline(&options)
+        })
     })
 }
 
-/// `_native_timeline(pprof, format, title, max_decompressed_bytes)` → the timeline of the
-/// dated samples, an SVG (`format` `:svg`) or HTML (`:html`) String.
+/// `_native_timeline(pprof, format, title, labels, max_decompressed_bytes)` → the timeline of
+/// the dated samples, an SVG (`format` `:svg`) or HTML (`:html`) String.
 fn native_timeline(
     ruby: &Ruby,
     pprof: Value,
     format: Symbol,
     title: String,
+    labels: Labels,
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let format = symbol_choice(ruby, "format", format, TIMELINE_FORMATS)?;
-        text_view(ruby, pprof, max_decompressed_bytes, move |p| p.timeline(format, &title))
+        text_view(ruby, pprof, labels, max_decompressed_bytes, move |p| p.timeline(format, &title))
     })
 }
 
@@ -281,7 +315,8 @@ fn native_filter(
             .map(|(k, v)| (k, LabelValue::Str(v)))
             .chain(number_labels.into_iter().map(|(k, n)| (k, LabelValue::Num(n))))
             .collect();
-        let Inputs { bytes, array, limits } = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
+        let Inputs { bytes, array, limits, .. } =
+            pprof_inputs(ruby, pprof, Vec::new(), max_decompressed_bytes)?;
         let filtered = nogvl(ruby, move || {
             // One pprof is copied as the merge of itself: its errors are named as a view's.
             let mut profile = merge::merge_bytes(&bytes, &limits).map_err(ViewError::Merge)?;
@@ -318,28 +353,74 @@ fn symbol_choice<T: Copy>(
 /// One row of `_native_top`: `[name, filename, self, total]`.
 type TopRow = (String, String, i64, i64);
 
-/// `_native_top(pprof, value, sort, max_decompressed_bytes)` → `[unit, total, [[name,
-/// filename, self, total], ...]]`, every function with some of the value, highest `sort`
-/// (`:self` or `:total`) first.
+/// What both tops return before their rows: `[unit, total, profile_total, samples]`, the
+/// value's unit and sum over the kept samples, its sum over the whole profile (before
+/// `labels`), and how many (distinct pprof) samples were kept.
+type TopHead = (String, i64, i64, usize);
+
+fn top_head(p: &StackProfile, value: usize) -> TopHead {
+    let profile_total = p.filtered.as_ref().map_or_else(|| p.total(value), |f| f.totals[value]);
+    (p.value_types[value].1.clone(), p.total(value), profile_total, p.samples.len())
+}
+
+/// `_native_top(pprof, value, sort, labels, max_decompressed_bytes)` → `[unit, total,
+/// profile_total, samples, [[name, filename, self, total], ...]]` ([`TopHead`]), every
+/// function with some of the value, highest `sort` (`:self` or `:total`) first.
 fn native_top(
     ruby: &Ruby,
     pprof: Value,
     value: String,
     sort: Symbol,
+    labels: Labels,
     max_decompressed_bytes: u64,
-) -> Result<(String, i64, Vec<TopRow>), Error> {
+) -> Result<(String, i64, i64, usize, Vec<TopRow>), Error> {
     entry(ruby, || {
         let sort = symbol_choice(ruby, "sort", sort, TOP_SORTS)?;
-        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
+        let inputs = pprof_inputs(ruby, pprof, labels, max_decompressed_bytes)?;
         with_profile(ruby, inputs, value, move |p, i| {
             let rows = p
                 .top(i, sort)
                 .into_iter()
                 .map(|r| (r.function.name, r.function.filename, r.self_value, r.total_value))
                 .collect();
-            Ok((p.value_types[i].1.clone(), p.total(i), rows))
+            let (unit, total, profile_total, samples) = top_head(p, i);
+            Ok((unit, total, profile_total, samples, rows))
         })
     })
+}
+
+/// `_native_top_by_label(pprof, value, key, labels, max_decompressed_bytes)` → `[unit, total,
+/// profile_total, samples, [[label value, sum], ...]]` ([`TopHead`]): the sum of the value
+/// per value of label `key` (a String or an Integer; nil for the samples without it),
+/// highest first.
+fn native_top_by_label(
+    ruby: &Ruby,
+    pprof: Value,
+    value: String,
+    key: String,
+    labels: Labels,
+    max_decompressed_bytes: u64,
+) -> Result<(String, i64, i64, usize, RArray), Error> {
+    entry(ruby, || {
+        let inputs = pprof_inputs(ruby, pprof, labels, max_decompressed_bytes)?;
+        let (head, rows) = with_profile(ruby, inputs, value, move |p, i| {
+            Ok((top_head(p, i), p.top_by_label(i, &key)?))
+        })?;
+        let rows = ruby.ary_from_iter(rows.into_iter().map(|r| {
+            let label = r.label.map_or_else(|| ruby.qnil().as_value(), |l| label_value(ruby, l));
+            ruby.ary_from_iter([label, ruby.integer_from_i64(r.value).as_value()])
+        }));
+        let (unit, total, profile_total, samples) = head;
+        Ok((unit, total, profile_total, samples, rows))
+    })
+}
+
+/// A label value as Ruby has it: a String or an Integer.
+fn label_value(ruby: &Ruby, value: LabelValue) -> Value {
+    match value {
+        LabelValue::Str(s) => ruby.str_new(&s).as_value(),
+        LabelValue::Num(n) => ruby.integer_from_i64(n).as_value(),
+    }
 }
 
 /// What `_native_summary` computes without the GVL.
@@ -353,19 +434,26 @@ struct Summary {
     thread_ids: Vec<LabelValue>,
     thread_names: Vec<LabelValue>,
     process_ids: Vec<LabelValue>,
+    label_keys: Vec<String>,
     comments: Vec<String>,
     threads: Vec<ThreadTimes>,
 }
 
-/// `_native_summary(pprof, max_decompressed_bytes)` → Hash with Symbol keys: `:value_types` (`[[type, unit], ...]`),
-/// `:totals` (one per value type), `:time_nanos`, `:duration_nanos`, `:samples` (distinct
-/// pprof samples), `:functions`, `:thread_ids`, `:thread_names` and `:process_ids` (distinct
-/// label values), `:comments` (each distinct comment once, in order), `:threads` (per thread
+/// `_native_summary(pprof, labels, max_decompressed_bytes)` → Hash with Symbol keys:
+/// `:value_types` (`[[type, unit], ...]`), `:totals` (one per value type), `:time_nanos`,
+/// `:duration_nanos`, `:samples` (distinct pprof samples), `:functions`, `:thread_ids`,
+/// `:thread_names` and `:process_ids` (distinct label values), `:label_keys` (the distinct
+/// label keys, sorted), `:comments` (each distinct comment once, in order), `:threads` (per thread
 /// `[process id or nil, thread id, name, wall, running, waiting or nil, gc, blocked]`, ns:
 /// `ThreadTimes`).
-fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Result<RHash, Error> {
+fn native_summary(
+    ruby: &Ruby,
+    pprof: Value,
+    labels: Labels,
+    max_decompressed_bytes: u64,
+) -> Result<RHash, Error> {
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof, max_decompressed_bytes)?;
+        let inputs = pprof_inputs(ruby, pprof, labels, max_decompressed_bytes)?;
         let summary = with_whole_profile(ruby, inputs, |p| {
             Ok(Summary {
                 totals: (0..p.value_types.len()).map(|i| p.total(i)).collect(),
@@ -377,16 +465,14 @@ fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Res
                 thread_ids: p.label_values(THREAD_ID_LABEL),
                 thread_names: p.label_values(THREAD_NAME_LABEL),
                 process_ids: p.label_values(PROCESS_ID_LABEL),
+                label_keys: p.label_keys(),
                 comments: p.distinct_comments(),
                 threads: p.thread_times(),
             })
         })?;
 
         let labels = |values: Vec<LabelValue>| -> RArray {
-            ruby.ary_from_iter(values.into_iter().map(|v| match v {
-                LabelValue::Str(s) => ruby.str_new(&s).as_value(),
-                LabelValue::Num(n) => ruby.integer_from_i64(n).as_value(),
-            }))
+            ruby.ary_from_iter(values.into_iter().map(|v| label_value(ruby, v)))
         };
         let hash = ruby.hash_new();
         hash.aset(ruby.to_symbol("value_types"), summary.value_types)?;
@@ -398,6 +484,7 @@ fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Res
         hash.aset(ruby.to_symbol("thread_ids"), labels(summary.thread_ids))?;
         hash.aset(ruby.to_symbol("thread_names"), labels(summary.thread_names))?;
         hash.aset(ruby.to_symbol("process_ids"), labels(summary.process_ids))?;
+        hash.aset(ruby.to_symbol("label_keys"), summary.label_keys)?;
         hash.aset(ruby.to_symbol("comments"), summary.comments)?;
         let threads = ruby.ary_from_iter(summary.threads.into_iter().map(|t| {
             (
@@ -416,20 +503,23 @@ fn native_summary(ruby: &Ruby, pprof: Value, max_decompressed_bytes: u64) -> Res
     })
 }
 
-/// `_native_merge(pprofs, compression, max_decompressed_bytes)` → one pprof String (`:gzip`
-/// or `:none`) holding the samples of every pprof of the Array `pprofs`.
+/// `_native_merge(pprofs, compression, labels, max_decompressed_bytes)` → one pprof String
+/// (`:gzip` or `:none`) holding the samples of every pprof of the Array `pprofs` that match
+/// every filter of `labels`.
 fn native_merge(
     ruby: &Ruby,
     pprofs: RArray,
     compression: Symbol,
+    labels: Labels,
     max_decompressed_bytes: u64,
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let compression = compression_of(ruby, compression)?;
-        let Inputs { bytes, array, limits } =
-            pprof_inputs(ruby, pprofs.as_value(), max_decompressed_bytes)?;
+        let Inputs { bytes, array, limits, labels } =
+            pprof_inputs(ruby, pprofs.as_value(), labels, max_decompressed_bytes)?;
         let merged = nogvl(ruby, move || {
-            let profile = merge::merge_bytes(&bytes, &limits).map_err(ViewError::Merge)?;
+            let mut profile = merge::merge_bytes(&bytes, &limits).map_err(ViewError::Merge)?;
+            filter::filter_matching(&mut profile, &labels)?;
             merge::encode(&profile, compression).map_err(|e| ViewError::Encode(e.to_string()))
         })?
         .map_err(|e| to_ruby_error(ruby, e, array))?;
