@@ -41,7 +41,8 @@
 //!   eval's iseq, its caller's (`block in <class:App>`), or, when it reads the method entry,
 //!   as the method that rendered it, with that method's file. Such a frame is cached by its
 //!   names, not by its object ([`names::Keep`]): `ERB#result` compiles anew at each render.
-//!   Only once `vm::frames`' self-check passed (it reads the iseq's type and parent).
+//!   Only once `vm::frames`' self-check passed (it reads the frame magics of the ep chain,
+//!   and the iseq's type and parents).
 //! - a compiled template's method, whose name holds per-process numbers (ActionView's
 //!   `_app_views_pages_index_html_erb___2930487_60120`, Tilt's `__tilt_47000`): named for the
 //!   template, `app/views/pages/index.html.erb` or its file ([`names::template_name`]), so
