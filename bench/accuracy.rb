@@ -7,16 +7,18 @@
 #                      [--stackprof-interval 1000] [--draws 200] [--seed 1] [--timeout S] [--gc-apart]
 #                      [--reference stackprof|rbspy]
 #
-# Eight workloads (bench/accuracy/*.rb, each about --seconds of work, each header says what
+# Nine workloads (bench/accuracy/*.rb, each about --seconds of work, each header says what
 # it does; all by default). Three measure their own truth: `sleepy` (pure Ruby alternating
 # with short sleeps and reads), `c_heavy` (C methods that do not call back into Ruby, each
 # under a wrapper of its own), `threads` (a Ruby thread, a C thread and a sleeping one, the
 # main thread joining); their C calls take 0.3-1 ms, too long for the safepoint bias (the
-# job runs at the VM's next interrupt check) to show. Five have the shape of real programs,
+# job runs at the VM's next interrupt check) to show. Six have the shape of real programs,
 # with C calls of a microsecond or less between Ruby instructions, and measure nothing:
 # `micro_c` (the issue "Samples where the CPU is": a Ruby loop around `is_a?`,
 # `respond_to?`, `<<`, `^`), `erb` (an HTML table rendered from an ERB template with
-# helpers and ERB::Util.h), `json` (JSON.generate, to_json and JSON.parse of small Hashes),
+# helpers and ERB::Util.h, compiled into a method), `templates` (a page of three ERB
+# templates rendered with ERB#result_with_hash: the template code runs eval'd, named for its
+# file, `(erb)`), `json` (JSON.generate, to_json and JSON.parse of small Hashes),
 # `rubocop` (Debian's rubocop linting Ruby's stdlib, about 1 s of start-up first) and
 # `kramdown` (Debian's ruby-kramdown converting a Markdown document). Each runs, in a fresh
 # process, under `exe/ddprof-recorder record --hz N` (the public CLI) and then under stackprof
@@ -71,7 +73,10 @@
 # `block (N levels) in `, `rescue in `, `ensure in ` are stripped, then any qualifier up to the
 # last `#` or `.` (`Foo::Bar#baz` -> `baz`); `<main>` and `main`, `<top (required)>` and
 # `top level of PATH`, `<class:Foo>` and `class Foo` meet whole (AccuracyAnalysis.normalize_name).
-# The workloads give their functions distinct names, so this merges nothing that matters.
+# Eval'd code (the templates of `templates`), which ours names by its file, `(erb)`, is named
+# so on stackprof's side too, from its frames' file (AccuracyAnalysis.frame_name; rbspy's are
+# left as they are). The workloads give their functions distinct names, so this merges nothing
+# that matters.
 #
 # Figures per program:
 # - overlap = Σ_f min(ours_f, stackprof_f) (1 = the same distribution, 0 = disjoint);
@@ -103,7 +108,7 @@ module AccuracyBench
   ROOT = File.expand_path("..", __dir__)
   DIR = File.join(ROOT, "bench", "accuracy")
   OUT = File.join(ROOT, "bench", "out", "accuracy")
-  PROGRAMS = %w[sleepy c_heavy threads micro_c erb json rubocop kramdown].freeze
+  PROGRAMS = %w[sleepy c_heavy threads micro_c erb templates json rubocop kramdown].freeze
   # The programs that measure their own truth (bench/accuracy/truth.rb); the others print n/a.
   WITH_TRUTH = %w[sleepy c_heavy threads].freeze
   TARGET = 0.85

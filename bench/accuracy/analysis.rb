@@ -30,12 +30,29 @@ module AccuracyAnalysis
   def self.normalize_name(label)
     name = label.delete_suffix(" [c function]").sub(/\A(?:(?:block(?: \(\d+ levels\))?|rescue|ensure) in )+/, "")
     case name
+    when EVAL_FILE then name # `(erb)`, `(eval at lib/x.rb:3)`: kept whole (see .frame_name)
     when "<main>", "main" then "main"
     when "<top (required)>", /\Atop level of / then "top level"
     when /\A<(class|module):(.+)>\z/, /\A(class|module) (.+)\z/ then "#{Regexp.last_match(1)} #{Regexp.last_match(2)}"
     when /\A<([a-z][\w ]*)>\z/ then Regexp.last_match(1) # `<singleton class>`, not `<=>`: ours drops them
     else name.sub(/\A.*[#.](?=[^#.]+\z)/, "")
     end
+  end
+
+  # The file Ruby gives code eval'd from a string when the eval names none (ERB's `(erb)`,
+  # `(eval)`, 3.3's `(eval at lib/x.rb:3)`).
+  EVAL_FILE = /\A\(.+\)\z/
+
+  # A stackprof frame's name, before normalize_name: ours names eval'd code (a template's) by
+  # its file (docs/profiler.md, "Frame names"), stackprof by the label Ruby gives an eval's
+  # iseq, its caller's (`block (2 levels) in <main>`), with that file as the frame's file; so
+  # a stackprof frame whose file is an eval's (EVAL_FILE) is named by its file, as ours.
+  #
+  # @param frame [Hash] a stackprof frame, `name:` and `file:`.
+  # @return [String]
+  def self.frame_name(frame)
+    file = frame[:file].to_s
+    EVAL_FILE.match?(file) ? file : frame.fetch(:name)
   end
 
   # @param weights [Hash{String => Numeric}] non-negative weights.
@@ -130,7 +147,7 @@ module AccuracyAnalysis
       if GC_FRAMES.include?(frame.fetch(:name))
         gc += count
       else
-        weights[normalize_name(frame.fetch(:name))] += count
+        weights[normalize_name(frame_name(frame))] += count
       end
     end
     { weights: weights, gc_samples: gc, samples: weights.values.sum + gc }

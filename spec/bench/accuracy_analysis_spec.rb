@@ -44,6 +44,9 @@ RSpec.describe AccuracyAnalysis do
       "Comparable#<" => "<",
       "Kernel#is_a?" => "is_a?",
       "Object#work" => "work",
+      # Eval'd code, as ours names it (by its file) and as AccuracyAnalysis.frame_name names stackprof's.
+      "(erb)" => "(erb)",
+      "(eval at lib/x.rb:3)" => "(eval at lib/x.rb:3)",
     }.each do |label, name|
       it "turns #{label.inspect} into #{name.inspect}" do
         expect(described_class.normalize_name(label)).to eq(name)
@@ -169,6 +172,20 @@ RSpec.describe AccuracyAnalysis do
         },
       }
       expect(described_class.stackprof_self(dump)).to eq(weights: { "crunch" => 8, "sort" => 5 }, gc_samples: 3, samples: 16)
+    end
+
+    it "names the frames of eval'd code (a file in parentheses) by their file, as ours are named" do
+      dump = {
+        samples: 10,
+        frames: {
+          1 => { name: "block (2 levels) in <main>", file: "(erb)", samples: 4, total_samples: 6 },
+          2 => { name: "<main>", file: "(erb)", samples: 2, total_samples: 8 },
+          3 => { name: "<main>", file: "/app/run.rb", samples: 1, total_samples: 10 },
+          4 => { name: "Integer#times", file: "<cfunc>", samples: 3, total_samples: 9 },
+        },
+      }
+      expect(described_class.stackprof_self(dump)).to eq(weights: { "(erb)" => 6, "main" => 1, "times" => 3 },
+                                                          gc_samples: 0, samples: 10)
     end
   end
 

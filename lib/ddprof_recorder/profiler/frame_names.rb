@@ -6,7 +6,8 @@ module DdprofRecorder
     # whichever path read it (the rules: "Names" in ext/ddprof_recorder/src/sampling/stack_capture.rs;
     # for users: docs/profiler.md, "Frame names").
     #
-    # Frames are named `Klass#meth`. They are read natively, for the current thread and for
+    # Frames are named `Klass#meth`; a template's code by its template (`(erb)`,
+    # `app/views/pages/index.html.erb`). They are read natively, for the current thread and for
     # others, through the VM's own structures (ext/ddprof_recorder/src/vm/frames.rs, on 3.1,
     # 3.3 and 3.4). That reader checks itself once per process ({.check}) before anything is
     # named. If the check fails, on 3.3+ frames are read through the public API
@@ -70,7 +71,10 @@ module DdprofRecorder
         end
 
         # Locations as frames named the weaker way: the `base_label`, spelled as every name
-        # (`<main>` is `main`...).
+        # (`<main>` is `main`...), a compiled template's method named for its template
+        # (ActionView's `_app_views_pages_index_html_erb___2930487_60120` is
+        # `app/views/pages/index.html.erb`). Code eval'd from a string (an ERB template's)
+        # keeps its Location's label, its caller's: a Location does not tell it apart.
         #
         # @param locations [Array<Thread::Backtrace::Location>, nil]
         # @return [Array<Array>, nil]

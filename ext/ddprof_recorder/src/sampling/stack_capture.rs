@@ -32,9 +32,24 @@
 //!   bmethod); `rb_profile_frames` gives the block it runs, an iseq, named as Ruby's own
 //!   backtraces name it (`block in class Node`): so on 3.3+ when the check failed.
 //! - an instruction sequence: its `label` (`block in <main>`, `<class:Node>`), spelled by
-//!   [`spell`].
+//!   [`names::spell`].
+//! - code eval'd from a string (`ERB#result` runs a template so), and the blocks in it:
+//!   `vm::frames` gives the frame's iseq where `rb_profile_frames` gives the method entry of
+//!   the method whose binding the eval ran in, and it is named for its file, as
+//!   `rb_profile_frame_path` gives it: `(erb)`, the file set with `ERB#filename=`, `(eval)`
+//!   (on 3.3+, `(eval at /app/x.rb:12)`). stackprof names it by the label Ruby gives an
+//!   eval's iseq, its caller's (`block in <class:App>`), or, when it reads the method entry,
+//!   as the method that rendered it, with that method's file. Such a frame is cached by its
+//!   names, not by its object ([`names::Keep`]): `ERB#result` compiles anew at each render.
+//!   Only once `vm::frames`' self-check passed (it reads the frame magics of the ep chain,
+//!   and the iseq's type and parents).
+//! - a compiled template's method, whose name holds per-process numbers (ActionView's
+//!   `_app_views_pages_index_html_erb___2930487_60120`, Tilt's `__tilt_47000`): named for the
+//!   template, `app/views/pages/index.html.erb` or its file ([`names::template_name`]), so
+//!   that the profiles of two processes merge into one name. From the method's name and file
+//!   alone: on every path, the weaker names too.
 //!
-//! [`spell`] rewrites Ruby's `<...>` labels, which `go tool pprof` empties: its symbolizer
+//! [`names::spell`] rewrites Ruby's `<...>` labels, which `go tool pprof` empties: its symbolizer
 //! (pprof `internal/symbolizer`, `demangleSingleFunction`) takes a name that contains any of
 //! `<>[]` or `::` for an already demangled C++ name and removes every balanced `(...)` and
 //! `<...>` from it, so `<main>` became `` (shown as `<unknown>`) and
@@ -70,7 +85,7 @@ use magnus::{
 use rustc_hash::FxHasher;
 
 use crate::vm::gvl_cell::{GcRoot, GvlCell};
-use names::{names_of, qualified, spell, MAIN};
+use names::{label_name, names_of, qualified, Keep, MAIN};
 pub use read::read_current;
 use read::read_thread;
 
@@ -105,6 +120,9 @@ struct CapturedFrame {
 struct Cache {
     /// Frame object (VALUE) to its slot, flagged [`RUBY_FRAME`] for a Ruby frame.
     slot_of: FxMap<usize, u32>,
+    /// The slots of the frames kept by name (`names::Keep::ByName`), flagged as in `slot_of`:
+    /// such a frame object is not kept, and is named again at each capture.
+    slot_by_name: FxMap<(Box<str>, Option<Box<str>>), u32>,
     slots: Vec<Names>,
     /// Captured stacks by key, as slots (valid until the cache starts over, which drops them).
     captured: FxMap<i64, Vec<CapturedFrame>>,
@@ -266,7 +284,7 @@ fn store_frames(
     });
     // Named out of the cell: reading names may allocate (a method name's String is made on
     // first use), so a GC may run, and mark the cache.
-    let named: Vec<(rb_sys::VALUE, Names)> =
+    let named: Vec<(rb_sys::VALUE, (Names, Keep))> =
         unknown.into_iter().map(|f| (f, names_of(f))).collect();
     CACHE.with(|cache| {
         let cache = cache.get_or_insert_with(Cache::default);
@@ -276,17 +294,29 @@ fn store_frames(
                 // Everything must be named again: start this capture over next time.
                 return 0;
             }
-            for (frame, names) in named {
+            // This capture's frames kept by name, and their slots.
+            let mut by_name: Vec<(rb_sys::VALUE, u32)> = Vec::new();
+            for (frame, (names, keep)) in named {
                 let flag = if names.path.is_some() { RUBY_FRAME } else { 0 };
                 let next = cache.slots.len() as u32;
-                let slot = *cache.slot_of.entry(frame as usize).or_insert(next | flag);
+                let slot = match keep {
+                    Keep::ByObject => *cache.slot_of.entry(frame as usize).or_insert(next | flag),
+                    Keep::ByName => {
+                        let key = (names.name.clone(), names.path.clone());
+                        let slot = *cache.slot_by_name.entry(key).or_insert(next | flag);
+                        by_name.push((frame, slot));
+                        slot
+                    }
+                };
                 if slot & !RUBY_FRAME == next {
                     cache.slots.push(names);
                 }
             }
             for (slot, &frame) in slots.iter_mut().zip(frames) {
                 if *slot == UNKNOWN {
-                    *slot = cache.slot_of.get(&(frame as usize)).copied().unwrap_or(UNKNOWN);
+                    let kept = by_name.iter().find(|&&(f, _)| f == frame).map(|&(_, s)| s);
+                    *slot =
+                        cache.slot_of.get(&(frame as usize)).copied().or(kept).unwrap_or(UNKNOWN);
                 }
             }
         }
@@ -479,14 +509,14 @@ fn native_frame_reader(ruby: &Ruby) -> Result<bool, Error> {
     crate::recorder::errors::entry(ruby, || Ok(crate::vm::frames::BUILT))
 }
 
-/// `Profiler._native_frame_name(base_label, path)`: a Location's `base_label` spelled as the
-/// profiler spells names ([`spell`]).
+/// `Profiler._native_frame_name(base_label, path)`: a Location's `base_label` as the profiler
+/// names frames (`names::label_name`: spelled, or a compiled template's name).
 fn native_frame_name(ruby: &Ruby, label: RString, path: RString) -> Result<String, Error> {
     crate::recorder::errors::entry(ruby, || {
         // SAFETY: copied at once, before any Ruby code runs.
         let (label, path) = unsafe {
             (String::from_utf8_lossy(label.as_slice()), String::from_utf8_lossy(path.as_slice()))
         };
-        Ok(spell(&label, &path))
+        Ok(label_name(&label, &path))
     })
 }

@@ -16,10 +16,16 @@
 //! frame's callable method entry if `rb_vm_frame_method_entry(cfp)` (`vm_insnhelper.c`) gives
 //! one of type `VM_METHOD_TYPE_ISEQ`, else `cfp->iseq`, and the line `calc_lineno(iseq, pc)`;
 //! for a C frame, the method entry if it is a `VM_METHOD_TYPE_CFUNC` one, with line 0.
-//! [`read`] does the same for the execution context of any thread, with one difference: for
+//! [`read`] does the same for the execution context of any thread, with two differences: for
 //! a bmethod's frame (and the blocks inside it, which `rb_vm_frame_method_entry` also maps to
 //! it) it stores the bmethod's method entry where `rb_profile_frames` stores the block's iseq,
-//! so that the frame can be named `Node#meth` rather than `block in <class:Node>`.
+//! so that the frame can be named `Node#meth` rather than `block in <class:Node>`; and for
+//! code eval'd from a string (an eval's frame, and the blocks in it: an eval's frame comes in
+//! their ep chain before the method entry) it stores the frame's iseq where
+//! `rb_profile_frames` stores the method entry of the method whose binding the eval ran in,
+//! so that a template's code (`ERB#result` evals the template's compiled source with the
+//! caller's binding) is named for the template's file, not for the method that rendered it
+//! (`stack_capture`'s module doc, "Names"; [`in_eval`] tells such an iseq when it is named).
 //!
 //! The layouts it relies on (Ruby 3.1.0 `vm_core.h`, `method.h`, `internal/imemo.h`; checked
 //! against the machine code of `rb_profile_frames` and `rb_profile_frame_classpath` in
@@ -31,17 +37,32 @@
 //!   0x10, `thread_ptr` 0x30.
 //! - `rb_control_frame_t` (64 bytes): `pc` 0x00, `iseq` 0x10, `ep` 0x20. `ep[0]` holds the
 //!   frame flags (`VM_FRAME_FLAG_BMETHOD` 0x40, `VM_FRAME_FLAG_CFRAME` 0x80,
-//!   `VM_ENV_FLAG_LOCAL` 0x2), `ep[-1]` the previous ep (tagged in its low 2 bits) and
-//!   `ep[-2]` a method entry, a cref or (local ep only) an svar whose `cref_or_me` is at 0x8.
+//!   `VM_ENV_FLAG_LOCAL` 0x2) and the frame's magic (`& 0x7fff0001`: `METHOD` 0x11110001,
+//!   `BLOCK` 0x22220001, `CFUNC` 0x55550001, `EVAL` 0x77770001; copied with the flags when
+//!   the env moves to the heap, `vm_make_env_each`; 3.1.2's machine code masks and compares
+//!   them so, and our 3.3.8 and 3.4.5 builds' debug information has the same values),
+//!   `ep[-1]` the previous ep (tagged in its low 2 bits) and `ep[-2]` a method entry, a cref
+//!   or (local ep only) an svar whose `cref_or_me` is at 0x8.
 //! - an imemo's type is `(flags >> 12) & 0xf` (`imemo_cref` 1, `imemo_svar` 2, `imemo_ment`
 //!   6, `imemo_iseq` 7) of a `T_IMEMO` (0x1a) object.
 //! - `rb_callable_method_entry_t`: `def` at 0x10; `rb_method_definition_t`: the method type in
 //!   the low 4 bits of its first word (`ISEQ` 0, `CFUNC` 1, `BMETHOD` 4), `body` at 0x08
 //!   (`body.iseq.iseqptr`, `body.bmethod.proc`), `original_id` at 0x20.
-//! - `rb_iseq_t`: `body` at 0x10; its body: `type` at 0x00 (`ISEQ_TYPE_TOP` 0),
-//!   `iseq_encoded` at 0x08. The line is `rb_iseq_line_no(iseq, pos)` (exported by libruby),
+//! - `rb_iseq_t`: `body` at 0x10; its body: `type` at 0x00 (`enum iseq_type`: `TOP` 0,
+//!   `METHOD` 1, `BLOCK` 2, `CLASS` 3, `RESCUE` 4, `ENSURE` 5, `EVAL` 6, `MAIN` 7, `PLAIN` 8),
+//!   `iseq_encoded` at 0x08, `parent_iseq` at [`BODY_PARENT_ISEQ`] (0xa8 on 3.1, 0xa0 on 3.3
+//!   and 3.4). The line is `rb_iseq_line_no(iseq, pos)` (exported by libruby),
 //!   with `pos` the pc's index less 1 (or 0), as `calc_lineno` does; with no pc, 0 for a
-//!   top iseq and its first line otherwise.
+//!   top iseq and its first line otherwise. The type and `parent_iseq` were checked in
+//!   Debian's 3.1.2 machine code (`prepare_iseq_build` stores the type at 0x00, then for a
+//!   `METHOD` or `CLASS` iseq (`type & ~2 == 1`) itself as `local_iseq` at 0xb0 and its
+//!   parent at 0xa8; `rb_iseq_new_eval` passes type 6; `rb_iseq_method_name` compares
+//!   `local_iseq`'s type with 1) and in the debug information of our 3.3.8 and 3.4.5 builds
+//!   (`ptype /o struct rb_iseq_constant_body`: `parent_iseq` at 160; `ISEQ_TYPE_EVAL` 6). A
+//!   child iseq marks its parent (`rb_iseq_mark_and_move`, 3.3.8 `iseq.c`), so the parent of a
+//!   live iseq is live. A block, class body, `rescue` or `ensure` has the iseq it is in as
+//!   its parent (`NEW_CHILD_ISEQ`, 3.3.8 `compile.c`); a method has none (`NEW_ISEQ`); an
+//!   eval's is the iseq of the binding it runs in (`eval_make_iseq`).
 //! - a Proc's typed data (`rb_proc_t`) starts with its `rb_block`: the captured block's iseq at
 //!   0x10, the block type at 0x18 (`block_type_iseq` 0).
 //!
@@ -52,10 +73,13 @@
 //! `rb_profile_frames` gives; the thread's `ec->thread_ptr` back to its `rb_thread_t`; a C
 //! method's `original_id` naming it as `rb_profile_frame_method_name` does; a Ruby method's
 //! `body.iseq.iseqptr` being the iseq its frame runs; and the bmethod's Proc running the
-//! iseq of its frame. Only if all hold is [`read`] used; otherwise the
-//! profiler names frames the weaker way (`stack_capture`'s module doc). Each later read checks
-//! the thread's back pointer and bounds again, and a bmethod's Proc is only followed to an
-//! iseq that is a live `imemo_iseq`.
+//! iseq of its frame; the C method's, the Ruby method's and the bmethod's frames having the
+//! magic of their kind; and that block's parents (at [`BODY_PARENT_ISEQ`]) being iseqs of type
+//! `CLASS` up to one of type `TOP` (the module bodies around `FrameNames`, in the file that
+//! `require` loaded; the leafmost bmethod is the check's own). Only if all hold is [`read`]
+//! used; otherwise the profiler names frames the weaker way (`stack_capture`'s module doc).
+//! Each later read checks the thread's back pointer and bounds again, and a bmethod's Proc is
+//! only followed to an iseq that is a live `imemo_iseq`.
 //!
 //! **Other threads.** `Thread#backtrace_locations` (Ruby 3.1 `vm_backtrace.c`,
 //! `thread_backtrace_to_ary`) reads another thread's `th->ec` frames the same way with the
@@ -77,6 +101,11 @@ const CFP_PC: usize = 0x00;
 const CFP_ISEQ: usize = 0x10;
 const CFP_EP: usize = 0x20;
 const FRAME_FLAG_BMETHOD: VALUE = 0x40;
+const FRAME_MAGIC_MASK: VALUE = 0x7fff_0001;
+const FRAME_MAGIC_METHOD: VALUE = 0x1111_0001;
+const FRAME_MAGIC_BLOCK: VALUE = 0x2222_0001;
+const FRAME_MAGIC_CFUNC: VALUE = 0x5555_0001;
+const FRAME_MAGIC_EVAL: VALUE = 0x7777_0001;
 const FRAME_FLAG_CFRAME: VALUE = 0x80;
 const ENV_FLAG_LOCAL: VALUE = 0x2;
 const T_MASK: usize = 0x1f;
@@ -92,6 +121,19 @@ const DEF_BODY: usize = 0x08;
 const DEF_ORIGINAL_ID: usize = 0x20;
 const ISEQ_BODY: usize = 0x10;
 const BODY_ISEQ_ENCODED: usize = 0x08;
+/// `rb_iseq_constant_body::parent_iseq` (module doc): 3.1's `location.first_lineno` is a
+/// VALUE (an `int` from 3.2), which makes `location` 8 bytes longer there.
+const BODY_PARENT_ISEQ: usize = if cfg!(ruby_eq_3_1) { 0xa8 } else { 0xa0 };
+/// `enum iseq_type` (module doc).
+const ISEQ_TYPE_TOP: u32 = 0;
+const ISEQ_TYPE_BLOCK: u32 = 2;
+const ISEQ_TYPE_CLASS: u32 = 3;
+const ISEQ_TYPE_RESCUE: u32 = 4;
+const ISEQ_TYPE_ENSURE: u32 = 5;
+const ISEQ_TYPE_EVAL: u32 = 6;
+const ISEQ_TYPE_PLAIN: u32 = 8;
+/// Deeper nesting of blocks than this in one scope is not looked through by [`in_eval`].
+const MAX_NESTING: usize = 64;
 const PROC_BLOCK_ISEQ: usize = 0x10;
 const PROC_BLOCK_TYPE: usize = 0x18;
 
@@ -214,6 +256,77 @@ pub unsafe fn bmethod_iseq(me: VALUE) -> Option<VALUE> {
     (kind == 0 && unsafe { imemo_type(iseq) } == Some(IMEMO_ISEQ)).then_some(iseq)
 }
 
+/// The type and parent of `iseq` (module doc), if it is a live `imemo_iseq` with a body.
+///
+/// # Safety
+///
+/// `iseq` is a live object, 0 or a special constant; GVL held.
+unsafe fn type_and_parent(iseq: VALUE) -> Option<(u32, VALUE)> {
+    // SAFETY: the caller's contract.
+    if unsafe { imemo_type(iseq) } != Some(IMEMO_ISEQ) {
+        return None;
+    }
+    // SAFETY: a live iseq's body pointer (module doc).
+    let body = unsafe { *((iseq as usize + ISEQ_BODY) as *const usize) };
+    if body == 0 {
+        return None;
+    }
+    // SAFETY: the body's `type` and `parent_iseq` fields (module doc).
+    Some(unsafe { (*(body as *const u32), *((body + BODY_PARENT_ISEQ) as *const VALUE)) })
+}
+
+/// Whether `iseq` is code eval'd from a string outside any method that code defines: an
+/// `ISEQ_TYPE_EVAL` iseq (`Kernel#eval`, `Binding#eval`, `instance_eval`/`module_eval` of a
+/// String: `eval_make_iseq`, Ruby 3.1 `vm_eval.c`; `ERB#result` runs a template so), or a
+/// block, `rescue`, `ensure` or `once` iseq whose nearest enclosing scope is one. A method
+/// or class body defined inside eval'd code is its own scope, not eval'd code; the block of a
+/// `define_method` inside it is one of these blocks, but [`read`] gives its frames the
+/// bmethod's entry (found in the ep chain before any eval's frame), so that it is not named
+/// as eval'd code. Only reads memory.
+///
+/// # Safety
+///
+/// `iseq` is a frame object read from a live stack and alive since (or 0 or a special
+/// constant); GVL held; the layouts were checked.
+pub unsafe fn in_eval(iseq: VALUE) -> bool {
+    let mut iseq = iseq;
+    for _ in 0..MAX_NESTING {
+        // SAFETY: `iseq` is the frame object or, after a step, the parent of a live iseq,
+        // which that iseq marks (module doc).
+        match unsafe { type_and_parent(iseq) } {
+            Some((ISEQ_TYPE_EVAL, _)) => return true,
+            Some((
+                ISEQ_TYPE_BLOCK | ISEQ_TYPE_RESCUE | ISEQ_TYPE_ENSURE | ISEQ_TYPE_PLAIN,
+                parent,
+            )) => iseq = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// Whether `iseq` is a block whose parents are class or module bodies, up to a file's top
+/// level (the self-check: `FrameNames.check_from_bmethod`'s block).
+///
+/// # Safety
+///
+/// As [`type_and_parent`].
+unsafe fn block_in_class_bodies(iseq: VALUE) -> bool {
+    // SAFETY: the caller's contract.
+    let Some((ISEQ_TYPE_BLOCK, mut parent)) = (unsafe { type_and_parent(iseq) }) else {
+        return false;
+    };
+    for bodies in 0..MAX_NESTING {
+        // SAFETY: the parent of a live iseq is live (module doc).
+        match unsafe { type_and_parent(parent) } {
+            Some((ISEQ_TYPE_CLASS, next)) => parent = next,
+            Some((ISEQ_TYPE_TOP, _)) => return bodies > 0,
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// `check_method_entry` (Ruby 3.1 `vm_insnhelper.c`).
 ///
 /// # Safety
@@ -233,30 +346,35 @@ unsafe fn check_method_entry(v: VALUE, can_be_svar: bool) -> Option<VALUE> {
 }
 
 /// `rb_vm_frame_method_entry` (Ruby 3.1 `vm_insnhelper.c`): walks the ep chain to the local
-/// one.
+/// one. Also says whether an eval's frame (`VM_FRAME_MAGIC_EVAL` in an ep's flags) comes in
+/// the chain before the method entry: the frame runs code eval'd from a string, in the
+/// method's binding, not the method's own code (a method, or a `define_method` block, defined
+/// inside eval'd code has its entry in its own ep, found first).
 ///
 /// # Safety
 ///
 /// `ep` is a live frame's ep; GVL held.
-unsafe fn frame_method_entry(mut ep: *const VALUE) -> Option<VALUE> {
+unsafe fn frame_method_entry(mut ep: *const VALUE) -> (Option<VALUE>, bool) {
+    let mut eval = false;
     // A chain deeper than this is not one (the walk must end even on a bad read).
     for _ in 0..100_000 {
         // SAFETY: an ep points at its flags word, preceded by the specval and me/cref words.
         let (flags, me_cref, prev) = unsafe { (*ep, *ep.sub(2), *ep.sub(1)) };
+        eval |= flags & FRAME_MAGIC_MASK == FRAME_MAGIC_EVAL;
         let local = flags & ENV_FLAG_LOCAL != 0;
         // SAFETY: ep[-2] of a live frame.
         if let Some(me) = unsafe { check_method_entry(me_cref, local) } {
-            return Some(me);
+            return (Some(me), eval);
         }
         if local {
-            return None;
+            return (None, eval);
         }
         ep = (prev & !3) as *const VALUE;
         if ep.is_null() {
-            return None;
+            return (None, eval);
         }
     }
-    None
+    (None, eval)
 }
 
 /// `calc_lineno` (Ruby 3.1 `vm_backtrace.c`, module doc).
@@ -283,13 +401,14 @@ unsafe fn line_of(iseq: VALUE, pc: usize) -> i32 {
     unsafe { rb_iseq_line_no(iseq, pos.saturating_sub(1)) as i32 }
 }
 
-/// What [`read`] does with a bmethod's frames.
+/// Which frame objects [`read`] stores (module doc).
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Bmethods {
-    /// The bmethod's method entry (module doc).
+pub enum Read {
+    /// A bmethod's method entry for its frames, and the iseq of eval'd code's frames.
     Named,
-    /// The block's iseq, as `rb_profile_frames` gives.
-    AsBlocks,
+    /// What `rb_profile_frames` stores: the block's iseq for a bmethod's frames, and the
+    /// method entry of the binding's method for eval'd code's (the self-check).
+    AsProfileFrames,
 }
 
 /// The execution context of `thread` (a Thread object), checked against its back pointer;
@@ -326,7 +445,7 @@ pub unsafe fn thread_ec(thread: VALUE) -> Option<*const u8> {
 /// # Safety
 ///
 /// `ec` comes from [`thread_ec`] for a live thread, with the GVL held since.
-pub unsafe fn read(ec: *const u8, frames: &mut [VALUE], lines: &mut [i32], bm: Bmethods) -> usize {
+pub unsafe fn read(ec: *const u8, frames: &mut [VALUE], lines: &mut [i32], how: Read) -> usize {
     // SAFETY: the context's stack fields (module doc).
     let (stack, size, mut cfp) = unsafe {
         (
@@ -357,14 +476,15 @@ pub unsafe fn read(ec: *const u8, frames: &mut [VALUE], lines: &mut [i32], bm: B
         // SAFETY: a frame's ep points at its flags word.
         let flags = unsafe { *ep };
         // SAFETY: the live frame's ep.
-        let me = unsafe { frame_method_entry(ep) };
+        let (me, eval) = unsafe { frame_method_entry(ep) };
         // SAFETY: `me` is a live method entry (the frame marks it).
         let kind = me.map(|me| unsafe { method_type(me) });
         let pcless = crate::vm::PROFILE_FRAMES_SKIP_DUMMY_AND_PCLESS && pc == 0;
         if flags & FRAME_FLAG_CFRAME == 0 && !pcless {
             frames[n] = match (me, kind) {
+                (Some(_), _) if how == Read::Named && eval => iseq,
                 (Some(me), Some(METHOD_ISEQ)) => me,
-                (Some(me), Some(METHOD_BMETHOD)) if bm == Bmethods::Named => me,
+                (Some(me), Some(METHOD_BMETHOD)) if how == Read::Named => me,
                 _ => iseq,
             };
             // SAFETY: on 3.3+, a frame's `jit_return` word (vm::CFP_JIT_RETURN_OFFSET).
@@ -416,7 +536,7 @@ unsafe fn check_current() -> bool {
     // SAFETY: the running thread is alive; GVL held.
     let Some(ec) = (unsafe { thread_ec(thread) }) else { return false };
     // SAFETY: as above.
-    let n = unsafe { read(ec, &mut ours, &mut our_lines, Bmethods::AsBlocks) };
+    let n = unsafe { read(ec, &mut ours, &mut our_lines, Read::AsProfileFrames) };
     // SAFETY: both buffers hold DEPTH entries; GVL held.
     let m = unsafe {
         rb_sys::rb_profile_frames(0, DEPTH as i32, theirs.as_mut_ptr(), their_lines.as_mut_ptr())
@@ -438,19 +558,32 @@ unsafe fn check_current() -> bool {
             let iseq = *((cfp + CFP_ISEQ) as *const VALUE);
             let ep = *((cfp + CFP_EP) as *const *const VALUE);
             let flags = *ep;
-            if let Some(me) = frame_method_entry(ep) {
+            // Each kind of frame has its magic in its flags (`eval` is told by it).
+            let magic = flags & FRAME_MAGIC_MASK;
+            if let (Some(me), _) = frame_method_entry(ep) {
                 match method_type(me) {
                     METHOD_CFUNC if flags & FRAME_FLAG_CFRAME != 0 => {
                         let name = rb_sys::rb_id2str(original_id(me));
-                        if name == 0 || name != rb_sys::rb_profile_frame_method_name(me) {
+                        if name == 0
+                            || name != rb_sys::rb_profile_frame_method_name(me)
+                            || magic != FRAME_MAGIC_CFUNC
+                        {
                             return false;
                         }
                         cfunc = true;
                     }
                     METHOD_ISEQ if flags & FRAME_FLAG_CFRAME == 0 && method_body(me) == iseq => {
+                        if magic != FRAME_MAGIC_METHOD {
+                            return false;
+                        }
                         iseq_method = true;
                     }
-                    METHOD_BMETHOD if flags & FRAME_FLAG_BMETHOD != 0 => {
+                    // The leafmost: `FrameNames.check_from_bmethod`, whose block the
+                    // module body defines (a bmethod further down is the program's).
+                    METHOD_BMETHOD if flags & FRAME_FLAG_BMETHOD != 0 && bmethod.is_none() => {
+                        if magic != FRAME_MAGIC_BLOCK {
+                            return false;
+                        }
                         bmethod = Some((me, iseq));
                     }
                     _ => {}
@@ -463,5 +596,6 @@ unsafe fn check_current() -> bool {
     // layout says (the Proc is in the same union).
     let Some((me, iseq)) = bmethod.filter(|_| cfunc && iseq_method) else { return false };
     // SAFETY: a live bmethod entry (its frame is still on the stack); the layout was checked.
-    unsafe { bmethod_iseq(me) == Some(iseq) }
+    // The parents are read only once the Proc's iseq was found where the layout says.
+    unsafe { bmethod_iseq(me) == Some(iseq) && block_in_class_bodies(iseq) }
 }

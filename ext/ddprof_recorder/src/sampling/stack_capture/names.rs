@@ -1,5 +1,6 @@
 //! How a frame object is named (`stack_capture`, "Names"): from the frame object alone, with
-//! the GVL; [`spell`] rewrites Ruby's `<...>` labels.
+//! the GVL; [`spell`] rewrites Ruby's `<...>` labels, [`template_name`] the per-process names
+//! of compiled templates.
 use magnus::{rb_sys::FromRawValue, RString, Value};
 
 use super::{Names, GC_LEAF};
@@ -7,15 +8,28 @@ use super::{Names, GC_LEAF};
 /// How `<main>` is spelled (see [`spell`]).
 pub(super) const MAIN: &str = "main";
 
-/// A frame's names (`stack_capture`, "Names").
-pub(super) fn names_of(frame: rb_sys::VALUE) -> Names {
+/// How the frame cache keeps a frame's names.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Keep {
+    /// By the frame object, which the cache then marks (`stack_capture`'s module doc).
+    ByObject,
+    /// By the names alone: code eval'd from a string, named for its file. `ERB#result` makes
+    /// new iseqs at each render; kept by object, every sampled render's would stay alive in the
+    /// cache (measured before this: an ERB loop at 999 Hz grew from 24 to 57 MB in 15 s on
+    /// Debian's 3.1.2, where it stays at 14 MB unprofiled).
+    ByName,
+}
+
+/// A frame's names (`stack_capture`, "Names"), and how the cache keeps them.
+pub(super) fn names_of(frame: rb_sys::VALUE) -> (Names, Keep) {
     if frame == GC_LEAF {
-        return Names { name: "(garbage collection)".into(), path: Some("".into()) };
+        let names = Names { name: "(garbage collection)".into(), path: Some("".into()) };
+        return (names, Keep::ByObject);
     }
     if qualified() {
         qualified_names(frame)
     } else {
-        base_names(frame)
+        (base_names(frame), Keep::ByObject)
     }
 }
 
@@ -40,12 +54,19 @@ fn base_names(frame: rb_sys::VALUE) -> Names {
         label
     };
     let path = text(path);
-    let name = spell(&text(label).unwrap_or_default(), path.as_deref().unwrap_or(""));
+    let name = label_name(&text(label).unwrap_or_default(), path.as_deref().unwrap_or(""));
     Names { name: name.into(), path }
 }
 
-/// The qualified names: a method entry's owner and name, an iseq's label.
-fn qualified_names(frame: rb_sys::VALUE) -> Names {
+/// A Location's label (a `base_label`, or a C method's name) as a frame's name: a compiled
+/// template's method by [`template_name`], any other spelled by [`spell`].
+pub(super) fn label_name(label: &str, path: &str) -> String {
+    template_name(label, path).unwrap_or_else(|| spell(label, path))
+}
+
+/// The qualified names: a method entry's owner and name, an iseq's label; eval'd code's and a
+/// compiled template's file.
+fn qualified_names(frame: rb_sys::VALUE) -> (Names, Keep) {
     // SAFETY: `frame` is a live frame object (an iseq or a method entry) read from a live
     // stack, kept alive since; GVL held. Every call below takes either.
     unsafe {
@@ -53,9 +74,16 @@ fn qualified_names(frame: rb_sys::VALUE) -> Names {
         let is_ment = flags & 0x1f == 0x1a && (flags >> 12) & 0xf == 6;
         if !is_ment {
             let path = text(rb_sys::rb_profile_frame_path(frame));
+            // Eval'd code (`vm::frames::in_eval`, whose layouts are known only once checked):
+            // its file, `(erb)`, the `ERB#filename`, `(eval)`.
+            let named_for_file = path.as_deref().is_some_and(|path| !path.is_empty());
+            if named_for_file && crate::vm::frames::available() && crate::vm::frames::in_eval(frame)
+            {
+                return (Names { name: path.clone().unwrap_or_default(), path }, Keep::ByName);
+            }
             let label = text(rb_sys::rb_profile_frame_label(frame)).unwrap_or_default();
             let name = spell(&label, path.as_deref().unwrap_or(""));
-            return Names { name: name.into(), path };
+            return (Names { name: name.into(), path }, Keep::ByObject);
         }
         // A C method's entry has no path (`rb_profile_frame_path`: nil when `frame2iseq`
         // finds no iseq). On 3.3+ `rb_profile_frames` gives no bmethod entry (it gives the
@@ -75,20 +103,70 @@ fn qualified_names(frame: rb_sys::VALUE) -> Names {
                 let name = qualify(frame, &method.unwrap_or_default());
                 let path = crate::vm::frames::bmethod_iseq(frame)
                     .and_then(|iseq| text(rb_sys::rb_profile_frame_path(iseq)));
-                Names { name: name.into(), path }
+                (Names { name: name.into(), path }, Keep::ByObject)
             }
             kind => {
                 let method = text(rb_sys::rb_profile_frame_method_name(frame));
-                let name = method.map_or_else(String::new, |method| qualify(frame, &method));
                 let path = if kind == crate::vm::frames::METHOD_CFUNC {
                     None
                 } else {
                     text(rb_sys::rb_profile_frame_path(frame))
                 };
-                Names { name: name.into(), path }
+                let template =
+                    method.as_deref().zip(path.as_deref()).and_then(|(m, p)| template_name(m, p));
+                let name = template.unwrap_or_else(|| {
+                    method.map_or_else(String::new, |method| qualify(frame, &method))
+                });
+                (Names { name: name.into(), path }, Keep::ByObject)
             }
         }
     }
+}
+
+/// The name of a compiled template's method, the same in every process, or None for any
+/// other method (`method`: its name; `path`: its file, which the template compiler gave to
+/// `module_eval`/`class_eval`):
+///
+/// - ActionView (`ActionView::Template#method_name`, Rails 6.1 and 7): `_` + the template's
+///   short identifier (its path less `Rails.root/`) with every character but `a-z` and `_`
+///   made `_`, then `__`, the identifier's `String#hash` (seeded per process; its `-` made
+///   `_`) and `_` and the Template's `__id__`:
+///   `_app_views_pages_index_html_erb___2930487_60120`. Named by the short identifier itself,
+///   the end of `path` that the method's name spells (`app/views/pages/index.html.erb`), or
+///   the whole path when there is no `Rails.root` before it.
+/// - Tilt (Sinatra's templates; Tilt 2.0 `compile_template_method`): `__tilt_` + the
+///   compiling thread's `object_id`. Named by `path`, the template's file.
+pub(super) fn template_name(method: &str, path: &str) -> Option<String> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if method.strip_prefix("__tilt_").is_some_and(digits) {
+        return (!path.is_empty()).then(|| path.to_owned());
+    }
+    let (rest, id) = method.strip_prefix('_')?.rsplit_once('_')?;
+    if !digits(id) {
+        return None;
+    }
+    let hashless = rest.trim_end_matches(|c: char| c.is_ascii_digit());
+    if hashless.len() == rest.len() {
+        return None;
+    }
+    let rest = hashless.strip_suffix("__")?;
+    // A negative hash leaves one more `_`; a stem may end in `_` too: the path decides.
+    let stems = [rest.strip_suffix('_'), Some(rest)];
+    stems.into_iter().flatten().find_map(|stem| spelled_suffix(path, stem)).map(str::to_owned)
+}
+
+/// The end of `path` (a whole path, or what follows a `/`) that ActionView spells as `stem`
+/// (every character but `a-z` and `_` as `_`), if any.
+fn spelled_suffix<'a>(path: &'a str, stem: &str) -> Option<&'a str> {
+    if stem.is_empty() || !stem.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+        return None;
+    }
+    let count = stem.len(); // ASCII: one byte per character
+    let start = path.char_indices().rev().nth(count - 1)?.0;
+    let suffix = &path[start..];
+    let spelled = suffix.chars().map(|c| if c.is_ascii_lowercase() || c == '_' { c } else { '_' });
+    let at_boundary = start == 0 || path[..start].ends_with('/');
+    (at_boundary && spelled.eq(stem.chars())).then_some(suffix)
 }
 
 /// `method` qualified by the owner of the method entry `frame`, as
@@ -151,4 +229,72 @@ fn text(v: rb_sys::VALUE) -> Option<Box<str>> {
     // SAFETY: copied at once, before any Ruby code runs.
     let bytes = unsafe { s.as_slice() };
     Some(String::from_utf8_lossy(bytes).into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::template_name;
+
+    const VIEW: &str = "/srv/app/app/views/pages/index.html.erb";
+
+    #[test]
+    fn actionview_methods_are_named_by_their_short_identifier() {
+        // A negative hash (its `-` made `_`) and a positive one, as two processes compile it.
+        let negative = "_app_views_pages_index_html_erb___2930487_60120";
+        let positive = "_app_views_pages_index_html_erb__1294311015420417337_120";
+        for method in [negative, positive] {
+            assert_eq!(
+                template_name(method, VIEW).as_deref(),
+                Some("app/views/pages/index.html.erb")
+            );
+        }
+        // No Rails.root: the identifier is the whole path.
+        let whole = "__srv_app_app_views_pages_index_html_erb__42_7";
+        assert_eq!(template_name(whole, VIEW).as_deref(), Some(VIEW));
+        // Characters other than a-z and _ (a capital, a dash, a non-ASCII letter) are `_`.
+        let odd = "/srv/app/app/views/Café/mini-cart.html.erb";
+        let method = "_app_views__af__mini_cart_html_erb___3_4"; // Ruby's `tr("^a-z_", "_")`
+        assert_eq!(
+            template_name(method, odd).as_deref(),
+            Some("app/views/Café/mini-cart.html.erb")
+        );
+    }
+
+    #[test]
+    fn a_stem_that_ends_in_an_underscore_is_told_from_a_negative_hash_by_the_path() {
+        let path = "/srv/app/app/views/x_.erb";
+        assert_eq!(
+            template_name("_app_views_x__erb__5_6", path).as_deref(),
+            Some("app/views/x_.erb")
+        );
+        let path = "/srv/app/app/views/x_";
+        assert_eq!(template_name("_app_views_x____5_6", path).as_deref(), Some("app/views/x_"));
+        assert_eq!(template_name("_app_views_x___5_6", path).as_deref(), Some("app/views/x_"));
+    }
+
+    #[test]
+    fn tilt_methods_are_named_by_their_file() {
+        let path = "/srv/app/views/list.erb";
+        assert_eq!(template_name("__tilt_47000", path).as_deref(), Some(path));
+        assert_eq!(template_name("__tilt_47000", ""), None);
+        assert_eq!(template_name("__tilt_", path), None);
+        assert_eq!(template_name("__tilt_x1", path), None);
+    }
+
+    #[test]
+    fn other_methods_keep_their_names() {
+        for method in [
+            "render",
+            "_render",
+            "_app_views_pages_index_html_erb",     // no suffix
+            "_app_views_pages_index_html_erb_1_2", // one `_` before the hash
+            "_app_views_pages_index_html_erb___x_2",
+            "_app_views_pages_index_html_erb___2_",
+            "_views_other_html_erb___2_3", // a name the path does not spell
+            "_ges_index_html_erb___2_3",   // not from a `/`
+            "__2_3",                       // no stem
+        ] {
+            assert_eq!(template_name(method, VIEW), None, "{method}");
+        }
+    }
 }

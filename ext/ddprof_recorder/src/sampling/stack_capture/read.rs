@@ -3,7 +3,8 @@
 //! hook call too) and another live thread's ([`read_thread`]).
 
 /// Reads the current thread's frames, leaf first, with `vm::frames` when its self-check passed
-/// (so that a `define_method` method has its method entry), else with `rb_profile_frames`.
+/// (so that a `define_method` method has its method entry, and eval'd code its iseq), else
+/// with `rb_profile_frames`.
 /// Returns how many. Does not allocate, lock or make a system call: callable from a NEWOBJ
 /// hook and from the signal handler (`signal_sampler`).
 ///
@@ -17,7 +18,7 @@ pub unsafe fn read_current(frames: &mut [rb_sys::VALUE], lines: &mut [i32]) -> u
         if let Some(ec) = unsafe { crate::vm::frames::thread_ec(rb_sys::rb_thread_current()) } {
             // SAFETY: its context, GVL held since.
             return unsafe {
-                crate::vm::frames::read(ec, frames, lines, crate::vm::frames::Bmethods::Named)
+                crate::vm::frames::read(ec, frames, lines, crate::vm::frames::Read::Named)
             };
         }
     }
@@ -47,7 +48,7 @@ pub(super) unsafe fn read_thread(
         let Some(ec) = (unsafe { crate::vm::frames::thread_ec(thread) }) else { return 0 };
         // SAFETY: its context, GVL held since.
         return unsafe {
-            crate::vm::frames::read(ec, frames, lines, crate::vm::frames::Bmethods::Named)
+            crate::vm::frames::read(ec, frames, lines, crate::vm::frames::Read::Named)
         };
     }
     #[cfg(ruby_gte_3_3)]
