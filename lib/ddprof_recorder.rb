@@ -26,10 +26,12 @@ require_relative "ddprof_recorder/pprof_views"
 require_relative "ddprof_recorder/labels"
 require_relative "ddprof_recorder/profiler"
 require_relative "ddprof_recorder/fork_hook"
+require_relative "ddprof_recorder/signal_guard"
 require_relative "ddprof_recorder/endpoints"
 require_relative "ddprof_recorder/integrations"
 
 DdprofRecorder::ForkHook.install
+DdprofRecorder::SignalGuard.install
 DdprofRecorder::Integrations.install
 
 # The frame reader's self-check (Ruby 3.1, 3.3, 3.4; Profiler::FrameNames.check), now rather than at the

@@ -133,22 +133,35 @@ module DdprofRecorder
     # that stalls that long loses nothing. Past it, the oldest waiting window is dropped
     # (see {Exporter} for why the oldest).
     DEFAULT_MAX_QUEUED_WINDOWS = 4
+    # A profile comment that starts with this says what became of the sampling signal when the
+    # program took it ({#keep_signal}).
+    SIGNAL_COMMENT = "signal: "
     # How often the sampler thread looks at the log and the windows while jobs run.
     HOUSEKEEPING_SECONDS = 0.1
 
     # Environment variable that, set to `0`, `false` or `off`, makes the default `signals:`
     # false (see {#initialize}).
     SIGNALS_ENV = "DDPROF_RECORDER_SIGNALS"
-    # Environment variable that, set to `auto`, `cpu` or `wall`, chooses the default `ticks:`.
+    # Environment variable that, set to `auto` or `cpu`, chooses the default `ticks:`.
     TICKS_ENV = "DDPROF_RECORDER_TICKS"
     # What sends each thread its sampling signal (see {#initialize}).
-    TICKS = %i[auto wall cpu].freeze
-    # `ticks: :auto` uses wall ticks from this rate up: the scheduler tick of Debian's kernels
-    # (CONFIG_HZ=250), which caps CPU ticks.
-    WALL_TICKS_FROM_HZ = 250
+    TICKS = %i[auto cpu].freeze
 
     @current = nil
     @current_lock = Mutex.new
+
+    # Hooks that exist only for tests.
+    module Testing
+      # Makes the next starts find perf events refused, as a kernel with
+      # `perf_event_paranoid` 3 refuses them to a user without `CAP_PERFMON`: their threads
+      # get CPU timers (see {Profiler#initialize}'s `ticks:`).
+      #
+      # @param refuse [Boolean]
+      # @return [void]
+      def self.refuse_perf_events(refuse)
+        Profiler._native_refuse_perf_events(refuse)
+      end
+    end
 
     class << self
       # Starts the process-wide profiler (see {#initialize} for the options). A `trap`
@@ -274,17 +287,14 @@ module DdprofRecorder
     # @param signals [Boolean] read on-CPU stacks at each thread's CPU tick, from a signal
     #   (the default, unless the environment's {SIGNALS_ENV} says `0`); false: at the VM's
     #   interrupt checks, with no signal (for programs whose C extensions cannot take one).
-    # @param ticks [Symbol] with signals, what sends them: `:cpu`, a timer on each thread's CPU
-    #   clock, which the kernel fires at its scheduler tick only (at most about 250 samples per
-    #   second of a thread's CPU on Debian's kernels) and only on the thread's way back to user
-    #   mode, so a thread that is about to block never gets one; `:wall`, those and, besides,
-    #   the trigger thread, `hz` times a second of wall time, to each thread that is on a CPU
-    #   then (any rate, but a tick that wakes the trigger on a thread's CPU misses that
-    #   thread); `:auto` (the default, unless the environment's {TICKS_ENV} says otherwise):
-    #   `:wall` from {WALL_TICKS_FROM_HZ} up, else `:cpu_plus_wall`: CPU ticks, and a wall tick
-    #   to a running thread whose samples fall short of one per period of its CPU, where the
-    #   CPU ticks fell short (a loaded machine: a thread whose CPU slices end between two
-    #   scheduler ticks is missed by them).
+    # @param ticks [Symbol] with signals, what sends them; either way a tick reaches a thread
+    #   only on its way back to user mode, never inside a system call. `:auto` (the default,
+    #   unless the environment's {TICKS_ENV} says otherwise): a perf event on each thread's CPU
+    #   clock (`perf_event_open`, user mode only), every `1/hz` of its CPU, where the kernel
+    #   allows it; else, as `:cpu`, a timer on each thread's CPU clock, which the kernel fires at
+    #   its scheduler tick only (at most about 250 samples per second of a thread's CPU on
+    #   Debian's kernels). `stats[:ticks]` says which a run has, `stats[:signals][:perf_refused]`
+    #   why not perf events, and so does the profile's `sampling` comment.
     # @raise [ArgumentError] on a bad option.
     def initialize(hz: DEFAULT_HZ, interval: nil, exporter: nil, max_frames: StackRecorder::DEFAULT_MAX_FRAMES,
                    compression: :gzip, allocations: false, allocation_interval: DEFAULT_ALLOCATION_INTERVAL,
@@ -441,20 +451,13 @@ module DdprofRecorder
       raise ArgumentError, "hz must be an Integer in #{HZ_RANGE}, got #{hz.inspect}"
     end
 
-    # The default of `ticks:`: what {TICKS_ENV} says (`cpu`, `wall`), else `:auto`.
+    # The default of `ticks:`: what {TICKS_ENV} says (`cpu`), else `:auto`.
     def self.ticks_default(env = ENV)
       TICKS.find { |t| t.to_s == env[TICKS_ENV].to_s.strip.downcase } || :auto
     end
 
-    # The ticks a run uses: `ticks:`, with `:auto` resolved for `hz`: `:cpu`, `:wall`, or
-    # `:cpu_plus_wall` (`:auto` below {WALL_TICKS_FROM_HZ}: CPU ticks, and a wall tick to a
-    # running thread whose samples fall short of one per period of its CPU;
-    # `stats[:signals][:wall_ticks_sent]` says how many were sent).
-    def ticks
-      return @ticks unless @ticks == :auto
-
-      @hz >= WALL_TICKS_FROM_HZ ? :wall : :cpu_plus_wall
-    end
+    # @return [Symbol] what `ticks:` asked for (`:auto` or `:cpu`).
+    attr_reader :ticks
 
     # The default of `signals:`: true unless {SIGNALS_ENV} says `0`, `false` or `off`.
     def self.signals_default(env = ENV)
@@ -503,6 +506,7 @@ module DdprofRecorder
         @stopped_ns = now_ns
         return nil unless Process.pid == @pid
 
+        keep_signal # a trap of our signal since the sampler thread's last look goes into the profile
         Profiler._native_sampling_stop(self)
         Profiler._native_gvl_stop if @gvl
         stop_memory
@@ -626,7 +630,7 @@ module DdprofRecorder
         signal_samples: counts[:signal_samples],
         sampling_mode: @sampling_mode,
         sampling_mode_reason: @sampling_mode_reason,
-        ticks: @sampling_mode && @sampling_mode != :off ? ticks : nil,
+        ticks: @sampling_mode && @sampling_mode != :off ? @ticks_used : nil,
         interrupt_deferral: @interrupt_deferral,
         signals: @started ? signal_stats(Profiler._native_sampling_stats) : @signal_stats,
         sampler_cpu_ns: (thread_cpu || 0) + counts[:job_cpu_ns] + counts[:start_cpu_ns],
@@ -797,6 +801,7 @@ module DdprofRecorder
         now = now_ns
         last_job = @sampler.last_job_ns
         @sampler.pass(now) if woken && (last_job.nil? || now - last_job > JOBLESS_TICKS * period_ns)
+        keep_signal
         cut_window if @next_window_ns && now >= @next_window_ns
         @sampler.write_log
         give_up if @sampler.gave_up?
@@ -810,6 +815,25 @@ module DdprofRecorder
 
     def drain(wake)
       wake.read_nonblock(4096, exception: false)
+    end
+
+    # In the sampler thread, at each of its wake-ups (and so before each window's end): that our
+    # handler is still the one on our signal, which a C extension's `sigaction` may have
+    # replaced (a Ruby `trap` of it is seen before it takes it: {SignalGuard}), and what became
+    # of the signal if the program took it: said once in the log, the profile's comments and
+    # `stats[:signals][:signal_taken]`; with no other signal free, the threads are sampled at
+    # the passes from then on.
+    def keep_signal(taken = 0)
+      return if @sampling_mode.nil? || @sampling_mode == :off
+
+      text, sampling = Profiler._native_keep_signal(taken)
+      return if text.nil? || text == @signal_taken
+
+      @signal_taken = text
+      @sampler.stop_signals unless sampling
+      DdprofRecorder.logger.warn("profiler: #{text.split('; then ').last}")
+      @comments = @comments.reject { |c| c.start_with?(SIGNAL_COMMENT) } + ["#{SIGNAL_COMMENT}#{text}"]
+      @recorder.comments = @comments
     end
 
     def give_up
@@ -826,7 +850,7 @@ module DdprofRecorder
       @interrupt_deferral = Profiler._native_interrupt_deferral_checked?
       begin
         @thread_ends_dropped_base = Profiler._native_sampling_stats[:thread_ends_dropped]
-        Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno, @sampling_mode, ticks, self,
+        Profiler._native_sampling_start(@hz, @sampler, @wake_writer.fileno, @sampling_mode, @ticks, self,
                                         defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? true : false)
       rescue StandardError
         @started = @running = false
@@ -837,16 +861,24 @@ module DdprofRecorder
       end
       @thread_end_hook = Profiler._native_sampling_stats[:thread_end_hook]
       @sampler.start_signals(1_000_000_000 / @hz) unless @sampling_mode == :off
-      @comments = [sampling_comment(Profiler._native_sampling_stats[:signals][:signal])]
+      signals = Profiler._native_sampling_stats[:signals]
+      @ticks_used = signals[:ticks]
+      @signal_taken = nil
+      @comments = [sampling_comment(signals)]
       @recorder.comments = @comments
     end
 
     # The profile says how it was sampled (pprof's comments: `go tool pprof -comments`, and
     # `record`'s summary).
-    def sampling_comment(signal)
-      tick = { wall: "on a CPU at each wall tick", cpu: "at each CPU tick",
-               cpu_plus_wall: "at each CPU tick, and on a CPU at wall ticks when CPU ticks fall below the rate" }
-             .fetch(ticks)
+    def sampling_comment(signals)
+      signal = signals[:signal]
+      tick = if signals[:ticks] == :perf_events
+               "at each 1/#{@hz} s of its CPU (perf events)"
+             elsif signals[:perf_refused]
+               "at each CPU tick, at most the kernel's tick rate (CPU timers: #{signals[:perf_refused]})"
+             else
+               "at each CPU tick, at most the kernel's tick rate (CPU timers: ticks: :cpu)"
+             end
       how = case @sampling_mode
             when :handler then "each thread #{tick} (#{signal}), stacks read in the signal handler#{gc_ticks_note}"
             when :safepoint

@@ -337,6 +337,17 @@ module DdprofRecorder
         end
       end
 
+      # Signal sampling stopped for the rest of the run (the program took our signal and no
+      # other was free: Profiler#keep_signal): what the slots hold is recorded, and every
+      # thread's on-CPU samples come from the passes from now on, as with `signals: false`.
+      def stop_signals
+        @lock.synchronize do
+          take_signal_samples
+          @signal_period_ns = nil
+          @threads.each_value { |state| state.armed = nil }
+        end
+      end
+
       # The sampling job of the signal handler (ext/ddprof_recorder/src/sampling/signal_sampler.rs),
       # with the GVL: each sample was taken at a thread's CPU tick, with its stack read then.
       # The thread's CPU since its previous on-CPU sample is charged to that stack.

@@ -134,18 +134,13 @@ fn signal_mode(ruby: &Ruby, mode: Symbol) -> Result<Option<signal_sampler::Mode>
     }
 }
 
-/// Which ticks signal the threads: `:cpu` (their CPU-clock timers), `:wall` (the trigger's
-/// ticks too), or `:cpu_plus_wall` (the trigger's only to a running thread whose samples fall
-/// short of one per period of its CPU). See `signal_sampler`, "Wall ticks".
-fn wall_ticks(ruby: &Ruby, ticks: Symbol) -> Result<signal_sampler::WallTicks, Error> {
+/// What sends the threads their ticks: `:auto` (perf events where the kernel allows them,
+/// else CPU-clock timers) or `:cpu` (CPU-clock timers only). See `signal_sampler`.
+fn ticks_kind(ruby: &Ruby, ticks: Symbol) -> Result<signal_sampler::Ticks, Error> {
     match ticks.name()?.as_ref() {
-        "cpu" => Ok(signal_sampler::WallTicks::Off),
-        "wall" => Ok(signal_sampler::WallTicks::On),
-        "cpu_plus_wall" => Ok(signal_sampler::WallTicks::WhenShort),
-        other => Err(arg_error(
-            ruby,
-            format!("ticks must be :cpu, :wall or :cpu_plus_wall, got :{other}"),
-        )),
+        "auto" => Ok(signal_sampler::Ticks::Auto),
+        "cpu" => Ok(signal_sampler::Ticks::Cpu),
+        other => Err(arg_error(ruby, format!("ticks must be :auto or :cpu, got :{other}"))),
     }
 }
 
@@ -153,8 +148,8 @@ fn wall_ticks(ruby: &Ruby, ticks: Symbol) -> Result<signal_sampler::WallTicks, E
 /// `handler.call(on_time, cpu_ns, now_ns)` from the sampling job, about `hz` times a second
 /// while any thread runs Ruby, and writes a byte to `wake_fd` (a non-blocking pipe) on ticks
 /// when none does. With `signals` `:handler` or `:safepoint`, installs the signal handler
-/// (threads are armed one by one, `_native_signal_arm`; their CPU-clock timers signal them,
-/// and the trigger too as `ticks` says: see `wall_ticks`), whose samples go to
+/// (threads are armed one by one, `_native_signal_arm`, with what `ticks` says: see
+/// `ticks_kind`), whose samples go to
 /// `handler.signal_samples(samples, job_cpu_ns, now_ns)` (true when it made the wall pass,
 /// see `trigger::SIGNAL_PASS_NS`). Adds the thread-end hook (`thread_end`) unless `yjit` (on)
 /// rules it out on this Ruby. Returns the signal number (0 with `:off`).
@@ -177,7 +172,7 @@ fn native_sampling_start(
             return Err(arg_error(ruby, format!("hz must be in 1..{MAX_HZ}, got {hz}")));
         }
         let mode = signal_mode(ruby, signals)?;
-        let wall = wall_ticks(ruby, ticks)?;
+        let ticks = ticks_kind(ruby, ticks)?;
         let current = OWNER.load(Ordering::Acquire);
         if ENABLED.load(Ordering::Acquire)
             && trigger::is_running()
@@ -192,7 +187,7 @@ fn native_sampling_start(
         stop();
         let signo = match mode {
             Some(mode) => {
-                let signo = signal_sampler::start(mode, hz, wall, signal_job)
+                let signo = signal_sampler::start(mode, hz, ticks, signal_job)
                     .map_err(|e| gem_error(ruby, e))?;
                 if mode == signal_sampler::Mode::Handler {
                     crate::sampling::gc_ticks::start();

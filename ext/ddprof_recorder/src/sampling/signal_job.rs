@@ -35,6 +35,16 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_forget_thread_stacks",
         function!(native_forget_thread_stacks, 1),
     )?;
+    class.define_singleton_method("_native_prepare_exec", function!(native_prepare_exec, 0))?;
+    class.define_singleton_method(
+        "_native_resume_after_exec",
+        function!(native_resume_after_exec, 0),
+    )?;
+    class.define_singleton_method("_native_keep_signal", function!(native_keep_signal, 1))?;
+    class.define_singleton_method(
+        "_native_refuse_perf_events",
+        function!(native_refuse_perf_events, 1),
+    )?;
     // Whether the handler reads stacks with YJIT on, on this Ruby (see `vm`).
     class.const_set("HANDLER_READS_UNDER_YJIT", crate::vm::HANDLER_READS_UNDER_YJIT)?;
     // Whether a tick inside the GC is read at the GC step's end on this Ruby (see `gc_ticks`).
@@ -46,8 +56,42 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     Ok(())
 }
 
-/// `Profiler._native_signal_arm(tid)`: arms thread `tid` (a CPU-time timer that ticks with
-/// the kernel's scheduler while the thread runs). Returns whether it is armed (false: no
+/// `Profiler._native_prepare_exec`: before an `exec` on this thread, no signal of ours left
+/// to reach the new image (`signal_sampler`, "Exec"). Returns how many pending ones it took.
+fn native_prepare_exec(ruby: &Ruby) -> Result<u64, Error> {
+    entry(ruby, || Ok(signal_sampler::prepare_exec()))
+}
+
+/// `Profiler._native_resume_after_exec`: the `exec` failed; the threads are armed again.
+fn native_resume_after_exec(ruby: &Ruby) -> Result<(), Error> {
+    entry(ruby, || {
+        signal_sampler::resume_after_exec();
+        Ok(())
+    })
+}
+
+/// `Profiler._native_keep_signal(taken)`: the program is about to trap signal `taken` (0:
+/// only check that our handler is still installed); moves our ticks to another signal if it
+/// is ours (`signal_sampler`, "Our signal"). Returns `[what became of our signal in this run
+/// (nil: nothing), whether signals still sample]`.
+fn native_keep_signal(ruby: &Ruby, taken: i32) -> Result<(Option<String>, bool), Error> {
+    entry(ruby, || {
+        signal_sampler::keep_signal(taken);
+        Ok((signal_sampler::signal_taken(), signal_sampler::sampling()))
+    })
+}
+
+/// `Profiler::Testing.refuse_perf_events(refuse)` (tests only): the next starts find perf
+/// events refused, as a kernel with `perf_event_paranoid` 3 refuses them.
+fn native_refuse_perf_events(ruby: &Ruby, refuse: bool) -> Result<(), Error> {
+    entry(ruby, || {
+        signal_sampler::PERF_REFUSED_FOR_TESTS.store(refuse, Ordering::Relaxed);
+        Ok(())
+    })
+}
+
+/// `Profiler._native_signal_arm(tid)`: arms thread `tid` (a perf event on its CPU clock, or a
+/// CPU-time timer that ticks with the kernel's scheduler while the thread runs). Returns whether it is armed (false: no
 /// slot, or the kernel refused; counted in stats).
 fn native_signal_arm(ruby: &Ruby, tid: i32) -> Result<bool, Error> {
     entry(ruby, || Ok(signal_sampler::arm(tid)))

@@ -191,6 +191,7 @@ mod counters;
 mod draw;
 mod handler;
 mod looks;
+mod perf_ticks;
 mod rt_signal;
 mod samples;
 mod slots;
@@ -198,14 +199,16 @@ mod timers;
 
 use std::ffi::c_void;
 use std::sync::atomic::{
-    AtomicBool, AtomicU32, AtomicU8, AtomicUsize,
+    AtomicBool, AtomicU32, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
+use std::sync::Mutex;
 
 pub use counters::COUNTERS;
 pub use draw::tick_ns;
 pub use handler::read_gc_ticks;
-pub use looks::{kick, wall_ticks};
+pub use looks::look;
+pub use perf_ticks::REFUSED_FOR_TESTS as PERF_REFUSED_FOR_TESTS;
 pub use rt_signal::{signal, signal_name, BlockedHere};
 pub use samples::{drain, key, KEYS_PER_THREAD};
 pub use slots::{armed, set_in_job, SlotsRoot, BATCH};
@@ -224,26 +227,27 @@ pub enum Mode {
     Safepoint,
 }
 
+/// What sends each thread its ticks (see "Perf-event ticks" and "CPU ticks").
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Ticks {
+    /// Perf events where the kernel allows them (checked at [`start`]), else CPU timers.
+    Auto,
+    /// CPU-clock timers only.
+    Cpu,
+}
+
 /// Whether signals sample: false before `start` and after `stop`.
 static ENABLED: AtomicBool = AtomicBool::new(false);
 /// [`Mode::Handler`] if true.
 static IN_HANDLER: AtomicBool = AtomicBool::new(true);
-/// Whether the trigger also signals the threads that run (see "Wall ticks").
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum WallTicks {
-    /// CPU ticks only.
-    Off = 0,
-    /// At each of the trigger's ticks.
-    On = 1,
-    /// To a running thread whose samples fall short of one per period of its CPU ([`pay`]):
-    /// the CPU ticks fell short (on a loaded machine a thread's CPU slices often end between
-    /// two scheduler ticks, which then miss it).
-    ///
-    /// [`pay`]: draw::pay
-    WhenShort = 2,
-}
-/// A [`WallTicks`], as its number.
-static WALL_TICKS: AtomicU8 = AtomicU8::new(WallTicks::Off as u8);
+/// Whether this run arms threads with perf events (else CPU timers).
+static PERF: AtomicBool = AtomicBool::new(false);
+/// Why this run has no perf events though [`Ticks::Auto`] asked for them (the kernel's
+/// refusal), for `stats` and the profile's comment.
+static PERF_REFUSED: Mutex<Option<String>> = Mutex::new(None);
+/// What became of our signal when the program took it in this run ([`keep_signal`]), for
+/// `stats`, the log and the profile's comment.
+static SIGNAL_TAKEN: Mutex<Option<String>> = Mutex::new(None);
 
 /// The job the handler registers.
 static JOB: AtomicUsize = AtomicUsize::new(0);
@@ -251,7 +255,8 @@ static JOB: AtomicUsize = AtomicUsize::new(0);
 static HZ: AtomicU32 = AtomicU32::new(0);
 
 /// Installs the handler on the first real-time signal that has none (once per process), and
-/// starts sampling with `mode`; `job` is the postponed job the handler registers.
+/// starts sampling with `mode`; `job` is the postponed job the handler registers. With
+/// [`Ticks::Auto`], checks whether the kernel allows perf events (see "Perf-event ticks").
 ///
 /// # Errors
 ///
@@ -259,19 +264,26 @@ static HZ: AtomicU32 = AtomicU32::new(0);
 pub fn start(
     mode: Mode,
     hz: u32,
-    wall_ticks: WallTicks,
+    ticks: Ticks,
     job: unsafe extern "C" fn(*mut c_void),
 ) -> Result<i32, String> {
     let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
     forget_if_forked();
     disarm_all_locked();
+    timers::forget_exec();
     // What the last run left is not this run's.
     KEPT.lock().unwrap_or_else(|p| p.into_inner()).clear();
     COUNTERS.clear();
+    *SIGNAL_TAKEN.lock().unwrap_or_else(|p| p.into_inner()) = None;
     HZ.store(hz, Release);
     JOB.store(job as *const () as usize, Release);
     IN_HANDLER.store(mode == Mode::Handler, Release);
-    WALL_TICKS.store(wall_ticks as u8, Release);
+    let perf = match ticks {
+        Ticks::Cpu => Ok(false),
+        Ticks::Auto => perf_ticks::probe(hz).map(|()| true),
+    };
+    PERF.store(perf == Ok(true), Release);
+    *PERF_REFUSED.lock().unwrap_or_else(|p| p.into_inner()) = perf.err();
     let signo = install()?;
     ENABLED.store(true, Release);
     Ok(signo)
@@ -283,6 +295,30 @@ pub fn stop() {
     let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
     forget_if_forked();
     disarm_all_locked();
+    timers::forget_exec();
+}
+
+/// `:perf_events` or `:cpu_timers`: what arms this run's threads (None before a start).
+pub fn ticks_kind() -> Option<&'static str> {
+    if HZ.load(Acquire) == 0 {
+        return None;
+    }
+    Some(if PERF.load(Acquire) { "perf_events" } else { "cpu_timers" })
+}
+
+/// Why this run has CPU timers only though perf events were asked for.
+pub fn perf_refused() -> Option<String> {
+    PERF_REFUSED.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// What became of our signal when the program took it in this run, if it did.
+pub fn signal_taken() -> Option<String> {
+    SIGNAL_TAKEN.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// Whether signals sample (false once [`keep_signal`] found no free signal).
+pub fn sampling() -> bool {
+    ENABLED.load(Acquire)
 }
 
 /// Whether the handler keeps its samples in batches (see "Batches"): it reads the stacks.
@@ -294,4 +330,57 @@ pub fn batching() -> bool {
 /// none failed to arm, none blocks the signal (see "Batches").
 pub fn all_armed() -> bool {
     COUNTERS.arm_failures.load(Relaxed) == 0 && COUNTERS.blocked.load(Relaxed) == 0
+}
+
+/// Before an `exec` on the calling thread: no signal of ours is left to reach the new image
+/// (see "Exec"). Returns how many pending ones it took.
+pub fn prepare_exec() -> u64 {
+    timers::prepare_exec()
+}
+
+/// After an `exec` that failed: the threads are armed again.
+pub fn resume_after_exec() {
+    timers::resume_after_exec();
+}
+
+/// Keeps our ticks from a handler that is not ours (see "Our signal"). `taken` is a signal the
+/// program is about to take (its `trap`), or 0 to check whether something replaced our handler
+/// on the signal in use (`sigaction`). If so, moves to another free real-time signal, or stops
+/// signal sampling if none is free. Returns what it did (None: nothing to do), which
+/// [`signal_taken`] keeps for the run.
+pub fn keep_signal(taken: i32) -> Option<String> {
+    let signo = rt_signal::signal();
+    if !ENABLED.load(Acquire) || signo == 0 {
+        return None;
+    }
+    let replaced = !rt_signal::still_ours();
+    if taken != signo && !replaced {
+        return None;
+    }
+    let how = if replaced { "replaced our handler" } else { "traps it" };
+    let old = signal_name(signo);
+    let what = match rt_signal::move_to_free(signo) {
+        Ok(new) => {
+            let failed = timers::retarget_all(new);
+            COUNTERS.moves.fetch_add(1, Relaxed);
+            let lost = if failed > 0 {
+                format!(" ({failed} threads could not be moved: sampled at their passes)")
+            } else {
+                String::new()
+            };
+            format!("the program {how} ({old}): ticks moved to {}{lost}", signal_name(new))
+        }
+        Err(e) => {
+            let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
+            disarm_all_locked();
+            ENABLED.store(false, Release);
+            format!("the program {how} ({old}) and no other signal is free ({e}): signal sampling stopped")
+        }
+    };
+    let mut kept = SIGNAL_TAKEN.lock().unwrap_or_else(|p| p.into_inner());
+    *kept = Some(match kept.take() {
+        Some(before) => format!("{before}; then {what}"),
+        None => what.clone(),
+    });
+    Some(what)
 }

@@ -45,6 +45,12 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
         }
         signals.aset(ruby.to_symbol("threads_armed"), signal_sampler::armed())?;
         signals.aset(ruby.to_symbol("tick_ns"), signal_sampler::tick_ns())?;
+        signals.aset(
+            ruby.to_symbol("ticks"),
+            signal_sampler::ticks_kind().map(|kind| ruby.to_symbol(kind)),
+        )?;
+        signals.aset(ruby.to_symbol("perf_refused"), signal_sampler::perf_refused())?;
+        signals.aset(ruby.to_symbol("signal_taken"), signal_sampler::signal_taken())?;
         hash.aset(ruby.to_symbol("signals"), signals)?;
         hash.aset(ruby.to_symbol("thread_end_hook"), crate::sampling::thread_end::hook_state())?;
         hash.aset(

@@ -68,7 +68,7 @@
 //! ran: an idle thread's passes are only counted, and a pass later counts the periods since
 //! the last (`ThreadSampler#pass_periods`). So a tick asks for no job while the last pass is
 //! less than [`BATCH_PASS_PERIODS`] periods old and its look at the threads
-//! (`signal_sampler::kick`) found none that ran and stopped since the previous look, no
+//! (`signal_sampler::look`) found none that ran and stopped since the previous look, no
 //! thread began or ended since the trigger last asked for the job (`thread_end::events`), and
 //! every thread the profiler samples takes its signals (`signal_sampler::all_armed`). Any of
 //! those brings the pass back at once (a thread begun or ended, at the first tick not spared
@@ -287,8 +287,7 @@ fn run_ticks(setup: &Setup, stop: &AtomicBool) {
 struct Done {
     /// It asked for the job.
     asked: bool,
-    /// It had work: the job to ask for, a wall tick to send, or a thread off its CPU that
-    /// may need one.
+    /// It had work: the job to ask for, or a thread that stopped running since the last look.
     work: bool,
 }
 
@@ -299,18 +298,14 @@ fn tick(
     period: Duration,
     events: &mut Option<u64>,
 ) -> Done {
-    let look = crate::sampling::signal_sampler::kick();
+    let look = crate::sampling::signal_sampler::look();
     let tid = LAST_JOB_TID.load(Ordering::Relaxed);
     let cpu_ns = if tid > 0 { cpu_time_ns(tid).unwrap_or(-1) } else { -1 };
     let at_ns = monotonic_ns();
     TICK.publish(Tick { at_ns, tid, cpu_ns });
     let period_ns = i64::try_from(period.as_nanos()).unwrap_or(i64::MAX);
     let events_now = crate::sampling::thread_end::events();
-    // With wall ticks a signal pass follows nearly every tick, and ticks are up to 1.5
-    // periods apart: the trigger's own job waits for two periods without one.
-    let spared =
-        if crate::sampling::signal_sampler::wall_ticks() { 2 * period_ns } else { period_ns };
-    let skip = at_ns.saturating_sub(SIGNAL_PASS_NS.load(Ordering::Relaxed)) < spared
+    let skip = at_ns.saturating_sub(SIGNAL_PASS_NS.load(Ordering::Relaxed)) < period_ns
         || (crate::sampling::signal_sampler::batching()
             && !look.stopped
             && crate::sampling::signal_sampler::all_armed()
@@ -319,7 +314,7 @@ fn tick(
             && at_ns.saturating_sub(PASS_NS.load(Ordering::Relaxed))
                 < BATCH_PASS_PERIODS.saturating_mul(period_ns));
     if skip {
-        return Done { asked: false, work: look.work };
+        return Done { asked: false, work: false };
     }
     *events = events_now;
     // Callable from a thread Ruby does not know (module doc, and `postponed`).

@@ -6,19 +6,21 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 /// [`start`]: super::start
 pub struct Counters {
     pub signals: AtomicU64,
-    /// Wall ticks: signals the trigger sent to running threads, and sends the kernel refused.
-    pub kicks: AtomicU64,
-    pub kick_failures: AtomicU64,
-    /// Wall ticks after which the trigger moved off its CPU ([`hop`](super::looks::hop)).
-    pub hops: AtomicU64,
+    /// Perf-event ticks (`perf_ticks`), of all the signals.
+    pub perf_ticks: AtomicU64,
+    /// Signals of ours that none of our timers or events sent (a `kill`, a `sigqueue`).
+    pub foreign: AtomicU64,
+    /// Threads armed with a perf event, and those whose event the kernel refused (armed
+    /// with a CPU-clock timer instead).
+    pub perf_threads: AtomicU64,
+    pub perf_failures: AtomicU64,
+    /// Our signals taken off the `exec`ing thread before an `exec` (`prepare_exec`).
+    pub drained_at_exec: AtomicU64,
+    /// Times the program took our signal and we moved to another (`signal_sampler`, "Our
+    /// signal").
+    pub moves: AtomicU64,
     /// Ticks left out by the draw (`signal_sampler`, "Which CPU ticks are samples").
     pub passed_over: AtomicU64,
-    /// [`WallTicks::WhenShort`]: CPU ticks drawn but left out, the thread's samples being a
-    /// period or more ahead of its CPU ([`ahead`]).
-    ///
-    /// [`WallTicks::WhenShort`]: super::WallTicks::WhenShort
-    /// [`ahead`]: super::draw::ahead
-    pub ahead: AtomicU64,
     pub read_in_handler: AtomicU64,
     pub read_at_job: AtomicU64,
     /// Ticks inside the GC whose stack was read at the GC step's end (`gc_ticks`).
@@ -45,11 +47,13 @@ pub struct Counters {
 
 pub static COUNTERS: Counters = Counters {
     signals: AtomicU64::new(0),
-    kicks: AtomicU64::new(0),
-    kick_failures: AtomicU64::new(0),
-    hops: AtomicU64::new(0),
+    perf_ticks: AtomicU64::new(0),
+    foreign: AtomicU64::new(0),
+    perf_threads: AtomicU64::new(0),
+    perf_failures: AtomicU64::new(0),
+    drained_at_exec: AtomicU64::new(0),
+    moves: AtomicU64::new(0),
     passed_over: AtomicU64::new(0),
-    ahead: AtomicU64::new(0),
     read_in_handler: AtomicU64::new(0),
     read_at_job: AtomicU64::new(0),
     read_at_gc_exit: AtomicU64::new(0),
@@ -68,14 +72,16 @@ pub static COUNTERS: Counters = Counters {
 
 impl Counters {
     /// Every counter with its name in `stats` (the one list `clear` and the stats share).
-    pub fn named(&self) -> [(&'static str, &AtomicU64); 20] {
+    pub fn named(&self) -> [(&'static str, &AtomicU64); 22] {
         [
             ("signals", &self.signals),
-            ("wall_ticks_sent", &self.kicks),
-            ("wall_ticks_failed", &self.kick_failures),
-            ("trigger_hops", &self.hops),
+            ("perf_ticks", &self.perf_ticks),
+            ("signals_foreign", &self.foreign),
+            ("perf_threads", &self.perf_threads),
+            ("perf_arm_failures", &self.perf_failures),
+            ("signals_drained_at_exec", &self.drained_at_exec),
+            ("signal_moves", &self.moves),
             ("signals_passed_over", &self.passed_over),
-            ("signals_ahead", &self.ahead),
             ("signals_read_in_handler", &self.read_in_handler),
             ("signals_read_at_job", &self.read_at_job),
             ("signals_read_at_gc_exit", &self.read_at_gc_exit),

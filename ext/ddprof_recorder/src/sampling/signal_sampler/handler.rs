@@ -8,8 +8,9 @@ use std::sync::atomic::{
 };
 
 use super::counters::COUNTERS;
-use super::draw::{ahead, drawn, pay};
-use super::rt_signal::{INDEX_MASK, KICK_BIT};
+use super::draw::drawn;
+use super::perf_ticks::refresh;
+use super::rt_signal::{poll_fd, INDEX_MASK};
 use super::slots::{
     used_slots, BATCH, DEPTH, EMPTY, FREE, FULL, READ_AT_GC_EXIT, READ_AT_JOB, SLOTS, WRITING,
 };
@@ -34,29 +35,52 @@ pub(super) extern "C" fn on_signal(
 
 fn handle(info: *mut libc::siginfo_t) {
     COUNTERS.signals.fetch_add(1, Relaxed);
-    if !ENABLED.load(Acquire) || info.is_null() {
+    if info.is_null() {
         return;
     }
-    // SAFETY: the kernel passes a valid siginfo; for a timer's signal `si_value` is the
-    // sigev_value we set in `arm`.
-    let value = unsafe { (*info).si_value().sival_ptr } as usize;
-    let Some(slot) = SLOTS.get(value & INDEX_MASK) else { return };
-    let wall_tick = value & KICK_BIT != 0;
-    if wall_tick {
-        slot.kick_pending.store(false, Release);
-    }
-    if (slot.generation.load(Acquire) as usize & 0xff_ffff) != value >> 16 {
-        COUNTERS.stale.fetch_add(1, Relaxed);
+    // SAFETY: the kernel passes a valid siginfo.
+    let code = unsafe { (*info).si_code };
+    let (slot, perf) = if code == libc::SI_TIMER {
+        // SAFETY: a timer's signal: `si_value` is the sigev_value we set in `arm`.
+        let value = unsafe { (*info).si_value().sival_ptr } as usize;
+        let Some(slot) = SLOTS.get(value & INDEX_MASK) else { return };
+        if (slot.generation.load(Acquire) as usize & 0xff_ffff) != value >> 16 {
+            COUNTERS.stale.fetch_add(1, Relaxed);
+            return;
+        }
+        (slot, false)
+    } else if code > 0 {
+        // A `POLL_*` band: `F_SETSIG`'s signal, from a perf event (`perf_ticks`).
+        // SAFETY: such a signal's siginfo is `_sigpoll`.
+        let fd = unsafe { poll_fd(info) };
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let found = used_slots().iter().find(|s| {
+            s.state.load(Acquire) != FREE
+                && s.perf_fd.load(Acquire) == fd
+                && s.tid.load(Acquire) == tid
+        });
+        let Some(slot) = found else {
+            COUNTERS.stale.fetch_add(1, Relaxed);
+            return;
+        };
+        // Enabled again for one overflow (`perf_ticks`): first, whatever becomes of this one.
+        refresh(fd);
+        COUNTERS.perf_ticks.fetch_add(1, Relaxed);
+        (slot, true)
+    } else {
+        // A `kill`, a `sigqueue`: not a tick of ours.
+        COUNTERS.foreign.fetch_add(1, Relaxed);
+        return;
+    };
+    if !ENABLED.load(Acquire) {
         return;
     }
     let now = clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0);
     let cpu = own_cpu_ns();
-    if !wall_tick && !drawn(slot, cpu) {
+    // A perf-event tick is a sample at its own rate: only a CPU timer's is drawn.
+    if !perf && !drawn(slot, cpu) {
         COUNTERS.passed_over.fetch_add(1, Relaxed);
-        return;
-    }
-    if !wall_tick && ahead(slot, cpu) {
-        COUNTERS.ahead.fetch_add(1, Relaxed);
         return;
     }
     if slot.in_job.load(Acquire) {
@@ -118,7 +142,6 @@ fn handle(info: *mut libc::siginfo_t) {
         READ_AT_JOB
     };
     buffer.depth.store(depth, Release);
-    pay(slot, cpu);
     buffer.state.store(FULL, Release);
     slot.written.store(written.wrapping_add(1), Release);
     // A batch waits for one job (`signal_sampler`, "Batches"); at the job, each sample has its

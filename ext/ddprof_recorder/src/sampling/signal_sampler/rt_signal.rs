@@ -1,14 +1,14 @@
-//! The sampling signal: which one (the first free real-time signal, [`install`]ed once), what
-//! it carries (a slot's index and generation, [`signal_value`]), sending it to one thread
-//! ([`send`]), and keeping it from a thread ([`BlockedHere`], [`blocks_signal`]).
+//! The sampling signal: which one (the first free real-time signal, [`install`]ed once, or
+//! another when the program takes it, [`move_to_free`]), what a CPU timer's carries (a slot's
+//! index and generation, [`signal_value`]) and a perf event's (its descriptor, [`poll_fd`]),
+//! whether our handler is still the one installed ([`still_ours`]), and keeping it from a
+//! thread ([`BlockedHere`], [`blocks_signal`], [`drain_pending`]).
 use std::sync::atomic::{AtomicI32, Ordering::Acquire, Ordering::Release};
 
 use super::handler::on_signal;
 
-/// Set in a wall tick's signal value: the tick is a sample, with no draw.
-pub(super) const KICK_BIT: usize = 1 << 15;
 /// The slot index in a signal value.
-pub(super) const INDEX_MASK: usize = KICK_BIT - 1;
+pub(super) const INDEX_MASK: usize = (1 << 16) - 1;
 /// The signal number in use (0: the handler is not installed yet).
 pub(super) static SIGNO: AtomicI32 = AtomicI32::new(0);
 
@@ -39,18 +39,29 @@ pub(super) fn install() -> Result<i32, String> {
     if installed != 0 {
         return Ok(installed);
     }
+    let signo = install_free(0)?;
+    SIGNO.store(signo, Release);
+    Ok(signo)
+}
+
+/// Installs our handler on the first free real-time signal other than `taken` and the one in
+/// use, and makes it the one in use; the old one keeps our handler (a tick of it already
+/// queued still finds it) until the program's replaces it. Returns the new signal.
+pub(super) fn move_to_free(taken: i32) -> Result<i32, String> {
+    let signo = install_free(taken)?;
+    SIGNO.store(signo, Release);
+    Ok(signo)
+}
+
+/// The first real-time signal from SIGRTMIN+8 whose action is the default, but `except`, with
+/// our handler installed on it.
+fn install_free(except: i32) -> Result<i32, String> {
     // glibc keeps the first real-time signals for itself (SIGRTMIN() is past them); others
     // (threading libraries, runtimes) often take the first few of the rest.
     let first = libc::SIGRTMIN() + 8;
     for signo in first..=libc::SIGRTMAX() {
-        // SAFETY: a zeroed sigaction is a valid out-parameter; a null new action only reads.
-        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: as above; `signo` is a valid signal number (between SIGRTMIN and SIGRTMAX).
-        if unsafe { libc::sigaction(signo, std::ptr::null(), &mut old) } != 0 {
-            continue;
-        }
-        if old.sa_sigaction != libc::SIG_DFL {
-            continue; // somebody's (or ignored): leave it alone
+        if signo == except || installed_action(signo) != Some(libc::SIG_DFL) {
+            continue; // somebody's (or ignored, or ours already): leave it alone
         }
         // SAFETY: zeroed, then every field we rely on set; `on_signal` has the SA_SIGINFO
         // signature and never unwinds.
@@ -67,7 +78,6 @@ pub(super) fn install() -> Result<i32, String> {
                 signal_name(signo)
             ));
         }
-        SIGNO.store(signo, Release);
         return Ok(signo);
     }
     Err(format!(
@@ -76,22 +86,50 @@ pub(super) fn install() -> Result<i32, String> {
     ))
 }
 
-/// Queues `signo` with `value` to thread `tid` of process `pid` (`rt_tgsigqueueinfo`, what
-/// `pthread_sigqueue` calls, for a thread known by its Linux id).
-pub(super) fn send(pid: i32, tid: i32, signo: i32, value: usize) -> bool {
-    // SAFETY: a zeroed siginfo_t is valid; the fields the kernel copies for SI_QUEUE (signo,
-    // code, pid, uid, value) are set below, at the offsets of Linux's `struct siginfo`
-    // (`_sifields._rt`: pid, uid, then the sigval, after the three ints).
+/// The handler (or SIG_DFL, SIG_IGN) installed on `signo` now.
+fn installed_action(signo: i32) -> Option<libc::sighandler_t> {
+    // SAFETY: a zeroed sigaction is a valid out-parameter; a null new action only reads.
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `signo` is a valid signal number or the call fails.
+    (unsafe { libc::sigaction(signo, std::ptr::null(), &mut old) } == 0).then_some(old.sa_sigaction)
+}
+
+/// Whether our handler is still the one installed on the signal in use (true if none is in
+/// use): a program's `trap` or a C extension's `sigaction` replaces it.
+pub(super) fn still_ours() -> bool {
+    let signo = SIGNO.load(Acquire);
+    signo == 0 || installed_action(signo) == Some(on_signal as *const () as usize)
+}
+
+/// The descriptor a perf event's signal came from (`si_fd` of `F_SETSIG`'s `siginfo`: after
+/// `si_band`, a long, in `_sifields._sigpoll`).
+///
+/// # Safety
+///
+/// `info` is the siginfo the kernel passed for a signal whose `si_code` is a `POLL_*` band.
+pub(super) unsafe fn poll_fd(info: *const libc::siginfo_t) -> i32 {
+    // SAFETY: as the caller promises, `_sigpoll` is the live member of `_sifields`.
+    unsafe { info.cast::<u8>().add(SIFIELDS_OFFSET + 8).cast::<i32>().read() }
+}
+
+/// Takes every signal `signo` pending for the calling thread or the process (`sigtimedwait`
+/// with no wait), which the caller blocks; returns how many. Before an `exec`: a pending
+/// real-time signal survives `execve`, whose new image has the default action for it (ends
+/// the process).
+pub(super) fn drain_pending(signo: i32) -> u64 {
+    let mut drained = 0;
+    // SAFETY: sigset_t is plain data filled by sigemptyset/sigaddset; sigtimedwait with a zero
+    // timeout takes one pending signal of the set or fails with EAGAIN at once.
     unsafe {
-        let mut info: libc::siginfo_t = std::mem::zeroed();
-        info.si_signo = signo;
-        info.si_code = libc::SI_QUEUE;
-        let fields = (&mut info as *mut libc::siginfo_t).cast::<u8>().add(SIFIELDS_OFFSET);
-        fields.cast::<libc::pid_t>().write(pid);
-        fields.add(4).cast::<libc::uid_t>().write(libc::getuid());
-        fields.add(8).cast::<usize>().write(value);
-        libc::syscall(libc::SYS_rt_tgsigqueueinfo, pid, tid, signo, &info) == 0
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signo);
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        while libc::sigtimedwait(&set, std::ptr::null_mut(), &zero) == signo {
+            drained += 1;
+        }
     }
+    drained
 }
 
 /// Where `_sifields` starts in Linux's `siginfo_t` on 64-bit targets: after `si_signo`,
@@ -104,7 +142,11 @@ pub struct BlockedHere(Option<libc::sigset_t>, std::marker::PhantomData<*const (
 
 impl BlockedHere {
     pub fn new() -> Self {
-        let signo = SIGNO.load(Acquire);
+        Self::signal(SIGNO.load(Acquire))
+    }
+
+    /// Keeps `signo` (0: none) from the calling thread while it lives.
+    pub(super) fn signal(signo: i32) -> Self {
         if signo == 0 {
             return Self(None, std::marker::PhantomData);
         }

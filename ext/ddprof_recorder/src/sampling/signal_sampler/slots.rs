@@ -71,8 +71,10 @@ pub(super) struct Slot {
     /// timer of this slot is ignored.
     pub(super) generation: AtomicU32,
     pub(super) tid: AtomicI32,
-    /// The `timer_t` (a pointer-sized id), valid while armed.
+    /// The `timer_t` (a pointer-sized id) of its CPU-clock timer, or 0.
     pub(super) timer: AtomicUsize,
+    /// The descriptor of its perf event (`perf_ticks`), or -1.
+    pub(super) perf_fd: AtomicI32,
     /// Its samples, written in turn: the handler writes `buffers[written % BATCH]`, the job
     /// reads `buffers[read % BATCH]` (both with the GVL, so never at once; each buffer's state
     /// keeps them apart all the same).
@@ -88,17 +90,8 @@ pub(super) struct Slot {
     /// This thread's xorshift state for the ticks' draw (`random::step`; only its own handler
     /// uses it).
     pub(super) random: AtomicU64,
-    /// Wall ticks: the thread's CPU clock when the trigger last looked at it.
-    pub(super) kick_cpu_ns: AtomicI64,
-    /// Wall ticks: a signal was sent that the handler has not taken yet (so a thread that
-    /// blocks the signal has at most one queued).
-    pub(super) kick_pending: AtomicBool,
-    /// [`WallTicks::WhenShort`]: the thread's CPU clock up to which its samples pay for its
-    /// CPU, one period each ([`pay`]); a wall tick goes to it once its clock is past that.
-    ///
-    /// [`WallTicks::WhenShort`]: super::WallTicks::WhenShort
-    /// [`pay`]: super::draw::pay
-    pub(super) paid_cpu_ns: AtomicI64,
+    /// The thread's CPU clock when the trigger last looked at it ([`look`](super::look)).
+    pub(super) look_cpu_ns: AtomicI64,
 }
 
 impl Slot {
@@ -108,6 +101,7 @@ impl Slot {
             generation: AtomicU32::new(0),
             tid: AtomicI32::new(0),
             timer: AtomicUsize::new(0),
+            perf_fd: AtomicI32::new(-1),
             buffers: [const { Buffer::new() }; BATCH],
             written: AtomicU32::new(0),
             read: AtomicU32::new(0),
@@ -115,9 +109,7 @@ impl Slot {
             in_job: AtomicBool::new(false),
             last_tick_cpu_ns: AtomicI64::new(0),
             random: AtomicU64::new(0),
-            kick_cpu_ns: AtomicI64::new(0),
-            kick_pending: AtomicBool::new(false),
-            paid_cpu_ns: AtomicI64::new(0),
+            look_cpu_ns: AtomicI64::new(0),
         }
     }
 }

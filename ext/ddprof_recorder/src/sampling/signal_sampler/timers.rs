@@ -1,6 +1,9 @@
-//! Arming a thread: a slot, and a timer on the thread's CPU clock that signals it at every
-//! scheduler tick it runs through (`signal_sampler`, "CPU ticks"); disarming it, and
-//! forgetting a parent's timers in a forked child. With the GVL, under [`ARMING`].
+//! Arming a thread: a slot, and its ticks: a perf event on its CPU clock (`perf_ticks`,
+//! `signal_sampler`, "Perf-event ticks") where the run has them, else a timer on its CPU clock
+//! that signals it at every scheduler tick it runs through ("CPU ticks"); disarming it,
+//! forgetting a parent's timers and events in a forked child, pointing every thread's ticks
+//! at another signal ([`retarget_all`]), and taking them all away for an `exec`
+//! ([`prepare_exec`]). With the GVL, under [`ARMING`].
 use std::ffi::c_void;
 use std::sync::atomic::{
     AtomicU64,
@@ -9,8 +12,9 @@ use std::sync::atomic::{
 use std::sync::Mutex;
 
 use super::counters::COUNTERS;
-use super::draw::period_ns;
-use super::rt_signal::{blocks_signal, signal_value, SIGNO};
+use super::perf_ticks;
+use super::rt_signal::{blocks_signal, drain_pending, signal_value, BlockedHere, SIGNO};
+use super::{HZ, PERF};
 use super::samples::{drain_slot, KEPT};
 use super::slots::{
     armed, used_slots, Frames, Slot, ARMED, DEPTH, EMPTY, FREE, FULL, SLOTS, SLOTS_USED, WRITING,
@@ -26,6 +30,9 @@ pub(super) const PROBE_PERIOD_NS: i64 = 10_000;
 static SLOTS_GENERATION: AtomicU64 = AtomicU64::new(0);
 /// Taken (with the GVL) around arming and disarming, so that two never race for a slot.
 pub(super) static ARMING: Mutex<()> = Mutex::new(());
+/// Between [`prepare_exec`] and [`resume_after_exec`]: the threads that were armed, and those
+/// asked for meanwhile, to arm again if the `exec` fails (None: no `exec` under way).
+static PAUSED: Mutex<Option<Vec<i32>>> = Mutex::new(None);
 
 /// In a forked child, the slots describe the parent's timers, which the child does not have:
 /// forget them (no `timer_delete`: the ids mean nothing here). Called with [`ARMING`].
@@ -35,9 +42,16 @@ pub(super) fn forget_if_forked() {
         return;
     }
     KEPT.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    *PAUSED.lock().unwrap_or_else(|p| p.into_inner()) = None;
     for slot in &SLOTS {
         slot.generation.fetch_add(1, AcqRel);
         slot.timer.store(0, Release);
+        // The child's copies of the parent's events (their signals go to the parent's
+        // threads): closed, once each is checked to be one still.
+        let fd = slot.perf_fd.swap(-1, AcqRel);
+        if fd >= 0 && perf_ticks::is_event(fd) {
+            perf_ticks::close(fd);
+        }
         slot.tid.store(0, Release);
         slot.state.store(FREE, Release);
         for buffer in &slot.buffers {
@@ -46,13 +60,17 @@ pub(super) fn forget_if_forked() {
     }
 }
 
-/// Arms the thread `tid` (a thread of this process, with the GVL held): a CPU-time timer
-/// that expires at every scheduler tick the thread runs through. Returns false when it
-/// cannot be armed (all slots taken, or the kernel refused), which is counted; true if armed
-/// (or already).
+/// Arms the thread `tid` (a thread of this process, with the GVL held): a perf event, or a
+/// CPU-time timer that expires at every scheduler tick the thread runs through. Returns false
+/// when it cannot be armed (all slots taken, or the kernel refused), which is counted; true if
+/// armed (or already, or to be armed once an `exec` under way has failed).
 pub fn arm(tid: i32) -> bool {
     let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
     forget_if_forked();
+    if let Some(paused) = PAUSED.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        paused.push(tid);
+        return true;
+    }
     if used_slots().iter().any(|s| s.state.load(Acquire) != FREE && s.tid.load(Acquire) == tid) {
         return true;
     }
@@ -88,6 +106,43 @@ fn arm_locked(tid: i32) -> bool {
     slot.read.store(0, Release);
     SLOTS_USED.fetch_max(index + 1, AcqRel);
     let generation = slot.generation.fetch_add(1, AcqRel).wrapping_add(1);
+    slot.tid.store(tid, Release);
+    slot.in_job.store(false, Release);
+    slot.last_tick_cpu_ns.store(0, Release);
+    let seed = (clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(1) as u64) ^ ((tid as u64) << 32);
+    slot.random.store(seed | 1, Release);
+    // The trigger's first look can then tell whether the thread runs.
+    slot.look_cpu_ns.store(clock_ns(cpu_clock_id(tid)).unwrap_or(0), Release);
+    if PERF.load(Acquire) {
+        match perf_ticks::open(tid, HZ.load(Acquire), signo) {
+            Ok(fd) => {
+                slot.perf_fd.store(fd, Release);
+                slot.state.store(ARMED, Release);
+                // Enabled once the handler can find the slot by its descriptor.
+                perf_ticks::refresh(fd);
+                COUNTERS.perf_threads.fetch_add(1, Relaxed);
+                return true;
+            }
+            // Refused for this thread (a descriptor limit, say): a CPU-clock timer instead.
+            Err(_) => COUNTERS.perf_failures.fetch_add(1, Relaxed),
+        };
+    }
+    let Some(timer) = new_timer(tid, signo, index, generation) else {
+        slot.tid.store(0, Release);
+        return false;
+    };
+    slot.timer.store(timer as usize, Release);
+    slot.state.store(ARMED, Release);
+    if !start_timer(timer) {
+        disarm_slot(slot);
+        return false;
+    }
+    true
+}
+
+/// A timer on thread `tid`'s CPU clock whose signal `signo` carries the slot's index and
+/// generation, not started yet.
+fn new_timer(tid: i32, signo: i32, index: usize, generation: u32) -> Option<libc::timer_t> {
     // SAFETY: a zeroed sigevent is valid; the fields the kernel reads for SIGEV_THREAD_ID
     // (notify, signo, value, tid) are set below.
     let mut event: libc::sigevent = unsafe { std::mem::zeroed() };
@@ -98,32 +153,109 @@ fn arm_locked(tid: i32) -> bool {
     let mut timer: libc::timer_t = std::ptr::null_mut();
     // SAFETY: `event` and `timer` are valid for the call; the kernel checks that the clock
     // is a thread of this process's (EINVAL otherwise).
-    if unsafe { libc::timer_create(cpu_clock_id(tid), &mut event, &mut timer) } != 0 {
-        return false;
-    }
-    slot.tid.store(tid, Release);
-    slot.timer.store(timer as usize, Release);
-    slot.in_job.store(false, Release);
-    slot.last_tick_cpu_ns.store(0, Release);
-    let seed = (clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(1) as u64) ^ ((tid as u64) << 32);
-    slot.random.store(seed | 1, Release);
-    // The trigger's first look can then tell whether the thread runs (and, for
-    // `WallTicks::WhenShort`, what its samples must pay for: its CPU from now, see `pay`).
-    let cpu_now = clock_ns(cpu_clock_id(tid)).unwrap_or(0);
-    slot.kick_cpu_ns.store(cpu_now, Release);
-    slot.paid_cpu_ns.store(cpu_now.saturating_add(period_ns()), Release);
-    slot.kick_pending.store(false, Release);
-    slot.state.store(ARMED, Release);
+    let created = unsafe { libc::timer_create(cpu_clock_id(tid), &mut event, &mut timer) } == 0;
+    created.then_some(timer)
+}
+
+/// Starts `timer` with the probe period (`signal_sampler`, "Which CPU ticks are samples").
+fn start_timer(timer: libc::timer_t) -> bool {
     let spec = libc::itimerspec {
         it_interval: timespec(PROBE_PERIOD_NS),
         it_value: timespec(PROBE_PERIOD_NS),
     };
-    // SAFETY: `timer` was just created; `spec` is a valid itimerspec.
-    if unsafe { libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()) } != 0 {
-        disarm_slot(slot);
-        return false;
+    // SAFETY: `timer` was created by `new_timer`; `spec` is a valid itimerspec.
+    unsafe { libc::timer_settime(timer, 0, &spec, std::ptr::null_mut()) == 0 }
+}
+
+/// Points every armed thread's ticks at `signo` (the signal moved, `signal_sampler`, "Our
+/// signal"): a perf event's `F_SETSIG`, a CPU timer made anew (a timer's signal cannot be
+/// changed). Returns how many threads could not be (disarmed: sampled at their passes).
+pub(super) fn retarget_all(signo: i32) -> usize {
+    let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
+    forget_if_forked();
+    let mut failed = 0;
+    for (index, slot) in used_slots().iter().enumerate() {
+        if slot.state.load(Acquire) == FREE {
+            continue;
+        }
+        let fd = slot.perf_fd.load(Acquire);
+        if fd >= 0 {
+            if !perf_ticks::retarget(fd, signo) {
+                disarm_slot(slot);
+                failed += 1;
+            }
+            continue;
+        }
+        let tid = slot.tid.load(Acquire);
+        let generation = slot.generation.load(Acquire);
+        match new_timer(tid, signo, index, generation) {
+            Some(timer) if start_timer(timer) => {
+                let old = slot.timer.swap(timer as usize, AcqRel);
+                if old != 0 {
+                    // SAFETY: a timer this process created for this slot.
+                    unsafe { libc::timer_delete(old as libc::timer_t) };
+                }
+            }
+            other => {
+                if let Some(timer) = other {
+                    // SAFETY: just created, never started.
+                    unsafe { libc::timer_delete(timer) };
+                }
+                disarm_slot(slot);
+                failed += 1;
+            }
+        }
     }
-    true
+    failed
+}
+
+/// Before an `exec` on the calling thread (with the GVL): keeps the signal from this thread,
+/// disarms every thread (no timer or event of ours is left to send one), takes the signals
+/// of ours still pending here, and gives the thread its mask back. What was armed is kept
+/// for [`resume_after_exec`]; threads asked to be armed meanwhile wait there too. Returns
+/// how many signals it took. A no-op (0) when no signal is in use.
+pub(super) fn prepare_exec() -> u64 {
+    let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
+    forget_if_forked();
+    let signo = SIGNO.load(Acquire);
+    if signo == 0 {
+        return 0;
+    }
+    let _blocked = BlockedHere::signal(signo);
+    let mut paused = PAUSED.lock().unwrap_or_else(|p| p.into_inner());
+    let tids = paused.get_or_insert_with(Vec::new);
+    for slot in used_slots() {
+        if slot.state.load(Acquire) != FREE {
+            tids.push(slot.tid.load(Acquire));
+            disarm_slot(slot);
+        }
+    }
+    let drained = drain_pending(signo);
+    COUNTERS.drained_at_exec.fetch_add(drained, Relaxed);
+    drained
+}
+
+/// After an `exec` that failed (it returned): arms again what [`prepare_exec`] disarmed, if
+/// sampling still runs.
+pub(super) fn resume_after_exec() {
+    let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
+    forget_if_forked();
+    let Some(tids) = PAUSED.lock().unwrap_or_else(|p| p.into_inner()).take() else { return };
+    if !super::ENABLED.load(Acquire) {
+        return;
+    }
+    for tid in tids {
+        if !used_slots().iter().any(|s| s.state.load(Acquire) != FREE && s.tid.load(Acquire) == tid)
+            && !arm_locked(tid)
+        {
+            COUNTERS.arm_failures.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// Forgets an `exec` under way (sampling stopped or started anew).
+pub(super) fn forget_exec() {
+    *PAUSED.lock().unwrap_or_else(|p| p.into_inner()) = None;
 }
 
 fn timespec(ns: i64) -> libc::timespec {
@@ -150,6 +282,13 @@ pub(super) fn disarm_all_locked() {
 }
 
 fn disarm_slot(slot: &Slot) {
+    let fd = slot.perf_fd.swap(-1, AcqRel);
+    if fd >= 0 {
+        // Closing the descriptor frees the event: no overflow after this. (A handler on
+        // another thread that found the slot just before may refresh the closed number:
+        // EBADF, or at worst lets another event overflow twice.)
+        perf_ticks::close(fd);
+    }
     let timer = slot.timer.swap(0, AcqRel);
     if timer != 0 {
         // SAFETY: a timer this process created (the slots of a parent's are forgotten in a
