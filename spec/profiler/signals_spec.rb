@@ -83,28 +83,34 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
     expect(sleeping.sum { |s| s[:values]["cpu-time"] }).to eq(0)
   end
 
-  it "at 999 Hz signals the running threads from the trigger (wall ticks), past the kernel's tick, with no bias" do
+  it "at 999 Hz samples a busy thread past the kernel's tick, from its perf event, with no bias" do
     shares, stats, cpu_seconds = profile_signal_work(999)
-    expect(stats).to include(sampling_mode: :handler, ticks: :wall)
-    expect(stats[:signals][:wall_ticks_sent]).to be > 0
-    # CPU-clock timers fire at the kernel's tick only: about 250 a CPU-second on Debian's
-    # kernels; the wall ticks add up to `hz` more (bench/RESULTS.md, "Sampling rate"). The
-    # margin is for a loaded machine.
+    expect(stats).to include(sampling_mode: :handler, ticks: :perf_events)
+    signals = stats[:signals]
+    expect(signals[:perf_threads]).to be >= 1
+    expect(signals[:perf_ticks]).to be > 0
+    # Each perf-event tick is a sample (none drawn out): CPU-clock timers fire at the kernel's
+    # tick only, about 250 a CPU-second on Debian's kernels. The margin is for a loaded machine
+    # (bench/RESULTS.md, "Sampling rate").
+    expect(signals[:signals_passed_over]).to eq(0)
     expect(stats[:signal_samples]).to be > cpu_seconds * 300
     expect(shares.fetch("work", 0)).to be > 0.45
     expect(shares.fetch("is_a?", 0)).to be < 0.15
   end
 
-  it "chooses CPU ticks below #{DdprofRecorder::Profiler::WALL_TICKS_FROM_HZ} Hz and wall ticks from there, unless told" do
-    expect(described_class.new(hz: 99).ticks).to eq(:cpu_plus_wall)
-    expect(described_class.new(hz: 999).ticks).to eq(:wall)
-    expect(described_class.new(hz: 99, ticks: :wall).ticks).to eq(:wall)
+  it "takes perf events unless told :cpu, and says so" do
+    expect(described_class.new(hz: 99).ticks).to eq(:auto)
     expect(described_class.new(hz: 999, ticks: :cpu).ticks).to eq(:cpu)
-    expect(described_class.ticks_default({ "DDPROF_RECORDER_TICKS" => "wall" })).to eq(:wall)
     expect(described_class.ticks_default({ "DDPROF_RECORDER_TICKS" => " CPU " })).to eq(:cpu)
+    expect(described_class.ticks_default({ "DDPROF_RECORDER_TICKS" => "wall" })).to eq(:auto)
     expect(described_class.ticks_default({})).to eq(:auto)
-    expect { described_class.new(ticks: :fast) }
-      .to raise_error(ArgumentError, "ticks must be one of :auto, :wall, :cpu, got :fast")
+    expect { described_class.new(ticks: :wall) }
+      .to raise_error(ArgumentError, "ticks must be one of :auto, :cpu, got :wall")
+    profiler = described_class.new(hz: 99, ticks: :cpu, compression: :none)
+    pprof = profiler.profile { SignalSpecWork.run(0.3) }
+    expect(profiler.stats).to include(ticks: :cpu_timers)
+    expect(profiler.stats[:signals]).to include(perf_threads: 0, perf_ticks: 0, perf_refused: nil)
+    expect(decode_pprof(pprof).comment_strings).to include(a_string_matching(/CPU timers: ticks: :cpu/))
   end
 
   it "with signals: false reads stacks at interrupt checks (the bias this mode has)" do

@@ -74,10 +74,10 @@ module DdprofRecorder
                "that cannot take one; cheap C methods then get the CPU of the Ruby code around them)") do
             options.signals = false
           end
-          o.on("--ticks KIND", Profiler::TICKS, "what signals the threads: cpu (a timer on each thread's CPU clock:",
-               "at most the kernel's tick rate, ~250/s, never a thread about to block), wall (those, and the",
-               "trigger thread hz times a second to each thread on a CPU then), or auto (the default: wall from",
-               "#{Profiler::WALL_TICKS_FROM_HZ} Hz up, else cpu, with wall ticks too while the CPU ticks fall below hz)") do |kind|
+          o.on("--ticks KIND", Profiler::TICKS, "what signals the threads: auto (the default: a perf event on each",
+               "thread's CPU clock, every 1/hz of its user-mode CPU, where the kernel allows it, else cpu), or",
+               "cpu (a timer on each thread's CPU clock: at most the kernel's tick rate, ~250/s); either way",
+               "only on a thread's way back to user mode, never inside a system call") do |kind|
             options.ticks = kind
           end
           o.separator ""

@@ -15,9 +15,10 @@
 //!
 //! Each event is limited to one overflow (`PERF_EVENT_IOC_REFRESH` 1): it disables itself at
 //! the overflow that signals, and the handler enables it again ([`refresh`]). So a thread
-//! that blocks the signal has at most one of ours pending, never a queue that reaches
-//! `RLIMIT_SIGPENDING` (past which `send_sigio` sends a plain `SIGIO` instead, whose default
-//! action ends the process).
+//! that blocks the signal has at most one of ours pending (two after the signal moved, whose
+//! refresh may find the event still enabled and adds one to its limit), never a queue that
+//! reaches `RLIMIT_SIGPENDING` (past which `send_sigio` sends a plain `SIGIO` instead, whose
+//! default action ends the process).
 //!
 //! `remove_on_exec` (Linux 5.13+; retried without it before) and `PERF_FLAG_FD_CLOEXEC`: an
 //! `exec` the profiler did not see (a C extension's `execve`) keeps no event.

@@ -180,7 +180,12 @@ pub(super) fn retarget_all(signo: i32) -> usize {
         }
         let fd = slot.perf_fd.load(Acquire);
         if fd >= 0 {
-            if !perf_ticks::retarget(fd, signo) {
+            if perf_ticks::retarget(fd, signo) {
+                // Its last overflow's signal may have gone to the program's handler (or been
+                // ignored), and no handler of ours enabled it again: enabled now (if it was
+                // still enabled, its limit is two overflows from here on: `perf_ticks`).
+                perf_ticks::refresh(fd);
+            } else {
                 disarm_slot(slot);
                 failed += 1;
             }
