@@ -110,7 +110,7 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
     pprof = profiler.profile { SignalSpecWork.run(0.3) }
     expect(profiler.stats).to include(ticks: :cpu_timers)
     expect(profiler.stats[:signals]).to include(perf_threads: 0, perf_ticks: 0, perf_refused: nil)
-    expect(decode_pprof(pprof).comment_strings).to include(a_string_matching(/CPU timers: ticks: :cpu/))
+    expect(pprof_comments(pprof)).to include(a_string_matching(/CPU timers: ticks: :cpu/))
   end
 
   it "with signals: false reads stacks at interrupt checks (the bias this mode has)" do

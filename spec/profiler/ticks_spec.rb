@@ -172,8 +172,7 @@ RSpec.describe DdprofRecorder::Profiler, "ticks" do
     expect(result["now"]).not_to eq(result["signal"])
     expect(result["taken"]).to eq("the program traps it (#{result['signal']}): ticks moved to #{result['now']}")
     expect(result["log"]).to include("WARN").and include(result["taken"])
-    comments = decode_pprof(result["pprof"].unpack1("m0")).then { |p| p.comment.map { |i| p.string_table[i] } }
-    expect(comments).to include("signal: #{result['taken']}")
+    expect(pprof_comments(result["pprof"].unpack1("m0"))).to include("signal: #{result['taken']}")
   end
 
   it "sees a handler a C extension put on its signal, and moves" do
@@ -192,8 +191,7 @@ RSpec.describe DdprofRecorder::Profiler, "ticks" do
     expect(stats).to include(ticks: :cpu_timers)
     expect(stats[:signals]).to include(perf_threads: 0, perf_ticks: 0, perf_refused: a_string_starting_with("perf_event_open refused"))
     expect(stats[:signal_samples]).to be > 0
-    comments = decode_pprof(pprof).then { |p| p.comment.map { |i| p.string_table[i] } }
-    expect(comments.grep(/\Asampling: .*at most the kernel's tick rate \(CPU timers: perf_event_open refused/).size).to eq(1)
+    expect(pprof_comments(pprof).grep(/\Asampling: .*at most the kernel's tick rate \(CPU timers: perf_event_open refused/).size).to eq(1)
   ensure
     described_class::Testing.refuse_perf_events(false)
     described_class.stop

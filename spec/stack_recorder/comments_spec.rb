@@ -5,11 +5,6 @@
 RSpec.describe DdprofRecorder::StackRecorder, "comments" do
   subject(:stack_recorder) { described_class.new }
 
-  def comments_of(pprof)
-    profile = decode_pprof(pprof)
-    profile.comment.map { |index| profile.string_table[index] }
-  end
-
   it "has none by default: no comment field, and #comments is []" do
     expect(stack_recorder.comments).to eq []
     expect(decode_pprof(stack_recorder.serialize!).comment.to_a).to eq []
@@ -26,9 +21,9 @@ RSpec.describe DdprofRecorder::StackRecorder, "comments" do
       first = recorder.serialize!
       second = recorder.serialize!
 
-      expect(comments_of(before)).to eq []
-      expect(comments_of(first)).to eq comments
-      expect(comments_of(second)).to eq comments
+      expect(pprof_comments(before)).to eq []
+      expect(pprof_comments(first)).to eq comments
+      expect(pprof_comments(second)).to eq comments
       expect(value_totals(samples_from(decode_pprof(first)))).to eq("cpu-time" => 2, "cpu-samples" => 2, "wall-time" => 2)
     end
   end
@@ -45,7 +40,7 @@ RSpec.describe DdprofRecorder::StackRecorder, "comments" do
   it "replaces them whole, and [] removes them" do
     stack_recorder.comments = ["one", "two"]
     stack_recorder.comments = ["three"]
-    expect(comments_of(stack_recorder.serialize!)).to eq ["three"]
+    expect(pprof_comments(stack_recorder.serialize!)).to eq ["three"]
     stack_recorder.comments = []
     expect(stack_recorder.comments).to eq []
     expect(decode_pprof(stack_recorder.serialize!).comment.to_a).to eq []
@@ -60,25 +55,25 @@ RSpec.describe DdprofRecorder::StackRecorder, "comments" do
 
     expect(stack_recorder.comments).to eq ["sampling: safepoints"]
     expect(stack_recorder.comments.first.encoding).to eq Encoding::UTF_8
-    expect(comments_of(stack_recorder.serialize!)).to eq ["sampling: safepoints"]
+    expect(pprof_comments(stack_recorder.serialize!)).to eq ["sampling: safepoints"]
   end
 
   it "keeps valid UTF-8 bytes whatever the encoding tag and replaces invalid ones with U+FFFD" do
     stack_recorder.comments = ["caf\xC3\xA9".b, "bad \xFF byte".b]
     expect(stack_recorder.comments).to eq ["café", "bad \uFFFD byte"]
-    expect(comments_of(stack_recorder.serialize!)).to eq ["café", "bad \uFFFD byte"]
+    expect(pprof_comments(stack_recorder.serialize!)).to eq ["café", "bad \uFFFD byte"]
   end
 
   it "keeps them across reset_after_fork and in a forked child" do
     stack_recorder.comments = ["sampling: kept"]
     stack_recorder.reset_after_fork
     expect(stack_recorder.comments).to eq ["sampling: kept"]
-    expect(comments_of(stack_recorder.serialize!)).to eq ["sampling: kept"]
+    expect(pprof_comments(stack_recorder.serialize!)).to eq ["sampling: kept"]
 
     reader, writer = IO.pipe
     pid = fork do
       reader.close
-      writer.puts(stack_recorder.comments, comments_of(stack_recorder.serialize!))
+      writer.puts(stack_recorder.comments, pprof_comments(stack_recorder.serialize!))
       writer.close
       exit!(0)
     end
@@ -108,14 +103,14 @@ RSpec.describe DdprofRecorder::StackRecorder, "comments" do
         stack_recorder.comments = ["before"]
         expect { stack_recorder.comments = argument }.to raise_error(error, message)
         expect(stack_recorder.comments).to eq ["before"]
-        expect(comments_of(stack_recorder.serialize!)).to eq ["before"]
+        expect(pprof_comments(stack_recorder.serialize!)).to eq ["before"]
       end
     end
 
     it "takes the most and the longest comments" do
       longest = "y" * described_class::MAX_COMMENT_BYTES
       stack_recorder.comments = Array.new(described_class::MAX_COMMENTS, longest)
-      expect(comments_of(stack_recorder.serialize!)).to eq Array.new(64, longest)
+      expect(pprof_comments(stack_recorder.serialize!)).to eq Array.new(64, longest)
     end
   end
 

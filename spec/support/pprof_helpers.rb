@@ -16,6 +16,13 @@ module PprofHelpers
     end
   end
 
+  # @param bytes [String] a pprof, raw or gzip-compressed
+  # @return [Array<String>] its comments, in order
+  def pprof_comments(bytes)
+    profile = decode_pprof(bytes)
+    profile.comment.map { |index| profile.string_table[index] }
+  end
+
   # Runs the block with GC.stress off. Decoding a profile allocates thousands of objects, and
   # under GC.stress each allocation is a full GC: the decoder is not what GC_STRESS=1 tests.
   def without_gc_stress
