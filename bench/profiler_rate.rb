@@ -35,8 +35,8 @@
 #   (`stats[:sampler_cpu_ns]`: its Ruby thread plus the jobs' own work) as % of the window's
 #   wall time and of the process CPU in it, and the CPU of the native trigger thread
 #   (`ddprof-trigger`, not in sampler_cpu_ns) as % of the wall time.
-# With signals and wall ticks (the default), the trigger signals each thread that is on a CPU
-# at its ticks; with `DDPROF_RECORDER_TICKS=cpu`, a thread's samples come from its CPU timer,
+# With signals and perf events (the default, where the kernel allows them), each thread's event
+# signals it every 1/hz of its CPU; with `DDPROF_RECORDER_TICKS=cpu`, a thread's samples come from its CPU timer,
 # which the kernel fires only at its scheduler tick: at most CONFIG_HZ (250 here) a
 # CPU-second, whatever the hz, as stackprof's SIGPROF. So after our runs, one stackprof run per hz (cpu mode, interval 1/hz, one busy thread; skipped where
 # stackprof is missing) gives the samples per CPU-second that a CPU-time sampler reaches here,

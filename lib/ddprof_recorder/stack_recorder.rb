@@ -151,7 +151,7 @@ module DdprofRecorder
 
     # Sets the comments every pprof serialized from now on carries, in pprof's `comment` field
     # (`go tool pprof -comments FILE` prints them; {DdprofRecorder.summary} returns them), e.g.
-    # how the profile was sampled: `["sampling: each thread on a CPU at each wall tick ..."]`. A serialization
+    # how the profile was sampled: `["sampling: each thread at each 1/99 s of its CPU (perf events) ..."]`. A serialization
     # already under way keeps the comments it started with. They are kept across
     # {#reset_after_fork} and forks, like the value types. `[]` (the default) writes no
     # `comment` field: the pprof is byte for byte what it was before comments existed.

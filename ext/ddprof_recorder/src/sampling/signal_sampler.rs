@@ -2,69 +2,47 @@
 //! at the VM's next interrupt check (which charges the CPU of Ruby code to the cheap C methods
 //! around it: safepoint bias).
 //!
-//! # Wall ticks (`ticks: :wall`, and `:auto` from 250 Hz)
+//! # Ticks only on the way back to user mode
 //!
-//! Each Ruby thread that the profiler samples is *armed*: it gets a [`Slot`], and its CPU
-//! timer (the CPU ticks below). With wall ticks, at each of its ticks (`hz` a second of wall
-//! time, randomized, see `trigger`) the trigger thread also looks at every armed thread's CPU
-//! clock ([`kick`]) and sends the signal to each thread that is on a CPU at that moment: its
-//! clock moved since the trigger's previous look and moves again between two reads a moment
-//! apart (reading a running thread's clock from another thread brings it up to the
-//! nanosecond, `task_sched_runtime` in Linux's `kernel/sched/core.c`). Sampling the threads
-//! that run at random moments of the wall clock samples each thread's stacks in proportion to
-//! the CPU they use, at `hz` samples per second of its CPU, past the kernel's tick. Except for
-//! one case: when the trigger wakes on the CPU a thread was running on, it has taken that CPU
-//! from the thread, which then reads as not running, and that tick is not a sample of it; on
-//! a loaded machine that is often, since the scheduler wakes the trigger where it last ran
-//! (with three busy processes beside, a busy thread at 999 Hz got no wall tick in some
-//! profiles). So after two ticks in a row that found a thread run since the last look, not
-//! running now, and none running, the trigger moves itself off its CPU for the next one
-//! ([`hop`]: its affinity, every CPU it may use but that one; why two: [`kick`]). That changes
-//! where the trigger runs, not where the signals land. Taking a thread ready to run on the
-//! trigger's own CPU for a displaced one (its state in `/proc`) was tried and left out: the
-//! scheduler (EEVDF, Linux 6.6+) lets the running thread go on to its next preemption point
-//! before the trigger runs, and a system call that updates the thread's runtime
-//! (`clock_gettime` of its CPU clock) is one, so those samples fell there (12% of
-//! bench/accuracy's `threads` on `Process.clock_gettime`, against 0.5% for stackprof). So the
-//! CPU timer's ticks stay samples too (every one of them from 250 Hz up): both sample where
-//! the CPU is, so together they do, and a thread gets at least what the CPU ticks give it,
-//! under load too (a sample's CPU is measured, so more samples cost only their work; totals
-//! stay exact). Measured (the rates, and the hop with and without): bench/RESULTS.md,
-//! "Sampling rate" (`bench/run rate`, `bench/bursty_rate.rb`).
+//! Each Ruby thread that the profiler samples is *armed*: it gets a [`Slot`], and a source of
+//! ticks on its own CPU clock whose signal goes to that thread only. Every source here signals
+//! a thread only as it returns to user mode, having run: a thread that waits (`read(2)`,
+//! `sleep`, `IO.select`, `Queue#pop`, a futex, a libc call through Fiddle) uses no CPU and is
+//! never signalled, and a signal never lands inside a system call, so no blocking call is cut
+//! short (a nonblocking pipe's `IO#sysread` waits in Ruby's internal `poll(2)`, which
+//! `SA_RESTART` does not restart: a signal there raised `Errno::EAGAIN` into the program; a C
+//! extension's `poll` would return `EINTR`). Until this version the trigger thread also sent
+//! *wall ticks* (`rt_tgsigqueueinfo` to each thread whose CPU clock it saw moving), which had
+//! that race: a C `poll(2)` in a loop at 999 Hz returned `EINTR` 44 times in 5 s
+//! (spec/profiler/ticks_spec.rb has the repros). They are gone; the trigger only looks at the
+//! threads' clocks ([`look`]) to time the wall passes ("Batches").
 //!
-//! The signal goes to that thread only (`rt_tgsigqueueinfo`, carrying the slot's index and
-//! generation, see [`send`]), at most one at a time per thread (`kick_pending`: a thread that
-//! blocks the signal does not pile them up). A thread that waits (`read(2)`, `sleep`,
-//! `IO.select`, `Queue#pop`, a futex, a libc call through Fiddle) uses no CPU and is never
-//! signalled. What remains is a race of a few microseconds: a thread seen running that enters
-//! a blocking system call before the signal lands has that call interrupted; with `SA_RESTART`
-//! `read(2)`, `write(2)` and futex waits restart in the kernel, and Ruby's own waits (`sleep`,
-//! `IO.select`, `Queue#pop`) retry on `EINTR` with the time left, so Ruby code sees nothing; a
-//! C function that sleeps with `nanosleep` or `poll` and does not retry could return early.
-//! For programs with such C code, CPU ticks (below) never signal a thread about to block, and
-//! `signals: false` sends no signal at all.
+//! # Perf-event ticks (`ticks: :auto`, where the kernel allows them)
 //!
-//! Below 250 Hz `:auto` is [`WallTicks::WhenShort`] (`ticks: :cpu_plus_wall`): the CPU ticks,
-//! and a wall tick only to a running thread whose samples fall short of one per period of its
-//! CPU ([`pay`]). Under load the CPU ticks fall short of `hz` (a thread's CPU slices end
-//! between two scheduler ticks, which then miss it); these fill the gaps. What a thread owes
-//! carries over to its next samples, so a look that finds it off its CPU is made up at a later
-//! one; a CPU tick that comes when its samples are a period or more ahead is left out
-//! ([`ahead`]). Which thread gets one, and which tick is left out, depends on its clock only,
-//! not on what it runs. Measured in bench/RESULTS.md, "Sampling rate".
+//! A `perf_event_open` software event per thread, `PERF_COUNT_SW_CPU_CLOCK` with
+//! `exclude_kernel`, whose overflow every `1/hz` of the thread's CPU signals it (`perf_ticks`
+//! has the kernel's side: why an overflow always interrupts user mode, and why each event is
+//! limited to one overflow at a time). It is what async-profiler's `cpu` mode uses, and reaches
+//! any rate, past the kernel's scheduler tick. Each overflow is a sample: the handler draws
+//! none out ([`drawn`] is for CPU timers only). An expiry that comes while the thread is in the
+//! kernel is no overflow, so a thread's kernel time gets no samples: a busy Ruby thread loses a
+//! few per cent of its rate (bench/RESULTS.md, "Sampling rate"); its CPU is charged all the
+//! same, as every sample is charged about the thread's average CPU per sample and what is left
+//! goes to its last stack (`ThreadSampler#signal_charge`), so totals stay exact. [`start`]
+//! opens one event for the calling thread to know whether the kernel allows them
+//! (`perf_event_paranoid` 3 refuses them to a user without `CAP_PERFMON`; a seccomp filter or
+//! a container's policy may too); if not, the run has CPU ticks only, capped by the kernel's
+//! tick, and `stats` ([`perf_refused`]) and the profile's `sampling` comment say so. A thread
+//! whose event alone is refused (a descriptor limit) gets a CPU timer.
 //!
-//! # CPU ticks (`ticks: :cpu`, and `:auto` below 250 Hz with the wall ticks above)
+//! # CPU ticks (`ticks: :cpu`, and `:auto` where perf events are refused)
 //!
 //! Each armed thread gets a POSIX timer on its own
 //! CPU clock (`timer_create` on the clock id `MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`, see
 //! `thread_cpu`), whose signal goes to that thread only (`SIGEV_THREAD_ID`). A CPU-clock timer
 //! expires at a scheduler tick while its thread is on a CPU, and Linux sends the signal from
-//! the tick's task work, on the thread's return to user mode: a thread that waits (`read(2)`,
-//! `sleep`, `IO.select`, `Queue#pop`, a futex, a libc call through Fiddle) uses no CPU, so its
-//! timer never expires and it is never interrupted, and a signal never lands inside a blocking
-//! system call. The handler is installed with `SA_RESTART` all the same. The signal is a
-//! real-time one that nothing else in the process handles (see [`install`]): Ruby's `trap`
-//! cannot take real-time signals, so a program's own `trap("PROF")` and the profiler never meet.
+//! the tick's task work, on the thread's return to user mode. The handler is installed with
+//! `SA_RESTART` all the same.
 //!
 //! ## Which CPU ticks are samples
 //!
@@ -84,13 +62,49 @@
 //! the same reason the profiler charges each sample about the thread's average CPU per sample,
 //! not the CPU since its previous sample (`ThreadSampler#signal_charge`).
 //!
+//! # Our signal
+//!
+//! The signal is a real-time one that nothing else in the process handles when the profiler
+//! first starts (see [`install`]). A program can take it: Ruby's `trap` takes a real-time
+//! signal by number (`trap(42)`), and a C extension can call `sigaction`. Its handler would
+//! then run for our ticks (a program that trapped `SIGRTMIN+8` had its handler run 365 times
+//! in 1.5 s at 999 Hz, and a profile with no sample). So [`keep_signal`] moves the ticks to the
+//! next free real-time signal (a perf event's `F_SETSIG`, a CPU timer made anew) or, with none
+//! free, stops signal sampling (the threads are then sampled at the passes): before a Ruby
+//! `trap` of it installs the program's handler (`DdprofRecorder::SignalGuard`), so that
+//! handler never runs for a tick of ours; and when the sampler thread finds, at one of its
+//! wake-ups (every 0.1 s at most), that the handler on it is no longer ours. A tick already
+//! queued on the old signal when it moves goes to whatever handles that signal then: a
+//! window of microseconds. Each perf event is enabled again as it moves (its last tick may
+//! have gone to that other handler, which would not enable it). What happened is kept for
+//! `stats`, the log and the profile's `signal:` comment ([`signal_taken`]).
+//!
+//! # Exec
+//!
+//! A real-time signal still pending at `execve` survives it, and the new image, which has
+//! the default action for it, dies of it (9 of 150 children that started the profiler at
+//! 999 Hz and exec'd a shell, before). So before a Ruby `exec` ([`prepare_exec`], called by
+//! `DdprofRecorder::SignalGuard`), the exec'ing thread blocks the signal, every thread is
+//! disarmed (no timer or event of ours is left to send one; the other threads end at the exec
+//! anyway), the signals of ours pending on this thread or the process are taken
+//! (`sigtimedwait` with no wait), and the thread's mask is given back (`execve` keeps the
+//! mask). The handler stays: `execve` resets it to the default itself, and until then a
+//! stray signal finds it rather than the default action. If the exec fails,
+//! [`resume_after_exec`] arms the threads again. `spawn` and `system` fork a child, which has
+//! no pending signal (a fork's child starts with none), no POSIX timer (not inherited) and no
+//! event of ours (the events are bound to the parent's threads, and their descriptors are
+//! close-on-exec and `remove_on_exec`), and exec there: nothing to do.
+//!
 //! # The handler
 //!
 //! Each armed thread has a [`Slot`]: a state, the tick's CPU clock and time, and a buffer for
-//! the frames, allocated when the thread is armed and reused (never freed). The signal (the
-//! trigger's, or the timer's) carries the slot's index and generation, so the handler finds its
-//! slot without thread-local storage (whose first use in a `dlopen`ed library can allocate).
-//! The handler does only async-signal-safe work: atomics, `clock_gettime`,
+//! the frames, allocated when the thread is armed and reused (never freed). A timer's signal
+//! carries the slot's index and generation (`SI_TIMER`), a perf event's the event's descriptor
+//! (`si_fd` of a `POLL_*` band), which the handler looks up among the slots together with its
+//! own thread id; so it finds its slot without thread-local storage (whose first use in a
+//! `dlopen`ed library can allocate), and a signal of neither kind (a `kill`) is not a tick.
+//! The handler does only async-signal-safe work: atomics, `clock_gettime`, `ioctl` (a perf
+//! event's refresh), `gettid`,
 //! `ruby_thread_has_gvl_p` and `rb_during_gc` (plain reads of the thread's and the VM's
 //! state, Ruby 3.1 `thread.c` and `gc.c`), `rb_profile_frames` and
 //! `rb_postponed_job_register_one`. It reads the frames only when
@@ -165,24 +179,24 @@
 //! Threads are armed and disarmed with the GVL held (`ThreadSampler`), the handler is
 //! installed once and stays (a signal after `stop` finds [`ENABLED`] false and returns; with
 //! no handler the default action of a real-time signal would end the process). A forked
-//! child has the handler but no timers (POSIX timers are not inherited): its slots are
-//! forgotten at its first start. `execve` deletes timers before it resets handlers.
+//! child has the handler but no timers (POSIX timers are not inherited), and copies of the
+//! parent's perf events' descriptors (their signals go to the parent's threads): its slots are
+//! forgotten, and those copies closed, at its first start or stop (the fork hook stops). For
+//! `exec`, see "Exec".
 //!
 //! # Where the code is
 //!
 //! In `signal_sampler/`: [`slots`] holds the slots and their GC root; [`timers`] arms and
-//! disarms threads; [`rt_signal`] installs, sends and blocks the signal; [`handler`] is the
-//! handler, with the end of a GC step that reads the stacks of its ticks in the GC; [`draw`]
-//! says which ticks are samples; [`samples`] takes them out of the slots with the GVL;
-//! [`looks`] is the trigger's look at the threads, which sends the wall ticks; [`counters`]
-//! counts for `stats`. This file holds the run's settings, [`start`] and [`stop`], and
-//! re-exports what the rest of the crate calls.
+//! disarms threads, moves their ticks to another signal and takes them away for an exec;
+//! [`perf_ticks`] opens and refreshes the perf events; [`rt_signal`] installs, checks, blocks
+//! and drains the signal; [`handler`] is the handler, with the end of a GC step that reads the
+//! stacks of its ticks in the GC; [`draw`] says which CPU ticks are samples; [`samples`] takes
+//! them out of the slots with the GVL; [`looks`] is the trigger's look at the threads' clocks;
+//! [`counters`] counts for `stats`. This file holds the run's settings, [`start`] and
+//! [`stop`], [`keep_signal`] and [`prepare_exec`], and re-exports what the rest of the crate
+//! calls.
 //!
 //! [`Slot`]: slots::Slot
-//! [`hop`]: looks::hop
-//! [`send`]: rt_signal::send
-//! [`pay`]: draw::pay
-//! [`ahead`]: draw::ahead
 //! [`drawn`]: draw::drawn
 //! [`TICK_NS`]: draw::TICK_NS
 //! [`PROBE_PERIOD_NS`]: timers::PROBE_PERIOD_NS

@@ -50,15 +50,15 @@
 //!
 //! # Quiet ticks
 //!
-//! When the signal jobs make the wall passes (a busy thread sampled at its CPU ticks) and no
-//! thread needs a wall tick, a tick has nothing to do. After two such ticks in a row the next
+//! When the signal jobs make the wall passes (a busy thread sampled at its ticks), a tick has
+//! nothing to do. After two such ticks in a row the next
 //! intervals are stretched to two and then [`MAX_STRETCH`] periods (still drawn around that
 //! mean), and the first tick with work brings them back to one. Each wake-up of the trigger
 //! costs more than its own CPU: a busy thread on another CPU runs slower while it happens
 //! (bench/RESULTS.md, "Overhead": a process that only slept 10 ms in a loop, pinned to the other
 //! CPU, slowed examples/hot_spot's work by up to a third on this project's VM). A program that
 //! stops running Ruby gets the full rate back at once: its ticks register the job (no signal pass
-//! is recent), and a machine under load too: its ticks find threads off their CPU.
+//! is recent).
 //!
 //! # Batches
 //!
@@ -266,8 +266,7 @@ fn run_ticks(setup: &Setup, stop: &AtomicBool) {
             // fail (EBADF, EAGAIN), which is fine: the Ruby thread is stopping or already woken.
             unsafe { libc::write(setup.wake_fd, b"!".as_ptr().cast(), 1) };
         }
-        // Ticks with nothing to do (the signal jobs make the passes, and no thread needs a
-        // wall tick) stretch the next interval, up to [`MAX_STRETCH`] periods: see "Quiet
+        // Ticks with nothing to do (the signal jobs make the passes) stretch the next interval, up to [`MAX_STRETCH`] periods: see "Quiet
         // ticks".
         let done = tick(setup.job, period, &mut events);
         asked = done.asked;

@@ -14,11 +14,11 @@ use std::sync::Mutex;
 use super::counters::COUNTERS;
 use super::perf_ticks;
 use super::rt_signal::{blocks_signal, drain_pending, signal_value, BlockedHere, SIGNO};
-use super::{HZ, PERF};
 use super::samples::{drain_slot, KEPT};
 use super::slots::{
     armed, used_slots, Frames, Slot, ARMED, DEPTH, EMPTY, FREE, FULL, SLOTS, SLOTS_USED, WRITING,
 };
+use super::{HZ, PERF};
 use crate::sampling::thread_cpu::{clock_ns, cpu_clock_id};
 
 /// The CPU timers' period: far below any scheduler tick (1 to 10 ms), so that a timer has
