@@ -191,9 +191,10 @@ RSpec.describe DdprofRecorder::Profiler, "does not disturb the program" do
       end
 
       # CPU ticks' signals are the timers' (SI_TIMER); perf events' are F_SETSIG's (a POLL_*
-      # band: POLL_HUP, 0x6 to strace, the event reaching its one-overflow limit). Neither is the SI_QUEUE of a
-      # signal sent from this process, as the wall ticks were.
-      { "auto" => ["perf_events", "POLL_HUP|POLL_IN|0x6|0x1"], "cpu" => ["cpu_timers", "SI_TIMER"] }.each do |ticks, (kind, code)|
+      # band: POLL_HUP, 0x6 to strace, the event reaching its one-overflow limit), beside their
+      # threads' timers. Neither is the SI_QUEUE of a signal sent from this process, as the wall
+      # ticks were.
+      { "auto" => ["perf_events", "POLL_HUP|POLL_IN|0x6|0x1|SI_TIMER"], "cpu" => ["cpu_timers", "SI_TIMER"] }.each do |ticks, (kind, code)|
         it "signals a thread for the CPU it uses: the busy one, the sleeping one hardly (strace, #{ticks} ticks)" do
           result, signals = traced_signals(true, { "DDPROF_RECORDER_TICKS" => ticks })
           expect(result["stats"]["ticks"]).to eq(kind)

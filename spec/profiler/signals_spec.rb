@@ -90,9 +90,10 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
     expect(signals[:perf_threads]).to be >= 1
     expect(signals[:perf_ticks]).to be > 0
     # Each perf-event tick is a sample (none drawn out): CPU-clock timers fire at the kernel's
-    # tick only, about 250 a CPU-second on Debian's kernels. The margin is for a loaded machine
+    # tick only, about 250 a CPU-second on Debian's kernels, and beside the events theirs are
+    # samples only where the events fell behind. The margin is for a loaded machine
     # (bench/RESULTS.md, "Sampling rate").
-    expect(signals[:signals_passed_over]).to eq(0)
+    expect(signals[:perf_ticks]).to be > cpu_seconds * 300
     expect(stats[:signal_samples]).to be > cpu_seconds * 300
     expect(shares.fetch("work", 0)).to be > 0.45
     expect(shares.fetch("is_a?", 0)).to be < 0.15

@@ -183,6 +183,24 @@ RSpec.describe DdprofRecorder::Profiler, "ticks" do
     expect(result["log"]).to include(result["taken"])
   end
 
+  it "samples a thread that spends its CPU in system calls, where its perf event never overflows" do
+    profiler = described_class.new(hz: 99, compression: :none)
+    cpu_ns = nil
+    pprof = profiler.profile do
+      Thread.new do
+        clock = Process::CLOCK_THREAD_CPUTIME_ID # a system call each (no vDSO for a thread's clock)
+        start = Process.clock_gettime(clock, :nanosecond)
+        nil while Process.clock_gettime(clock, :nanosecond) - start < 400_000_000
+        cpu_ns = Process.clock_gettime(clock, :nanosecond) - start
+      end.join
+    end
+    expect(profiler.stats).to include(ticks: :perf_events)
+    # About 99 a CPU-second from its CPU timer's ticks (8 for 0.3 s with the event alone);
+    # the margin is for a loaded machine.
+    expect(profiler.stats[:signal_samples]).to be > cpu_ns / 1e9 * 99 * 0.5
+    expect(samples_from(decode_pprof(pprof)).sum { |s| s[:values]["cpu-time"] }).to be > 0
+  end
+
   it "without perf events (refused), takes CPU timers and says why in stats and the profile" do
     described_class::Testing.refuse_perf_events(true)
     profiler = described_class.new(hz: 999, compression: :none)

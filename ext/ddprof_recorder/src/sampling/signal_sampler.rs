@@ -24,18 +24,25 @@
 //! has the kernel's side: why an overflow always interrupts user mode, and why each event is
 //! limited to one overflow at a time). It is what async-profiler's `cpu` mode uses, and reaches
 //! any rate, past the kernel's scheduler tick. Each overflow is a sample: the handler draws
-//! none out ([`drawn`] is for CPU timers only). An expiry that comes while the thread is in the
-//! kernel is no overflow, so a thread's kernel time gets no samples: a busy Ruby thread loses a
-//! few per cent of its rate (bench/RESULTS.md, "Sampling rate"); its CPU is charged all the
-//! same, as every sample is charged about the thread's average CPU per sample and what is left
-//! goes to its last stack (`ThreadSampler#signal_charge`), so totals stay exact. [`start`]
+//! none out ([`drawn`] is for CPU timers alone). An expiry that comes while the thread is in
+//! the kernel is no overflow, so the event gives a thread's kernel time no samples: a thread
+//! that burns its CPU in system calls (`Process.clock_gettime` of a thread CPU clock in a loop)
+//! got 8 samples for 0.3 s of CPU at 99 Hz. So each such thread keeps its CPU timer too (below),
+//! whose tick is a sample only when the thread's samples owe more than a period of its CPU
+//! ([`owes`]; each sample pays one period, [`pay`]): in user code the event keeps them paid
+//! and the timer's ticks are left out (`signals_passed_over`); in the kernel the timer's ticks,
+//! which come on the way back to user mode too, make up for the event's, up to the kernel's
+//! tick rate (27 samples for that 0.3 s). Which tick is taken depends on the thread's clock
+//! only, not on what it runs. Every sample is charged about the thread's average CPU per
+//! sample and what is left goes to its last stack (`ThreadSampler#signal_charge`), so totals
+//! stay exact. [`start`]
 //! opens one event for the calling thread to know whether the kernel allows them
 //! (`perf_event_paranoid` 3 refuses them to a user without `CAP_PERFMON`; a seccomp filter or
 //! a container's policy may too); if not, the run has CPU ticks only, capped by the kernel's
 //! tick, and `stats` ([`perf_refused`]) and the profile's `sampling` comment say so. A thread
 //! whose event alone is refused (a descriptor limit) gets a CPU timer.
 //!
-//! # CPU ticks (`ticks: :cpu`, and `:auto` where perf events are refused)
+//! # CPU ticks (`ticks: :cpu`, `:auto` where perf events are refused, and beside each event)
 //!
 //! Each armed thread gets a POSIX timer on its own
 //! CPU clock (`timer_create` on the clock id `MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`, see
@@ -198,6 +205,8 @@
 //!
 //! [`Slot`]: slots::Slot
 //! [`drawn`]: draw::drawn
+//! [`owes`]: draw::owes
+//! [`pay`]: draw::pay
 //! [`TICK_NS`]: draw::TICK_NS
 //! [`PROBE_PERIOD_NS`]: timers::PROBE_PERIOD_NS
 

@@ -1,6 +1,6 @@
 //! Which CPU-timer ticks are samples (`signal_sampler`, "Which CPU ticks are samples"): the
-//! handler's draw, and the tick it measures for it. A perf-event tick is a sample at its own
-//! rate and is not drawn. Atomics and integer arithmetic only: the handler calls all of it.
+//! handler's draw, and the tick it measures for it; beside a perf event (whose ticks are
+//! samples at their own rate, never drawn), the CPU each sample pays for. Atomics and integer arithmetic only: the handler calls all of it.
 use std::sync::atomic::{
     AtomicI64,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
@@ -25,6 +25,32 @@ pub(super) static TICK_NS: AtomicI64 = AtomicI64::new(0);
 /// The kernel's tick as measured so far, in ns (0: not yet).
 pub fn tick_ns() -> i64 {
     TICK_NS.load(Acquire)
+}
+
+/// A period of CPU: `1/hz`, in ns.
+pub(super) fn period_ns() -> i64 {
+    1_000_000_000 / i64::from(HZ.load(Acquire).max(1))
+}
+
+/// Periods a thread's samples may owe, or be ahead by ([`pay`]).
+const CARRIED_PERIODS: i64 = 2;
+
+/// A sample of the thread whose CPU clock reads `cpu` pays for one period of its CPU. What it
+/// owes (its clock past what its samples paid for) or is ahead by is carried to its next
+/// samples up to [`CARRIED_PERIODS`]. Only its own handler writes it; atomics only.
+pub(super) fn pay(slot: &Slot, cpu: i64) {
+    let period = period_ns();
+    let carried = CARRIED_PERIODS * period;
+    let paid = slot.paid_cpu_ns.load(Acquire).max(cpu - carried) + period;
+    slot.paid_cpu_ns.store(paid.min(cpu + carried), Release);
+}
+
+/// With a perf event, whether the thread's CPU timer tick is a sample: its samples owe more
+/// than a period of its CPU (the event missed it: CPU used in the kernel, where it never
+/// overflows). In user code the event's ticks pay as they come, and the timer's are left out.
+/// Which ticks it takes depends on the thread's clock only, not on what it runs.
+pub(super) fn owes(slot: &Slot, cpu: i64) -> bool {
+    cpu - slot.paid_cpu_ns.load(Acquire) > period_ns()
 }
 
 /// Whether this tick is a sample: each is, independently, with probability `hz * tick`

@@ -8,7 +8,7 @@ use std::sync::atomic::{
 };
 
 use super::counters::COUNTERS;
-use super::draw::drawn;
+use super::draw::{drawn, owes, pay};
 use super::perf_ticks::refresh;
 use super::rt_signal::{poll_fd, INDEX_MASK};
 use super::slots::{
@@ -78,8 +78,16 @@ fn handle(info: *mut libc::siginfo_t) {
     }
     let now = clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0);
     let cpu = own_cpu_ns();
-    // A perf-event tick is a sample at its own rate: only a CPU timer's is drawn.
-    if !perf && !drawn(slot, cpu) {
+    // A perf-event tick is a sample at its own rate. Beside one, a CPU timer's tick is a
+    // sample when the event's fell behind the thread's CPU (`draw::owes`); alone, it is drawn.
+    let taken = if perf {
+        true
+    } else if slot.perf_fd.load(Acquire) >= 0 {
+        owes(slot, cpu)
+    } else {
+        drawn(slot, cpu)
+    };
+    if !taken {
         COUNTERS.passed_over.fetch_add(1, Relaxed);
         return;
     }
@@ -142,6 +150,7 @@ fn handle(info: *mut libc::siginfo_t) {
         READ_AT_JOB
     };
     buffer.depth.store(depth, Release);
+    pay(slot, cpu);
     buffer.state.store(FULL, Release);
     slot.written.store(written.wrapping_add(1), Release);
     // A batch waits for one job (`signal_sampler`, "Batches"); at the job, each sample has its

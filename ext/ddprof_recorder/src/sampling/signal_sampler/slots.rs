@@ -92,6 +92,11 @@ pub(super) struct Slot {
     pub(super) random: AtomicU64,
     /// The thread's CPU clock when the trigger last looked at it ([`look`](super::look)).
     pub(super) look_cpu_ns: AtomicI64,
+    /// With a perf event: the thread's CPU clock up to which its samples pay for its CPU, one
+    /// period each ([`pay`]); its CPU timer's tick is a sample only past that.
+    ///
+    /// [`pay`]: super::draw::pay
+    pub(super) paid_cpu_ns: AtomicI64,
 }
 
 impl Slot {
@@ -110,6 +115,7 @@ impl Slot {
             last_tick_cpu_ns: AtomicI64::new(0),
             random: AtomicU64::new(0),
             look_cpu_ns: AtomicI64::new(0),
+            paid_cpu_ns: AtomicI64::new(0),
         }
     }
 }

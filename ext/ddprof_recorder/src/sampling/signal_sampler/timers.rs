@@ -12,6 +12,7 @@ use std::sync::atomic::{
 use std::sync::Mutex;
 
 use super::counters::COUNTERS;
+use super::draw::period_ns;
 use super::perf_ticks;
 use super::rt_signal::{blocks_signal, drain_pending, signal_value, BlockedHere, SIGNO};
 use super::samples::{drain_slot, KEPT};
@@ -112,27 +113,35 @@ fn arm_locked(tid: i32) -> bool {
     let seed = (clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(1) as u64) ^ ((tid as u64) << 32);
     slot.random.store(seed | 1, Release);
     // The trigger's first look can then tell whether the thread runs.
-    slot.look_cpu_ns.store(clock_ns(cpu_clock_id(tid)).unwrap_or(0), Release);
-    if PERF.load(Acquire) {
-        match perf_ticks::open(tid, HZ.load(Acquire), signo) {
-            Ok(fd) => {
-                slot.perf_fd.store(fd, Release);
-                slot.state.store(ARMED, Release);
-                // Enabled once the handler can find the slot by its descriptor.
-                perf_ticks::refresh(fd);
-                COUNTERS.perf_threads.fetch_add(1, Relaxed);
-                return true;
-            }
-            // Refused for this thread (a descriptor limit, say): a CPU-clock timer instead.
-            Err(_) => COUNTERS.perf_failures.fetch_add(1, Relaxed),
-        };
-    }
+    let cpu_now = clock_ns(cpu_clock_id(tid)).unwrap_or(0);
+    slot.look_cpu_ns.store(cpu_now, Release);
+    // Its samples pay for its CPU from now (`draw::pay`).
+    slot.paid_cpu_ns.store(cpu_now.saturating_add(period_ns()), Release);
+    // With perf events, the CPU timer too: it makes up for the CPU the thread uses in the
+    // kernel, where the event never overflows (`signal_sampler`, "Perf-event ticks").
     let Some(timer) = new_timer(tid, signo, index, generation) else {
         slot.tid.store(0, Release);
         return false;
     };
     slot.timer.store(timer as usize, Release);
+    if PERF.load(Acquire) {
+        match perf_ticks::open(tid, HZ.load(Acquire), signo) {
+            Ok(fd) => {
+                slot.perf_fd.store(fd, Release);
+                COUNTERS.perf_threads.fetch_add(1, Relaxed);
+            }
+            // Refused for this thread (a descriptor limit, say): its CPU timer alone.
+            Err(_) => {
+                COUNTERS.perf_failures.fetch_add(1, Relaxed);
+            }
+        }
+    }
     slot.state.store(ARMED, Release);
+    let fd = slot.perf_fd.load(Acquire);
+    if fd >= 0 {
+        // Enabled once the handler can find the slot by its descriptor.
+        perf_ticks::refresh(fd);
+    }
     if !start_timer(timer) {
         disarm_slot(slot);
         return false;
@@ -188,8 +197,8 @@ pub(super) fn retarget_all(signo: i32) -> usize {
             } else {
                 disarm_slot(slot);
                 failed += 1;
+                continue;
             }
-            continue;
         }
         let tid = slot.tid.load(Acquire);
         let generation = slot.generation.load(Acquire);
