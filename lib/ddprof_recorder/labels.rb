@@ -51,7 +51,7 @@ module DdprofRecorder
     # One thread's label sets: the current one, the sets below it (nesting), and the last
     # HISTORY changes with their monotonic times.
     class Slot
-      HISTORY = 16
+      HISTORY = 64
 
       # @return [Array<Array(String, String)>] frozen, the set on now.
       attr_reader :pairs
