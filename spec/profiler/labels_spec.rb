@@ -140,6 +140,25 @@ RSpec.describe "Application labels" do
     by = cpu_by(samples_from(decode_pprof(pprof)), "trace endpoint")
     expect(by.keys.compact.sort).to eq(%w[GET report])
   end
+  # The slot keeps its sets natively (ext/ddprof_recorder/src/labels.rs): under GC.stress
+  # (rake spec:gc_stress) every allocation in push_hash starts a GC, and GC.compact moves what
+  # it may; the sets must come back whole.
+  it "keeps its sets whole across GCs and compactions", gc_stress: true do
+    slot = DdprofRecorder::Labels.slot
+    base = slot.depth
+    depths = Array.new(20) { |i| DdprofRecorder.push_labels("k#{i % 5}" => +"v#{i}", "n#{i % 11}" => "x" * i) }
+    GC.compact if GC.respond_to?(:compact)
+    expect(DdprofRecorder.current_labels).to include("k4" => "v19", "k0" => "v15", "n8" => "x" * 19, "n10" => "x" * 10)
+    expect(DdprofRecorder.current_labels.size).to eq(DdprofRecorder::Labels::MAX_LABELS)
+    expect(slot.at(Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond))).to equal(slot.pairs)
+    DdprofRecorder.pop_labels(depths[10])
+    GC.start
+    expect(DdprofRecorder.current_labels).to eq((5..9).to_h { |i| ["k#{i % 5}", "v#{i}"] }.merge((0..9).to_h { |i| ["n#{i}", "x" * i] }))
+    DdprofRecorder.pop_labels(depths[0])
+    expect(slot.depth).to eq(base)
+    expect(DdprofRecorder.current_labels).to eq({})
+  end
+
   # The server writes the body and closes it after `call` returned: Rails does its request's
   # completion there, a streaming body its work. That CPU is the request's too.
   it "keeps a request's endpoint on while the server iterates and closes its body, and not after" do
