@@ -77,6 +77,12 @@ module DdprofRecorder
     # 1e-12 s the next window was always due: the thread cut windows in a busy loop (1,598
     # files in 2 s from `record --interval 1e-12`).
     MIN_INTERVAL = 0.1
+    # The longest `interval:`, in seconds: a year. The windows' deadlines are nanoseconds, and
+    # past about 1.8e299 s a Float interval times 1e9 is Infinity: `DDPROF_RECORDER_INTERVAL=1e308`
+    # was taken here, then `start` died with `FloatDomainError: Infinity`.
+    MAX_INTERVAL = 365 * 86_400
+    # The intervals a profiler takes.
+    INTERVAL_RANGE = (MIN_INTERVAL..MAX_INTERVAL).freeze
     # Value types of the profiles made, in value order (StackRecorder's defaults), without
     # the memory options; see {#value_types}.
     VALUE_TYPES = StackRecorder::DEFAULT_VALUE_TYPES
@@ -235,7 +241,7 @@ module DdprofRecorder
 
     # @param hz [Integer] sampling passes per second, in {HZ_RANGE}.
     # @param interval [Numeric, nil] with an exporter, hand it a window every `interval`
-    #   seconds (default 60; at least {MIN_INTERVAL}); the last window goes to it at {#stop}.
+    #   seconds (default 60; in {INTERVAL_RANGE}); the last window goes to it at {#stop}.
     #   The sampler thread cuts the windows (a few ms: encoding runs without the GVL).
     # @param exporter [#call, #export, nil] receives `(start, finish, pprof)` for each window:
     #   `export` if it has one, else `call`. Or pass a block. It runs in a thread of its own
@@ -313,8 +319,8 @@ module DdprofRecorder
       unless Numeric === export_timeout && export_timeout.real? && export_timeout.finite? && !export_timeout.negative?
         raise ArgumentError, "export_timeout must be a finite number of seconds >= 0, got #{shown(export_timeout)}"
       end
-      unless interval.nil? || (interval.is_a?(Numeric) && interval.real? && interval.finite? && interval >= MIN_INTERVAL)
-        raise ArgumentError, "interval must be a finite number of seconds >= #{MIN_INTERVAL}, got #{shown(interval)}"
+      unless interval.nil? || Profiler.interval?(interval)
+        raise ArgumentError, "interval must be a number of seconds in #{INTERVAL_RANGE}, got #{shown(interval)}"
       end
 
       @exporter = exporter || block
@@ -427,6 +433,12 @@ module DdprofRecorder
 
     # @return [String, nil] why the mode is not `:handler`, when signals were asked for.
     attr_reader :sampling_mode_reason
+
+    # @api private
+    # @return [Boolean] whether `value` is a real number of seconds in {INTERVAL_RANGE}.
+    def self.interval?(value)
+      Numeric === value && value.real? && INTERVAL_RANGE.cover?(value)
+    end
 
     # @api private
     # @return [Boolean] whether `value` is a number in {ALLOCATION_OVERHEAD_RANGE}.

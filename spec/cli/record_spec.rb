@@ -338,8 +338,9 @@ RSpec.describe "ddprof-recorder record" do
     { [] => /record: no COMMAND given \(usage: ddprof-recorder record \[-o FILE\]/,
       %w[--hz 0 -- ruby] => /record: --hz must be in 1\.\.1000, got 0$/,
       %w[--hz fast -- ruby] => /record: invalid argument: --hz fast/,
-      %w[--interval 0 -- ruby] => /record: --interval must be at least 0\.1 \(seconds\), got 0\.0$/,
-      %w[--interval 1e-12 -- ruby] => /record: --interval must be at least 0\.1 \(seconds\), got 1\.0e-12$/,
+      %w[--interval 0 -- ruby] => /record: --interval must be in 0\.1\.\.31536000 \(seconds\), got 0\.0$/,
+      %w[--interval 1e-12 -- ruby] => /record: --interval must be in 0\.1\.\.31536000 \(seconds\), got 1\.0e-12$/,
+      %w[--interval 1e308 -- ruby] => /record: --interval must be in 0\.1\.\.31536000 \(seconds\), got 1\.0e\+308$/,
       %w[--allocation-interval 0 -- ruby] => /record: --allocation-interval must be in 1\.\.\d+, got 0$/,
       %w[--allocation-interval many -- ruby] => /record: invalid argument: --allocation-interval many/,
       %w[--allocation-overhead 0 -- ruby] => /record: --allocation-overhead must be in \(0, 1\], got 0\.0$/,
@@ -405,7 +406,9 @@ RSpec.describe "ddprof-recorder record" do
       { "DDPROF_RECORDER_HZ=0" => "DDPROF_RECORDER_HZ must be an integer in 1..1000, got \"0\"",
         "DDPROF_RECORDER_ALLOCATIONS=0" => "DDPROF_RECORDER_ALLOCATIONS must be an integer in 1..1099511627776, got \"0\"",
         "DDPROF_RECORDER_ALLOCATION_OVERHEAD=2" => "DDPROF_RECORDER_ALLOCATION_OVERHEAD must be a number in (0, 1], got \"2\"",
-        "DDPROF_RECORDER_INTERVAL=1e-12" => "DDPROF_RECORDER_INTERVAL must be a number of seconds >= 0.1, got \"1e-12\"" }
+        "DDPROF_RECORDER_INTERVAL=1e-12" => "DDPROF_RECORDER_INTERVAL must be a number of seconds in 0.1..31536000, got \"1e-12\"",
+        # Finite, but not as nanoseconds: it was `FloatDomainError: Infinity`.
+        "DDPROF_RECORDER_INTERVAL=1e308" => "DDPROF_RECORDER_INTERVAL must be a number of seconds in 0.1..31536000, got \"1e308\"" }
         .each do |setting, message|
         _, err, status = record("env", setting, RbConfig.ruby, "-e", "1")
         expect(status).to eq(1)

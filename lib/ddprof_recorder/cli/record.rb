@@ -49,7 +49,7 @@ module DdprofRecorder
           o.on("--hz N", Integer, "samples per second and thread (#{Profiler::HZ_RANGE}, default #{Profiler::DEFAULT_HZ})") do |v|
             options.hz = v
           end
-          o.on("--interval S", Float, "also cut the profile every S seconds (at least #{Profiler::MIN_INTERVAL}): one file",
+          o.on("--interval S", Float, "also cut the profile every S seconds (#{Profiler::INTERVAL_RANGE}): one file",
                "per window, FILE with a number (profile.0001.pb.gz, ...)") { |v| options.interval = v }
           o.on("--allocations", "also sample allocations (alloc-samples, alloc-count)") { options.allocations = true }
           o.on("--allocation-interval N", Integer,
@@ -90,8 +90,8 @@ module DdprofRecorder
         unless Profiler::HZ_RANGE.cover?(options.hz)
           raise usage_error("record: --hz must be in #{Profiler::HZ_RANGE}, got #{options.hz}")
         end
-        if options.interval && !(options.interval.finite? && options.interval >= Profiler::MIN_INTERVAL)
-          raise usage_error("record: --interval must be at least #{Profiler::MIN_INTERVAL} (seconds), got #{options.interval}")
+        if options.interval && !Profiler.interval?(options.interval)
+          raise usage_error("record: --interval must be in #{Profiler::INTERVAL_RANGE} (seconds), got #{options.interval}")
         end
         unless Profiler::ALLOCATION_INTERVAL_RANGE.cover?(options.allocation_interval)
           raise usage_error("record: --allocation-interval must be in #{Profiler::ALLOCATION_INTERVAL_RANGE}, " \
