@@ -51,16 +51,20 @@ module DdprofRecorder
     # One thread's label sets: the current one, the sets below it (nesting), and the last
     # HISTORY changes with their monotonic times.
     class Slot
-      HISTORY = 16
+      HISTORY = 64
 
       # @return [Array<Array(String, String)>] frozen, the set on now.
       attr_reader :pairs
+      # @return [Array(Integer, Boolean), nil] Endpoints': the request whose body the server is
+      #   writing on this thread (see Endpoints#call), nil when none is.
+      attr_accessor :open_body
 
       # @param serial [Integer] this slot's number in the process (see #next_span_id).
       def initialize(serial)
         @serial = serial
         @spans = 0
         @pairs = NONE
+        @open_body = nil
         @stack = []
         # A ring of changes: at `@times[i]` the set became `@sets[i]`.
         @times = Array.new(HISTORY)

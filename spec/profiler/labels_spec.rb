@@ -140,4 +140,50 @@ RSpec.describe "Application labels" do
     by = cpu_by(samples_from(decode_pprof(pprof)), "trace endpoint")
     expect(by.keys.compact.sort).to eq(%w[GET report])
   end
+  # The server writes the body and closes it after `call` returned: Rails does its request's
+  # completion there, a streaming body its work. That CPU is the request's too.
+  it "keeps a request's endpoint on while the server iterates and closes its body, and not after" do
+    skip "rack is Debian's, for its Ruby: #{SINATRA_MISSING}" if defined?(SINATRA_MISSING)
+    streaming = Class.new do
+      define_method(:each) { |&block| 3.times { 100_000.times { |i| i.to_s }; block.call("part") } }
+      define_method(:close) { 100_000.times { |i| i.to_s } }
+    end
+    app = DdprofRecorder::Endpoints.new(lambda do |env|
+      env["ddprof_recorder.endpoint"] = "stream"
+      [200, {}, streaming.new]
+    end)
+    after = nil
+    pprof = DdprofRecorder::Profiler.profile(hz: 999) do
+      request = Rack::MockRequest.new(app)
+      4.times { request.get("/") }
+      after = DdprofRecorder.current_labels
+      burn(400_000) # no request's
+    end
+    by = cpu_by(samples_from(decode_pprof(pprof)), "trace endpoint")
+    expect(after).to eq({})
+    # 1.6M iterations inside the requests' bodies, 0.4M outside them.
+    expect(by["stream"]).to be > 0.6 * by.values.sum
+    expect(by[nil]).to be > 0.1 * by.values.sum
+  end
+
+  it "ends the span of a request whose body was never closed at the thread's next request" do
+    skip "rack is Debian's, for its Ruby: #{SINATRA_MISSING}" if defined?(SINATRA_MISSING)
+    app = DdprofRecorder::Endpoints.new(->(_env) { [200, {}, ["ok"]] })
+    env = -> { Rack::MockRequest.env_for("/") }
+    slot = DdprofRecorder::Labels.slot
+    base = slot.depth
+    depths = []
+    DdprofRecorder::Profiler.profile(hz: 99) do
+      3.times do
+        app.call(env.call) # the body left open
+        depths << slot.depth
+      end
+      _, _, body = app.call(env.call)
+      body.close
+      depths << slot.depth
+      body.close # a second close changes nothing
+      depths << slot.depth
+    end
+    expect(depths).to eq([base + 1, base + 1, base + 1, base, base])
+  end
 end
