@@ -355,9 +355,9 @@ module DdprofRecorder
         v = Integer(text, 10)
         v if Profiler::HZ_RANGE.cover?(v)
       end
-      interval = env_value(env, INTERVAL, "a number of seconds >= #{Profiler::MIN_INTERVAL}") do |text|
+      interval = env_value(env, INTERVAL, "a number of seconds in #{Profiler::INTERVAL_RANGE}") do |text|
         v = Float(text)
-        v if v.finite? && v >= Profiler::MIN_INTERVAL
+        v if Profiler.interval?(v)
       end
       options = { hz: hz || Profiler::DEFAULT_HZ, compression: out.end_with?(".gz") ? :gzip : :none,
                   timeline: env[TIMELINE] == "1" }
