@@ -19,11 +19,8 @@
 require "optparse"
 require "tmpdir"
 require_relative "support/measure"
+require_relative "support/rails_app"
 require_relative "support/server_bench"
-
-ROOT = File.expand_path("..", __dir__)
-APP = File.join(ROOT, "spec", "fixtures", "rails_app")
-PATHS = ["/", "/heavy", "/items", "/items/7", "/api/stats"].freeze
 
 options = { rounds: 8, seconds: 6, hz: 99 }
 OptionParser.new do |o|
@@ -37,20 +34,19 @@ def run(kind, options)
   Dir.mktmpdir("ddprof_recorder_rails_bench") do |dir|
     port = BenchServer.free_port
     pidfile = File.join(dir, "puma.pid")
-    command = ["puma", "-C", File.join(APP, "config", "puma.rb"), "-w", "2", "-t", "4:4",
-               "-b", "tcp://127.0.0.1:#{port}", "--pidfile", pidfile, File.join(APP, "config.ru")]
+    command = BenchRailsApp.puma(port: port, pidfile: pidfile)
     command = BenchServer.record(command, hz: options[:hz], output: File.join(dir, "rails.pb.gz")) if kind == :profiled
-    env = { "RAILS_APP_TMP" => File.join(dir, "tmp"), "RAILS_APP_TRUTH" => File.join(dir, "truth.json") }
+    env = BenchRailsApp.env(dir, truth: File.join(dir, "truth.json"))
     rps = BenchServer.serve(command, port: port, pidfile: pidfile, chdir: dir, env: env) do
-      BenchServer.wrk(port, 1, paths: PATHS, dir: dir) # warm-up; its requests are in the truth and the profile alike
-      BenchServer.wrk(port, options[:seconds], paths: PATHS, dir: dir)
+      BenchServer.wrk(port, 1, paths: BenchRailsApp::PATHS, dir: dir) # warm-up; its requests are in the truth and the profile alike
+      BenchServer.wrk(port, options[:seconds], paths: BenchRailsApp::PATHS, dir: dir)
     end
     ours = (BenchServer.endpoint_cpu(Dir[File.join(dir, "rails.pid*.pb.gz")]) if kind == :profiled)
     [rps, BenchServer.read_truth(File.join(dir, "truth.json")), ours]
   end
 end
 
-abort "bench/rails_endpoints.rb: Debian's Rails is for Ruby 3.1" unless RUBY_VERSION.start_with?("3.1")
+BenchRailsApp.check("bench/rails_endpoints.rb")
 BenchServer.need_programs("bench/rails_endpoints.rb", %w[puma wrk])
 puts "rails endpoints: puma -w 2 -t 4:4, #{options[:rounds]} rounds of #{options[:seconds]} s, " \
      "profiled at #{options[:hz]} Hz, load average #{BenchMeasure.load_average}"
