@@ -4,6 +4,8 @@ require "json"
 require "net/http"
 require "rbconfig"
 require "socket"
+require "tmpdir"
+require_relative "measure"
 
 # What the benchmarks that serve an app on 127.0.0.1 share (bench/rails_endpoints.rb,
 # bench/sinatra_endpoints.rb, bench/server_throughput.rb, the `rails` program of
@@ -31,10 +33,11 @@ module BenchServer
     false
   end
 
-  # `command` under `ddprof-recorder record --hz HZ -o OUTPUT` (each forked worker writes
-  # OUTPUT with its pid: `x.pid4242.pb.gz`).
-  def record(command, hz:, output:)
-    [RbConfig.ruby, File.join(ROOT, "exe", "ddprof-recorder"), "record", "--hz", hz.to_s, "-o", output, "--", *command]
+  # `command` under `ddprof-recorder record --hz HZ [ARGS] -o OUTPUT` (each forked worker
+  # writes OUTPUT with its pid: `x.pid4242.pb.gz`).
+  def record(command, hz:, output:, args: [])
+    [RbConfig.ruby, File.join(ROOT, "exe", "ddprof-recorder"), "record", "--hz", hz.to_s, *args, "-o", output,
+     "--", *command]
   end
 
   # Starts `command` in a process group of its own (output to `log`, default none), waits
@@ -154,5 +157,68 @@ module BenchServer
     compared[:truth].keys.union(compared[:ours].keys).sort.map do |e|
       format("%s %.1f/%.1f", e, compared[:ours].fetch(e, 0.0), compared[:truth].fetch(e, 0.0))
     end.join(", ")
+  end
+
+  # One server of an endpoints bench (bench/rails_endpoints.rb, bench/sinatra_endpoints.rb),
+  # in a fresh directory: the block gives the server's command and environment for (port,
+  # pidfile, dir, truth, inner), the app writing its RequestCpu truth to `truth`.<pid> and, if
+  # it measures one, a second truth further in to `inner`.<pid>; the command runs as it is
+  # (:plain) or under `record --hz [options[:record_args]]` (:profiled), is up once it answers `up_path` (default: the
+  # first of `paths`), is loaded by wrk over `paths` for 1 s of warm-up (its requests are in
+  # the truths and the profile alike) and then options[:seconds], and stopped.
+  #
+  # @return [Hash] rps: requests/s, truth: and inner: {endpoint => CPU ns} (inner empty if not
+  #   measured), ours: for :profiled the workers' cpu-time by "trace endpoint" (nil for :plain).
+  def endpoints_run(kind, options, name:, paths:, up_path: paths.first)
+    Dir.mktmpdir("ddprof_recorder_#{name}_bench") do |dir|
+      port = free_port
+      pidfile = File.join(dir, "server.pid")
+      truth = File.join(dir, "truth.json")
+      inner = File.join(dir, "inner_truth.json")
+      command, env = yield(port, pidfile, dir, truth, inner)
+      if kind == :profiled
+        command = record(command, hz: options[:hz], args: options.fetch(:record_args, []),
+                                  output: File.join(dir, "#{name}.pb.gz"))
+      end
+      rps = serve(command, port: port, pidfile: pidfile, chdir: dir, env: env, path: up_path) do
+        wrk(port, 1, paths: paths, dir: dir)
+        wrk(port, options[:seconds], paths: paths, dir: dir)
+      end
+      ours = (endpoint_cpu(Dir[File.join(dir, "#{name}.pid*.pb.gz")]) if kind == :profiled)
+      { rps: rps, truth: read_truth(truth), inner: read_truth(inner), ours: ours }
+    end
+  end
+
+  # Prints, for the pairs of endpoints_run results that alternate gave, a line per round
+  # (requests/s of each, the largest gap, the labelled share of the truth's CPU, each
+  # endpoint's share ours/truth; the same against the inner truth if there is one) and the
+  # medians with the load average.
+  #
+  # @return [Hash] the medians: ratio:, gap:, coverage:, and inner_gap:, inner_coverage: (nil
+  #   without an inner truth).
+  def endpoints_report(pairs, io: $stdout)
+    rows = pairs.map.with_index(1) do |pair, round|
+      plain, profiled = pair.values_at(:plain, :profiled)
+      compared = compare_endpoints(profiled[:truth], profiled[:ours])
+      ratio = profiled[:rps] / plain[:rps]
+      io.printf("round %d: plain %.1f req/s, profiled %.1f (%.3f); largest gap %.1f points; labelled %.1f%% " \
+                "of the truth's CPU; ours/truth %s\n", round, plain[:rps], profiled[:rps], ratio, compared[:gap],
+                100 * compared[:coverage], endpoint_detail(compared))
+      row = { ratio: ratio, gap: compared[:gap], coverage: compared[:coverage] }
+      next row if profiled[:inner].empty?
+
+      inner = compare_endpoints(profiled[:inner], profiled[:ours])
+      io.printf("  against the inner truth: largest gap %.1f points; labelled %.1f%% of its CPU; ours/inner %s\n",
+                inner[:gap], 100 * inner[:coverage], endpoint_detail(inner))
+      row.merge(inner_gap: inner[:gap], inner_coverage: inner[:coverage])
+    end
+    medians = rows.first.keys.to_h { |key| [key, BenchMeasure.median(rows.map { |row| row[key] })] }
+    range = ->(key, scale = 1) { format("%.1f (%.1f-%.1f)", *[medians[key], *rows.map { |r| r[key] }.minmax].map { |v| v * scale }) }
+    io.printf("median: requests/s ratio %.3f (%.3f-%.3f), largest gap %s points, labelled %s%%%s; load average %s at the end\n",
+              medians[:ratio], *rows.map { |row| row[:ratio] }.minmax, range.call(:gap), range.call(:coverage, 100),
+              medians.key?(:inner_gap) ? "; against the inner truth: gap #{range.call(:inner_gap)} points, labelled " \
+                                         "#{range.call(:inner_coverage, 100)}%" : "",
+              BenchMeasure.load_average)
+    medians
   end
 end
