@@ -17,7 +17,7 @@
 # /items/:id`) against its share of the truth's CPU, the largest gap in points, and the
 # labelled cpu-time over the truth's CPU; for each pair, profiled over plain requests per second.
 #
-#   ruby bench/sinatra_endpoints.rb [--rounds 8] [--seconds 6] [--hz 99] [--record-args "--gc"]
+#   ruby bench/sinatra_endpoints.rb [--rounds 8] [--seconds 6] [--hz 99] [--record-args "--gc"] [--threads 4]
 #
 # Prints a line per run and the medians.
 require "optparse"
@@ -28,20 +28,21 @@ APP = File.expand_path("../spec/fixtures/sinatra_app", __dir__)
 # The cheap one first: the bench waits for it to answer.
 PATHS = ["/api/status", "/items/7", "/report"].freeze
 
-options = { rounds: 8, seconds: 6, hz: 99 }
+options = { rounds: 8, seconds: 6, hz: 99, threads: 4 }
 OptionParser.new do |o|
   o.on("--rounds N", Integer) { |v| options[:rounds] = v }
   o.on("--seconds N", Integer) { |v| options[:seconds] = v }
   o.on("--hz N", Integer) { |v| options[:hz] = v }
+  o.on("--threads N", Integer, "Puma's threads per worker (default 4)") { |v| options[:threads] = v }
   o.on("--record-args ARGS", "more options for record, e.g. \"--ticks cpu --gc\"") { |v| options[:record_args] = v.split }
 end.parse!
 
 BenchServer.need_programs("bench/sinatra_endpoints.rb", %w[puma wrk])
-puts "sinatra endpoints: puma -w 2 -t 4:4, #{options[:rounds]} rounds of #{options[:seconds]} s, " \
+puts "sinatra endpoints: puma -w 2 -t #{options[:threads]}:#{options[:threads]}, #{options[:rounds]} rounds of #{options[:seconds]} s, " \
      "profiled at #{options[:hz]} Hz #{options[:record_args]&.join(' ')}, load average #{BenchMeasure.load_average}"
 pairs = BenchServer.alternate(options[:rounds]) do |kind, _|
   BenchServer.endpoints_run(kind, options, name: "sinatra", paths: PATHS) do |port, pidfile, _dir, truth, inner|
-    [["puma", "-w", "2", "-t", "4:4", "--preload", "-b", "tcp://127.0.0.1:#{port}", "--pidfile", pidfile,
+    [["puma", "-w", "2", "-t", "#{options[:threads]}:#{options[:threads]}", "--preload", "-b", "tcp://127.0.0.1:#{port}", "--pidfile", pidfile,
       File.join(APP, "config.ru")], { "SINATRA_APP_TRUTH" => truth, "SINATRA_APP_INNER_TRUTH" => inner }]
   end
 end
