@@ -7,7 +7,7 @@
 #                      [--stackprof-interval 1000] [--draws 200] [--seed 1] [--timeout S] [--gc-apart]
 #                      [--reference stackprof|rbspy]
 #
-# Nine workloads (bench/accuracy/*.rb, each about --seconds of work, each header says what
+# Ten workloads (bench/accuracy/*.rb, each about --seconds of work, each header says what
 # it does; all by default). Three measure their own truth: `sleepy` (pure Ruby alternating
 # with short sleeps and reads), `c_heavy` (C methods that do not call back into Ruby, each
 # under a wrapper of its own), `threads` (a Ruby thread, a C thread and a sleeping one, the
@@ -20,7 +20,14 @@
 # templates rendered with ERB#result_with_hash: the template code runs eval'd, named for its
 # file, `(erb)`), `json` (JSON.generate, to_json and JSON.parse of small Hashes),
 # `rubocop` (Debian's rubocop linting Ruby's stdlib, about 1 s of start-up first) and
-# `kramdown` (Debian's ruby-kramdown converting a Markdown document). Each runs, in a fresh
+# `kramdown` (Debian's ruby-kramdown converting a Markdown document). A tenth, `rails`
+# (bench/accuracy/rails.rb), is served: the test suite's Rails app on Puma in cluster mode
+# under wrk, ours by `record`, stackprof restarted in each worker, the workers' files added
+# up; it runs on Ruby 3.1 with stackprof only (Debian's Rails), and is left out of the default
+# list elsewhere. For it, n is counted by the CPU ticks (see run_rails_ours), and the
+# templates' shares are printed beside stackprof's: self (the template's frames at the leaf)
+# and total (its frame anywhere in the stack; stackprof's ActionView methods named by their
+# template as ours, AccuracyAnalysis.frame_name). Each of the others runs, in a fresh
 # process, under `exe/ddprof-recorder record --hz N` (the public CLI) and then under stackprof
 # (`ruby -r bench/accuracy/stackprof_start.rb`: `StackProf.start(mode: :cpu, interval: 1000)`
 # for the whole program, results written with Marshal); `--runs N` repeats the pair, the runs
