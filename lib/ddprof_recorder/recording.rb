@@ -61,6 +61,11 @@ module DdprofRecorder
     LOST = "DDPROF_RECORDER_LOST"
     # Why a window has no file when the writing thread dropped it unwritten.
     DROPPED = "dropped: the writes fell behind the interval"
+    # How far, in seconds of windows, the writing thread may fall behind before a window is
+    # dropped (at least Profiler::DEFAULT_MAX_QUEUED_WINDOWS windows): with a short interval,
+    # four windows were less than a second, and a loaded machine's stall of the writer lost
+    # some (3 windows of 0.2 s, with load 11).
+    WRITE_BACKLOG_SECONDS = 60
 
     # A bad value in one of the variables above: the message names it, with its text as
     # written, and says what it must be.
@@ -350,14 +355,17 @@ module DdprofRecorder
         v = Integer(text, 10)
         v if Profiler::HZ_RANGE.cover?(v)
       end
-      interval = env_value(env, INTERVAL, "a number of seconds >= #{Profiler::MIN_INTERVAL}") do |text|
+      interval = env_value(env, INTERVAL, "a number of seconds in #{Profiler::INTERVAL_RANGE}") do |text|
         v = Float(text)
-        v if v.finite? && v >= Profiler::MIN_INTERVAL
+        v if Profiler.interval?(v)
       end
       options = { hz: hz || Profiler::DEFAULT_HZ, compression: out.end_with?(".gz") ? :gzip : :none,
                   timeline: env[TIMELINE] == "1" }
       options.merge!(memory_options(env))
-      interval ? options.merge(interval: interval, exporter: WindowWriter.new(out)) : options
+      return options unless interval
+
+      backlog = [Profiler::DEFAULT_MAX_QUEUED_WINDOWS, (WRITE_BACKLOG_SECONDS / interval).ceil].max
+      options.merge(interval: interval, exporter: WindowWriter.new(out), max_queued_windows: backlog)
     end
 
     # The memory options the environment asks for (see the module doc).

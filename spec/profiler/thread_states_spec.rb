@@ -111,6 +111,28 @@ RSpec.describe DdprofRecorder::Profiler, "thread states" do
     end
   end
 
+  # A thread that lives between two passes is known by its end only (its CPU, from its end
+  # hook); at 1 Hz every short thread is. Its samples were undated, so the summary counted a
+  # thread that the timeline drew no lane for (5 lanes for 6 threads in CI under load).
+  it "dates every sample of every thread: each thread the summary counts has a lane" do
+    profiler = described_class.new(hz: 1, compression: :none, timeline: true)
+    profiler.start
+    5.times do |i|
+      Thread.new do
+        Thread.current.name = "short-#{i}"
+        busy_for(5_000_000)
+      end.join
+    end
+    pprof = profiler.stop.last
+    samples = samples_from(decode_pprof(pprof))
+    undated = samples.reject { |s| s[:labels].key?(DdprofRecorder::StackRecorder::END_TIMESTAMP_LABEL) }
+    expect(undated.map { |s| [s[:labels]["thread name"], s[:frames].first] }).to eq([])
+    names = DdprofRecorder.summary(pprof)[:threads].map { |t| t[:name] }
+    expect(names).to include("short-0", "short-4")
+    svg = DdprofRecorder.timeline(pprof, format: :svg)
+    expect(svg.scan('<g class="lane">').size).to eq(names.size)
+  end
+
   it "gives the GC its share of wall time within 10 points of GC.stat(:time)'s, and its CPU within 15%" do
     profiler = described_class.new(hz: 99, compression: :none, timeline: true, gc: true)
     profiler.start

@@ -942,13 +942,16 @@ module DdprofRecorder
         return if no_stack?(stack)
 
         carried_values = values(carried, 0, 0, waited)
-        unless record_stack(stack, carried_values, state.labels)
+        # Dated (with the timeline), as every sample of a thread: a thread whose only samples
+        # were these had no lane while the summary counted it.
+        labels = timed(state.labels, now_ns || @clock.now_ns, RUNNING)
+        unless record_stack(stack, carried_values, labels)
           if no_stack?(state.locations)
             return if thread.alive?
 
-            record_stack(THREAD_EXIT_STACK, carried_values, state.labels)
+            record_stack(THREAD_EXIT_STACK, carried_values, labels)
           else
-            record_last_stack(state, carried_values, state.labels)
+            record_last_stack(state, carried_values, labels)
           end
         end
         charged_up_to(tid, cpu)
@@ -964,13 +967,17 @@ module DdprofRecorder
         wall = now_ns - state.wall_ns
         return unless wall.positive?
 
-        stack = FrameNames.thread_stack(thread) if no_stack?(stack) && !thread.equal?(Thread.current)
+        current = thread.equal?(Thread.current)
+        stack = FrameNames.thread_stack(thread) if no_stack?(stack) && !current
+        # The caller (stopping the profiler, or closing a window) runs; another thread is as
+        # its status says.
+        labels = timed(state.labels, now_ns, current ? RUNNING : thread_state(thread, thread.status))
         if no_stack?(stack)
           return if no_stack?(state.locations)
 
-          record_last_stack(state, values(0, 0, wall), state.labels)
+          record_last_stack(state, values(0, 0, wall), labels)
         else
-          @recorder.record_sample(stack, values(0, 0, wall), state.labels)
+          @recorder.record_sample(stack, values(0, 0, wall), labels)
         end
         state.wall_ns = now_ns
       end
@@ -1064,7 +1071,8 @@ module DdprofRecorder
           stack = state&.locations if no_stack?(stack)
           stack = THREAD_EXIT_STACK if no_stack?(stack)
           carried_values = values(carried, 0, tail, waited)
-          record_stack(stack, carried_values, labels) || record_stack(THREAD_EXIT_STACK, carried_values, labels)
+          dated = timed(labels, at_ns || @clock.now_ns, RUNNING)
+          record_stack(stack, carried_values, dated) || record_stack(THREAD_EXIT_STACK, carried_values, dated)
           charged_up_to(tid, cpu_ns)
           @counts[:thread_end_cpu_ns] += carried
         end
@@ -1092,7 +1100,8 @@ module DdprofRecorder
         return unless carried.positive?
 
         @counts[:thread_end_cpu_ns] += carried
-        return record_stack(THREAD_EXIT_STACK, values(carried, 0, 0), ended[0]) if ended
+        now_ns = @clock.now_ns
+        return record_stack(THREAD_EXIT_STACK, values(carried, 0, 0), timed(ended[0], now_ns, RUNNING)) if ended
 
         thread, state = @threads.find { |t, s| s.native_id == tid && !t.alive? }
         stack = state && (no_stack?(state.on_cpu_locations) ? state.locations : state.on_cpu_locations)
@@ -1100,7 +1109,7 @@ module DdprofRecorder
           stack = UNSAMPLED_STACK
           @counts[:unsampled_thread_cpu_ns] += carried
         end
-        labels = state ? state.labels : unsampled_labels(tid)
+        labels = timed(state ? state.labels : unsampled_labels(tid), now_ns, RUNNING)
         record_stack(stack, values(carried, 0, 0), labels) || record_stack(THREAD_EXIT_STACK, values(carried, 0, 0), labels)
         return unless state
 
