@@ -437,7 +437,7 @@ module DdprofRecorder
     # @api private
     # @return [Boolean] whether `value` is a real number of seconds in {INTERVAL_RANGE}.
     def self.interval?(value)
-      Numeric === value && value.real? && INTERVAL_RANGE.cover?(value)
+      Numeric === value && value.real? && value.finite? && INTERVAL_RANGE.cover?(value)
     end
 
     # @api private

@@ -9,7 +9,9 @@ module DdprofRecorder
   # (`DDPROF_RECORDER_INTERVAL`); `DDPROF_RECORDER_ALLOCATIONS` (an allocation interval),
   # `DDPROF_RECORDER_HEAP` and `DDPROF_RECORDER_GC` (`1`) turn on the memory options,
   # `DDPROF_RECORDER_ALLOCATION_OVERHEAD` sets `allocation_overhead:`, and
-  # `DDPROF_RECORDER_TIMELINE` (`1`) turns on `timeline:`.
+  # `DDPROF_RECORDER_TIMELINE` (`1`) turns on `timeline:`. With an interval,
+  # `DDPROF_RECORDER_MAX_QUEUED_WINDOWS` bounds the windows that may wait for the writing thread
+  # (default: {WRITE_BACKLOG_SECONDS} of windows, at least 4).
   #
   # Without `DDPROF_RECORDER_OUT` it does nothing. The first Ruby process to load it claims the
   # profile (`DDPROF_RECORDER_OWNER`, inherited by its children), so that Ruby programs it
@@ -59,6 +61,7 @@ module DdprofRecorder
     STARTED = "DDPROF_RECORDER_STARTED"
     WRITTEN = "DDPROF_RECORDER_WRITTEN"
     LOST = "DDPROF_RECORDER_LOST"
+    MAX_QUEUED_WINDOWS = "DDPROF_RECORDER_MAX_QUEUED_WINDOWS"
     # Why a window has no file when the writing thread dropped it unwritten.
     DROPPED = "dropped: the writes fell behind the interval"
     # How far, in seconds of windows, the writing thread may fall behind before a window is
@@ -364,7 +367,11 @@ module DdprofRecorder
       options.merge!(memory_options(env))
       return options unless interval
 
-      backlog = [Profiler::DEFAULT_MAX_QUEUED_WINDOWS, (WRITE_BACKLOG_SECONDS / interval).ceil].max
+      backlog = env_value(env, MAX_QUEUED_WINDOWS, "a positive integer") do |text|
+        v = Integer(text, 10)
+        v if v.positive?
+      end
+      backlog ||= [Profiler::DEFAULT_MAX_QUEUED_WINDOWS, (WRITE_BACKLOG_SECONDS / interval).ceil].max
       options.merge(interval: interval, exporter: WindowWriter.new(out), max_queued_windows: backlog)
     end
 

@@ -170,6 +170,10 @@ module DdprofRecorder
         # CPU clock reading up to which each native thread's CPU has been charged. Per native
         # thread, since Ruby reuses the native thread of a finished Ruby thread (clock and all).
         @charged_cpu = {}
+        # The native ids of the profiler's own threads, as the passes list them: their native
+        # threads' exits are the profiler's CPU, not an unsampled thread's (the sampler thread's
+        # exit at a stop under GC.stress showed as one, with its 128 ms).
+        @internal_tids = {}
         @lock = Mutex.new
         # The known threads' states, native ids and CPU clocks when last looked at (nil: look
         # again), in parallel arrays for one native scan per pass (see #pass_locked).
@@ -675,7 +679,13 @@ module DdprofRecorder
         @listed_begun = begun
         Thread.list.each do |thread|
           # Its own threads never get a state, so only new threads need the internal check.
-          next if @threads.key?(thread) || @ended.key?(thread) || @internal.call(thread)
+          next if @threads.key?(thread) || @ended.key?(thread)
+
+          if @internal.call(thread)
+            tid = thread.native_thread_id if thread.respond_to?(:native_thread_id)
+            @internal_tids[tid] = true if tid
+            next
+          end
 
           if thread.equal?(except)
             @listed_begun = nil # a new thread left out here: look again at the next pass
@@ -1093,6 +1103,7 @@ module DdprofRecorder
       def thread_exited(tid, cpu_ns)
         @counts[:thread_exits] += 1
         forget_stacks(tid)
+        return @charged_cpu.delete(tid) if @internal_tids.delete(tid)
         ended = @ended_on.delete(tid)
         charged = @charged_cpu.delete(tid)
         charged = [charged || 0, ended[1]].max if ended
