@@ -255,14 +255,17 @@ module DdprofRecorder
           stat = file.stat
           raise input_too_large(path, limit) if stat.file? && stat.size > limit
 
-          # A regular file's size is the capacity needed (unless it grows meanwhile).
-          data = String.new(capacity: stat.file? ? stat.size + 1 : READ_CHUNK, encoding: Encoding::BINARY)
-          file.read(2, data)
-          raw = !data.start_with?(GZIP_MAGIC)
+          magic = file.read(2) || String.new(encoding: Encoding::BINARY)
+          raw = !magic.start_with?(GZIP_MAGIC)
           most = raw ? [limit, max_decompressed].min : limit
           too_large = -> { raw && most < limit ? decompressed_too_large(path, most) : input_too_large(path, limit) }
           raise too_large.call if stat.file? && stat.size > most
 
+          # A regular file's size is the capacity needed (unless it grows meanwhile), once it is
+          # known to be within the limit (a 512 MiB capacity for a file then refused took more
+          # than 1 GiB of address space on 3.3.8: NoMemoryError).
+          data = String.new(capacity: stat.file? ? stat.size + 1 : READ_CHUNK, encoding: Encoding::BINARY)
+          data << magic
           chunk = String.new(encoding: Encoding::BINARY)
           data << chunk while data.bytesize <= most && file.read([READ_CHUNK, most + 1 - data.bytesize].min, chunk)
           raise too_large.call if data.bytesize > most
