@@ -7,7 +7,7 @@
 #                      [--stackprof-interval 1000] [--draws 200] [--seed 1] [--timeout S] [--gc-apart]
 #                      [--reference stackprof|rbspy]
 #
-# Nine workloads (bench/accuracy/*.rb, each about --seconds of work, each header says what
+# Ten workloads (bench/accuracy/*.rb, each about --seconds of work, each header says what
 # it does; all by default). Three measure their own truth: `sleepy` (pure Ruby alternating
 # with short sleeps and reads), `c_heavy` (C methods that do not call back into Ruby, each
 # under a wrapper of its own), `threads` (a Ruby thread, a C thread and a sleeping one, the
@@ -20,7 +20,14 @@
 # templates rendered with ERB#result_with_hash: the template code runs eval'd, named for its
 # file, `(erb)`), `json` (JSON.generate, to_json and JSON.parse of small Hashes),
 # `rubocop` (Debian's rubocop linting Ruby's stdlib, about 1 s of start-up first) and
-# `kramdown` (Debian's ruby-kramdown converting a Markdown document). Each runs, in a fresh
+# `kramdown` (Debian's ruby-kramdown converting a Markdown document). A tenth, `rails`
+# (bench/accuracy/rails.rb), is served: the test suite's Rails app on Puma in cluster mode
+# under wrk, ours by `record`, stackprof restarted in each worker, the workers' files added
+# up; it runs on Ruby 3.1 with stackprof only (Debian's Rails), and is left out of the default
+# list elsewhere. For it, n is counted by the CPU ticks (see run_rails_ours), and the
+# templates' shares are printed beside stackprof's: self (the template's frames at the leaf)
+# and total (its frame anywhere in the stack; stackprof's ActionView methods named by their
+# template as ours, AccuracyAnalysis.frame_name). Each of the others runs, in a fresh
 # process, under `exe/ddprof-recorder record --hz N` (the public CLI) and then under stackprof
 # (`ruby -r bench/accuracy/stackprof_start.rb`: `StackProf.start(mode: :cpu, interval: 1000)`
 # for the whole program, results written with Marshal); `--runs N` repeats the pair, the runs
@@ -103,12 +110,17 @@ require "json"
 require "optparse"
 require "rbconfig"
 require_relative "accuracy/analysis"
+require_relative "accuracy/rails"
 
 module AccuracyBench
   ROOT = File.expand_path("..", __dir__)
   DIR = File.join(ROOT, "bench", "accuracy")
   OUT = File.join(ROOT, "bench", "out", "accuracy")
-  PROGRAMS = %w[sleepy c_heavy threads micro_c erb templates json rubocop kramdown].freeze
+  PROGRAMS = %w[sleepy c_heavy threads micro_c erb templates json rubocop kramdown rails].freeze
+  # Programs served by a forking server (bench/accuracy/rails.rb), whose truth is none and
+  # whose reference is stackprof only (rbspy would have to follow each worker): Debian's Rails
+  # is for its Ruby, 3.1, where Debian has stackprof.
+  SERVED = %w[rails].freeze
   # The programs that measure their own truth (bench/accuracy/truth.rb); the others print n/a.
   WITH_TRUTH = %w[sleepy c_heavy threads].freeze
   TARGET = 0.85
@@ -118,19 +130,21 @@ module AccuracyBench
                        :reference, keyword_init: true)
 
   # One profiled process: what it left behind.
-  Run = Struct.new(:weights, :on_cpu_samples, :truth, :process_cpu_ns, :wall_s, :extra, keyword_init: true)
+  # `templates`: AccuracyAnalysis.template_weights of its stacks, for a served program (nil for the others).
+  Run = Struct.new(:weights, :on_cpu_samples, :truth, :process_cpu_ns, :wall_s, :extra, :templates, keyword_init: true)
 
   module_function
 
   def parse(argv)
-    o = Options.new(seconds: 3.0, hz: 99, runs: 1, programs: PROGRAMS, stackprof_interval: nil, draws: 200, seed: 1,
+    o = Options.new(seconds: 3.0, hz: 99, runs: 1, programs: nil, stackprof_interval: nil, draws: 200, seed: 1,
                     gc_apart: false, reference: "stackprof")
     OptionParser.new do |p|
       p.banner = "Usage: bench/run accuracy [options]   (ruby bench/accuracy.rb [options])"
       p.on("--seconds S", Float, "work per program run (default 3)") { |v| o.seconds = v }
       p.on("--hz N", Integer, "our profiler's rate, `record --hz` (default 99)") { |v| o.hz = v }
       p.on("--runs N", Integer, "runs of each profiler per program, pooled (default 1)") { |v| o.runs = v }
-      p.on("--programs LIST", Array, "some of #{PROGRAMS.join(',')}") { |v| o.programs = v }
+      p.on("--programs LIST", Array, "some of #{PROGRAMS.join(',')} (default: all that run with this Ruby and " \
+                                     "reference)") { |v| o.programs = v }
       p.on("--stackprof-interval US", Integer,
            "the reference's interval in µs (default 1000; rbspy: see RBSPY_INTERVAL_US)") do |v|
         o.stackprof_interval = v
@@ -143,14 +157,24 @@ module AccuracyBench
         o.gc_apart = true
       end
     end.parse!(argv)
+    o.programs ||= PROGRAMS.reject { |program| SERVED.include?(program) && !served?(o.reference) }
     unknown = o.programs - PROGRAMS
     raise OptionParser::InvalidArgument, "--programs: unknown #{unknown.join(', ')}" unless unknown.empty?
+    if (o.programs & SERVED).any? && !served?(o.reference)
+      raise OptionParser::InvalidArgument, "--programs: #{(o.programs & SERVED).join(', ')} needs Ruby 3.1 (Debian's " \
+                                           "Rails) and --reference stackprof"
+    end
     raise OptionParser::InvalidArgument, "--seconds, --runs, --draws must be positive" unless
       o.seconds.positive? && o.runs.positive? && o.draws.positive?
 
     o.timeout ||= (o.seconds * 5) + 30
     o.stackprof_interval ||= 1000 unless o.reference == "rbspy"
     o
+  end
+
+  # Whether the served programs (SERVED) run here, with `reference`.
+  def served?(reference)
+    reference == "stackprof" && RUBY_VERSION.start_with?("3.1")
   end
 
   # rbspy's interval unless --stackprof-interval says: 200 Hz. rbspy stops the process for each
@@ -184,6 +208,11 @@ module AccuracyBench
       rescue LoadError
         abort "bench/accuracy: stackprof is missing: apt-get install ruby-stackprof (or --reference rbspy)"
       end
+    end
+    if programs.intersect?(SERVED)
+      BenchServer.need_programs("bench/accuracy", %w[puma wrk])
+      rails = system(RbConfig.ruby, "-e", 'require "rails"; require "sqlite3"', out: File::NULL, err: File::NULL)
+      abort "bench/accuracy: rails needs Debian's ruby-rails and ruby-sqlite3 (script/setup)" unless rails
     end
     programs.filter_map { |program| PROGRAM_PACKAGES[program] }.each do |feature, package|
       # Found, not required: this process need not load the program's library.
@@ -236,6 +265,8 @@ module AccuracyBench
   end
 
   def run_ours(program, index, options)
+    return run_rails_ours(index, options) if program == "rails"
+
     base = File.join(OUT, "#{program}.#{index}.ours")
     pprof = "#{base}.pb"
     argv = [RbConfig.ruby, File.join(ROOT, "exe", "ddprof-recorder"), "record", "-o", pprof, "--hz", options.hz.to_s,
@@ -252,6 +283,8 @@ module AccuracyBench
   end
 
   def run_stackprof(program, index, options)
+    return run_rails_stackprof(index, options) if program == "rails"
+
     base = File.join(OUT, "#{program}.#{index}.stackprof")
     env = truth_env(program, base).merge("ACCURACY_STACKPROF_OUT" => "#{base}.dump",
                                          "ACCURACY_STACKPROF_INTERVAL" => options.stackprof_interval.to_s)
@@ -263,6 +296,36 @@ module AccuracyBench
     Run.new(weights: self_samples[:weights], on_cpu_samples: self_samples[:weights].values.sum, truth: truth,
             process_cpu_ns: process_cpu, wall_s: wall,
             extra: { gc_samples: self_samples[:gc_samples], missed_samples: dump[:missed_samples] || 0 })
+  end
+
+  # `rails` (bench/accuracy/rails.rb) under ours: the workers' pprofs, added up. `--gc-apart`
+  # does not apply (record's default: on 3.1 no GC frame, its CPU on the code it interrupted).
+  def run_rails_ours(index, options)
+    started = BenchServer.now
+    files = AccuracyRails.run(:ours, File.join(OUT, "rails.#{index}.ours"), options).map { |file| File.binread(file) }
+    wall = BenchServer.now - started
+    # n as the CPU ticks counted it (AccuracyAnalysis.pprof_self's `hz`): Puma's idle threads
+    # made the cpu-samples of the samples with cpu-time 20 times the CPU's ticks (6,486 for
+    # 3.36 s at 99 Hz), and so the unbiased overlap that of a sampler with 20 times the samples.
+    parts = files.map { |pprof| AccuracyAnalysis.pprof_self(pprof, leave_out: AccuracyAnalysis::GC_FRAMES, hz: options.hz) }
+    stacks = files.flat_map { |pprof| AccuracyAnalysis.pprof_stacks(pprof, leave_out: AccuracyAnalysis::GC_FRAMES) }
+    Run.new(weights: add_up(parts.map { |part| part[:weights] }), on_cpu_samples: parts.sum { |part| part[:on_cpu_samples] },
+            wall_s: wall, extra: { cpu_ns: parts.sum { |part| part[:total] }, gc_ns: parts.sum { |part| part[:left_out] } },
+            templates: AccuracyAnalysis.template_weights(stacks))
+  end
+
+  # `rails` under stackprof, restarted in each worker: the workers' results, added up.
+  def run_rails_stackprof(index, options)
+    started = BenchServer.now
+    dumps = AccuracyRails.run(:stackprof, File.join(OUT, "rails.#{index}.stackprof"), options)
+                         .map { |file| Marshal.load(File.binread(file)) } # our own files
+    wall = BenchServer.now - started
+    parts = dumps.map { |dump| AccuracyAnalysis.stackprof_self(dump) }
+    weights = add_up(parts.map { |part| part[:weights] })
+    Run.new(weights: weights, on_cpu_samples: weights.values.sum, wall_s: wall,
+            extra: { gc_samples: parts.sum { |part| part[:gc_samples] },
+                     missed_samples: dumps.sum { |dump| dump[:missed_samples] || 0 } },
+            templates: AccuracyAnalysis.template_weights(dumps.flat_map { |dump| AccuracyAnalysis.stackprof_stacks(dump) }))
   end
 
   # rbspy's binary: on PATH, else where `cargo install` puts it; nil if neither.
@@ -334,9 +397,13 @@ module AccuracyBench
   # The runs of one profiler on one program, added up (truth and process CPU nil without truth).
   def pool(runs)
     truth = runs.all?(&:truth)
+    templates = runs.all?(&:templates) && {
+      self: add_up(runs.map { |run| run.templates[:self] }), total: add_up(runs.map { |run| run.templates[:total] }),
+      all: runs.sum { |run| run.templates[:all] }
+    }
     { weights: add_up(runs.map(&:weights)), n: runs.sum(&:on_cpu_samples),
       truth: truth ? add_up(runs.map(&:truth)) : nil, process_cpu_ns: truth ? runs.sum(&:process_cpu_ns) : nil,
-      extra: add_up(runs.map(&:extra)) }
+      extra: add_up(runs.map(&:extra)), templates: templates || nil }
   end
 
   # Every figure of one program, from its pooled runs.
@@ -388,8 +455,22 @@ module AccuracyBench
       overlap_by_run: ours_runs.zip(stackprof_runs).map do |o, s|
         AccuracyAnalysis.overlap(AccuracyAnalysis.shares(o.weights), AccuracyAnalysis.shares(s.weights))
       end,
+      templates: ours[:templates] && template_shares(ours[:templates], sp[:templates]),
       dists: { ours: ours_dist, ours_truth: ours_truth, stackprof: sp_dist, stackprof_truth: sp_truth },
     }
+  end
+
+  # Each template's share of the CPU in ours and stackprof's (template_weights pooled):
+  # {template => {ours_self:, ours_total:, stackprof_self:, stackprof_total:}}, by stackprof's
+  # total, largest first.
+  def template_shares(ours, stackprof)
+    share = ->(weights, side, template) { side[:all].positive? ? weights.fetch(template, 0).fdiv(side[:all]) : 0.0 }
+    templates = (ours[:total].keys | stackprof[:total].keys)
+    templates.sort_by { |t| [-share.call(stackprof[:total], stackprof, t), t] }.to_h do |t|
+      [t, { ours_self: share.call(ours[:self], ours, t), ours_total: share.call(ours[:total], ours, t),
+            stackprof_self: share.call(stackprof[:self], stackprof, t),
+            stackprof_total: share.call(stackprof[:total], stackprof, t) }]
+    end
   end
 
   NA = "n/a"
@@ -436,6 +517,19 @@ module AccuracyBench
     names.each do |name|
       io.puts format("  %-#{width}s  %6s  %6s   %9s  %6s", name, pct(d[:ours][name]), truth_pct(d[:ours_truth], name),
                      pct(d[:stackprof][name]), truth_pct(d[:stackprof_truth], name))
+    end
+    print_templates(io, f[:templates], ref) if f[:templates]
+  end
+
+  # The templates' shares of the CPU, ours beside the reference's: self (the template's own
+  # frames at the leaf) and total (its frame anywhere in the stack).
+  def print_templates(io, templates, ref)
+    width = [templates.keys.map(&:size).max || 0, 8].max
+    io.puts format("  %-#{width}s  %11s  %11s   %13s  %13s", "template", "ours self", "ours total", "#{ref} self",
+                   "#{ref} total")
+    templates.each do |template, s|
+      io.puts format("  %-#{width}s  %11s  %11s   %13s  %13s", template, pct(s[:ours_self]), pct(s[:ours_total]),
+                     pct(s[:stackprof_self]), pct(s[:stackprof_total]))
     end
   end
 

@@ -4,13 +4,13 @@
 # waits --wait ms in IO.select, --cycles times (a Unicorn or Puma worker's shape: a request's
 # work, then the wait for the next). A sampler that is right gets `hz` samples per second of
 # the thread's CPU, whatever the shape and the load. Each run is a fresh process; the kinds
-# of ticks (--ticks: `auto`, the default, which is `:cpu_plus_wall` below 250 Hz, see
-# Profiler#ticks; `wall`; `cpu`, the CPU-clock timers) take turns, run after run. With
+# of ticks (--ticks: `auto`, the default, perf events where the kernel allows them, see
+# Profiler#initialize; `cpu`, the CPU-clock timers) take turns, run after run. With
 # --load N, N busy processes (`yes`-like Ruby loops, niced 0) compete for the CPUs during
 # every run, so that the thread is preempted and waits for a CPU.
 #
 #   ruby bench/bursty_rate.rb [--hz 99,999] [--runs 3] [--burst 10] [--wait 20] [--cycles 100]
-#                             [--load 2] [--ticks auto,wall,cpu]
+#                             [--load 2] [--ticks auto,cpu]
 #
 # Prints, per hz and ticks, each run's signal samples per CPU-second of the thread, and the
 # median; its last line is one JSON object.
@@ -18,7 +18,7 @@ require "json"
 require "optparse"
 require "rbconfig"
 
-options = { hz: [99, 999], runs: 3, burst: 10, wait: 20, cycles: 100, load: 0, ticks: %i[auto wall cpu] }
+options = { hz: [99, 999], runs: 3, burst: 10, wait: 20, cycles: 100, load: 0, ticks: %i[auto cpu] }
 OptionParser.new do |o|
   o.on("--hz LIST", Array) { |v| options[:hz] = v.map { |h| Integer(h) } }
   o.on("--runs N", Integer) { |v| options[:runs] = v }

@@ -16,12 +16,11 @@
 #
 # Prints one line per run, the median ratio, and one JSON line.
 require "json"
-require "net/http"
 require "optparse"
-require "rbconfig"
-require "socket"
 require "tmpdir"
+require_relative "support/measure"
 require_relative "support/pprof_threads"
+require_relative "support/server_bench"
 
 ROOT = File.expand_path("..", __dir__)
 APP = File.join(ROOT, "spec", "fixtures", "server_app")
@@ -35,24 +34,7 @@ OptionParser.new do |o|
   o.on("--connections N", Integer, "wrk connections per route (default 8)") { |v| options[:connections] = v }
 end.parse!
 
-%w[wrk].push(options[:server]).each do |program|
-  next if ENV.fetch("PATH", "").split(":").any? { |d| File.executable?(File.join(d, program)) }
-
-  abort "bench/server_throughput.rb: #{program} not found (apt-get install #{program})"
-end
-
-def free_port
-  server = TCPServer.new("127.0.0.1", 0)
-  server.addr[1]
-ensure
-  server&.close
-end
-
-def up?(port)
-  Net::HTTP.start("127.0.0.1", port, open_timeout: 1, read_timeout: 2) { |h| h.get("/pid").code == "200" }
-rescue SystemCallError, IOError, Net::OpenTimeout, Net::ReadTimeout
-  false
-end
+BenchServer.need_programs("bench/server_throughput.rb", ["wrk", options[:server]])
 
 def server_command(server, port, dir)
   case server
@@ -89,7 +71,7 @@ def load(port, seconds, connections)
   rps = outs.sum do |pid, r|
     report = r.read
     Process.wait(pid)
-    report[/Requests\/sec:\s+([\d.]+)/, 1].to_f
+    BenchServer.wrk_rps(report)
   end
   block_given? ? [rps, seen] : rps
 end
@@ -158,65 +140,42 @@ end
 
 def run(kind, options)
   Dir.mktmpdir("ddprof_recorder_throughput") do |dir|
-    port = free_port
+    port = BenchServer.free_port
     command = server_command(options[:server], port, dir)
-    if kind == "profiled"
-      command = [RbConfig.ruby, File.join(ROOT, "exe", "ddprof-recorder"), "record", "--hz", options[:hz].to_s,
-                 "-o", File.join(dir, "server.pb.gz"), "--", *command]
-    end
+    command = BenchServer.record(command, hz: options[:hz], output: File.join(dir, "server.pb.gz")) if kind == "profiled"
     env = { "UNICORN_PIDFILE" => File.join(dir, "server.pid") }
-    group = Process.spawn(env, *command, chdir: dir, out: File::NULL, err: File::NULL, pgroup: true)
-    begin
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
-      sleep 0.1 until up?(port) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-      raise "the server did not answer in 20 s" unless up?(port)
-
+    rps, workers = BenchServer.serve(command, port: port, pidfile: File.join(dir, "server.pid"), chdir: dir, env: env,
+                                              path: "/pid", boot_timeout: 20, stop_timeout: 20) do
       load(port, 1, options[:connections]) # warm-up: both workers booted, caches filled
-      rps, workers = load(port, options[:seconds], options[:connections]) do |at_half|
+      load(port, options[:seconds], options[:connections]) do |at_half|
         sleep(options[:seconds] / 2.0 - 0.5) # the second half, less wrk's last moments
         split(at_half)
       end
-      Process.kill("TERM", Integer(File.read(File.join(dir, "server.pid"))))
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
-      sleep 0.05 until Process.wait2(group, Process::WNOHANG) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-      profiles = Dir.children(dir).grep(/\.pb\.gz\z/)
-      group = nil
-      [rps, profiles.size, worker_rates(dir, profiles), workers]
-    ensure
-      if group
-        begin
-          Process.kill("KILL", -group)
-        rescue Errno::ESRCH
-          nil
-        end
-        Process.wait(group)
-      end
     end
+    profiles = Dir.children(dir).grep(/\.pb\.gz\z/)
+    [rps, profiles.size, worker_rates(dir, profiles), workers]
   end
 end
 
 load_average = File.read("/proc/loadavg").split.first
 puts "server throughput: #{options[:server]}, #{options[:rounds]} rounds of #{options[:seconds]} s, " \
      "profiled at #{options[:hz]} Hz, load average #{load_average}"
-ratios = []
 results = { "plain" => [], "profiled" => [] }
 rates = []
 splits = { "plain" => [], "profiled" => [] }
-options[:rounds].times do |round|
-  kinds = round.even? ? %w[plain profiled] : %w[profiled plain]
-  rps = kinds.to_h do |kind|
-    value, profiles, worker_rates, workers = run(kind, options)
-    results[kind] << value
-    rates.concat(worker_rates) if kind == "profiled"
-    splits[kind] << workers
-    puts format("  round %d %-8s %8.1f requests/s (workers: %s)%s", round + 1, kind, value, workers,
-                kind == "profiled" ? " (#{profiles} profiles written; workers' on-CPU samples per CPU-second: " \
-                                     "#{worker_rates.join(', ')})" : "")
-    [kind, value]
-  end
-  ratios << rps["profiled"] / rps["plain"]
+pairs = BenchServer.alternate(options[:rounds]) do |kind_symbol, round|
+  kind = kind_symbol.to_s
+  value, profiles, worker_rates, workers = run(kind, options)
+  results[kind] << value
+  rates.concat(worker_rates) if kind == "profiled"
+  splits[kind] << workers
+  puts format("  round %d %-8s %8.1f requests/s (workers: %s)%s", round + 1, kind, value, workers,
+              kind == "profiled" ? " (#{profiles} profiles written; workers' on-CPU samples per CPU-second: " \
+                                   "#{worker_rates.join(', ')})" : "")
+  value
 end
-median = ->(xs) { xs.sort[xs.size / 2] }
+ratios = pairs.map { |pair| pair[:profiled] / pair[:plain] }
+median = BenchMeasure.method(:median)
 puts format("median profiled/plain: %.3f (rounds: %s); plain %.1f, profiled %.1f requests/s (medians)",
             median.call(ratios), ratios.map { |r| format("%.3f", r) }.join(" "),
             median.call(results["plain"]), median.call(results["profiled"]))

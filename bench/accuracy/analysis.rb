@@ -31,6 +31,7 @@ module AccuracyAnalysis
     name = label.delete_suffix(" [c function]").sub(/\A(?:(?:block(?: \(\d+ levels\))?|rescue|ensure) in )+/, "")
     case name
     when EVAL_FILE then name # `(erb)`, `(eval at lib/x.rb:3)`: kept whole (see .frame_name)
+    when TEMPLATE_PATH then name # `app/views/items/_item.html.erb`: kept whole (see .frame_name)
     when "<main>", "main" then "main"
     when "<top (required)>", /\Atop level of / then "top level"
     when /\A<(class|module):(.+)>\z/, /\A(class|module) (.+)\z/ then "#{Regexp.last_match(1)} #{Regexp.last_match(2)}"
@@ -43,16 +44,46 @@ module AccuracyAnalysis
   # `(eval)`, 3.3's `(eval at lib/x.rb:3)`).
   EVAL_FILE = /\A\(.+\)\z/
 
-  # A stackprof frame's name, before normalize_name: ours names eval'd code (a template's) by
-  # its file (docs/profiler.md, "Frame names"), stackprof by the label Ruby gives an eval's
-  # iseq, its caller's (`block (2 levels) in <main>`), with that file as the frame's file; so
-  # a stackprof frame whose file is an eval's (EVAL_FILE) is named by its file, as ours.
+  # A frame named for a template's file, as ours names a compiled template's method
+  # (`app/views/items/_item.html.erb`, `/tmp/views/list.erb`): a path, with no `#` (not
+  # `Integer#/`) and no space.
+  TEMPLATE_PATH = %r{\A[^#\s]*/[^#\s]*\z}
+
+  # An ActionView template's method (Rails 6.1 and 7, ActionView::Template#method_name): `_`,
+  # the template's path with every character but a-z and `_` made `_`, `__`, its path's hash
+  # (`___` when negative), `_`, the Template's object id.
+  ACTIONVIEW_METHOD = /\A_([a-z_]+?)___?\d+_\d+\z/
+
+  # A stackprof frame's name, before normalize_name, where ours names a frame for a template
+  # (docs/profiler.md, "Frame names", "Templates"):
+  # - eval'd code (ERB#result): ours names it by its file, stackprof by the label Ruby gives
+  #   an eval's iseq, its caller's (`block (2 levels) in <main>`), with that file as the
+  #   frame's file; so a frame whose file is an eval's (EVAL_FILE) is named by its file;
+  # - an ActionView template's method (ACTIONVIEW_METHOD, in the template's file): ours names
+  #   it by the end of its file that the method's name spells (the path from Rails.root,
+  #   `app/views/items/_item.html.erb`), whatever the numbers, which differ from worker to
+  #   worker; so is stackprof's (its blocks too).
   #
   # @param frame [Hash] a stackprof frame, `name:` and `file:`.
   # @return [String]
   def self.frame_name(frame)
     file = frame[:file].to_s
-    EVAL_FILE.match?(file) ? file : frame.fetch(:name)
+    return file if EVAL_FILE.match?(file)
+
+    name = frame.fetch(:name)
+    spelled = ACTIONVIEW_METHOD.match(normalize_name(name))&.[](1)
+    spelled && spelled_suffix(file, spelled) || name
+  end
+
+  # The shortest end of `path`, from a `/`, whose characters but a-z and `_` made `_` are
+  # `spelled`; nil if none.
+  def self.spelled_suffix(path, spelled)
+    parts = path.split("/")
+    (1..parts.size).each do |k|
+      suffix = parts.last(k).join("/")
+      return suffix if suffix.gsub(/[^a-z_]/, "_") == spelled
+    end
+    nil
   end
 
   # @param weights [Hash{String => Numeric}] non-negative weights.
@@ -153,6 +184,70 @@ module AccuracyAnalysis
     { weights: weights, gc_samples: gc, samples: weights.values.sum + gc }
   end
 
+  # The raw stacks of a stackprof result taken with `raw: true` (`:raw`: for each stack its
+  # length, its frame ids from the root, and its count), as [names leaf first (frame_name,
+  # normalize_name), samples]; the stacks whose leaf is a GC frame are left out, as
+  # stackprof_self leaves them out.
+  #
+  # @param dump [Hash] with `:raw` and `:frames`.
+  # @return [Array<Array(Array<String>, Integer)>]
+  # @raise [ArgumentError] if the result has no raw stacks.
+  def self.stackprof_stacks(dump)
+    raw = dump[:raw] or raise ArgumentError, "the stackprof result has no raw stacks (StackProf.start(raw: true))"
+    frames = dump.fetch(:frames)
+    stacks = []
+    i = 0
+    while i < raw.size
+      length = raw[i]
+      ids = raw[i + 1, length]
+      count = raw[i + 1 + length]
+      i += length + 2
+      labels = ids.reverse.map { |id| frames.fetch(id) }
+      next if labels.empty? || GC_FRAMES.include?(labels.first.fetch(:name))
+
+      stacks << [labels.map { |frame| normalize_name(frame_name(frame)) }, count]
+    end
+    stacks
+  end
+
+  # The stacks of a pprof's samples whose `value` is positive, as [names leaf first
+  # (normalize_name), value]; the samples whose leaf is in `leave_out` are left out.
+  #
+  # @param pprof [String] raw or gzip.
+  # @return [Array<Array(Array<String>, Integer)>]
+  def self.pprof_stacks(pprof, value: "cpu-time", leave_out: [])
+    profile = Pprof.decode(pprof)
+    vi = profile.value_index(value)
+    profile.samples.filter_map do |location_ids, values|
+      v = values[vi] || 0
+      next unless v.positive?
+
+      names = profile.names(location_ids)
+      [names.map { |name| normalize_name(name) }, v] unless leave_out.include?(names.first)
+    end
+  end
+
+  # A template's frame: a path (TEMPLATE_PATH) ending in a template's extension.
+  TEMPLATE_FRAME = %r{/[^/]+\.(?:erb|haml|slim|builder|jbuilder|rhtml)\z}
+
+  # What the stacks (stackprof_stacks, pprof_stacks) put on each template: `self:` the weight
+  # of the stacks whose leaf is the template's frame; `total:` of those with its frame
+  # anywhere in them, each stack once per template (a template under itself, or two blocks of
+  # one template, count once). Shares of `all:`, the weight of every stack.
+  #
+  # @return [Hash] `self:`, `total:` {template => weight}, `all:` the stacks' weight.
+  def self.template_weights(stacks)
+    self_weights = Hash.new(0)
+    total = Hash.new(0)
+    all = 0
+    stacks.each do |names, weight|
+      all += weight
+      self_weights[names.first] += weight if TEMPLATE_FRAME.match?(names.first)
+      names.grep(TEMPLATE_FRAME).uniq.each { |template| total[template] += weight }
+    end
+    { self: self_weights, total: total, all: all }
+  end
+
   # Self value per function of a pprof (the leaf frame of each sample) and the number of
   # on-CPU samples: the `count` value summed over the samples whose `value` is positive.
   #
@@ -165,8 +260,13 @@ module AccuracyAnalysis
   # `within`: if given, only the samples for whose frames' function names (leaf first) it
   # returns true count. `to_caller`: leaf frames whose value goes to the first frame under
   # them that is not one of them (ours' `(garbage collection)` leaf over the allocating
-  # code, next to a reference that charges the GC to that code).
-  def self.pprof_self(pprof, value: "cpu-time", count: "cpu-samples", leave_out: [], within: nil, to_caller: [])
+  # code, next to a reference that charges the GC to that code). `hz`: if given, a sample
+  # counts at most ceil(value × hz / 1e9) toward `on_cpu_samples` (a CPU tick every 1/hz of a
+  # thread's CPU, each charged about 1/hz): a pprof sample adds up every pass of one stack and
+  # thread, and a server's idle thread (Puma's pool, waiting) passes hundreds of times with
+  # the stack it woke on with a little CPU, so its `count` is far above its on-CPU passes.
+  def self.pprof_self(pprof, value: "cpu-time", count: "cpu-samples", leave_out: [], within: nil, to_caller: [],
+                      hz: nil)
     profile = Pprof.decode(pprof)
     vi = profile.value_index(value)
     ci = profile.value_index(count)
@@ -186,7 +286,8 @@ module AccuracyAnalysis
         left_out += v
         next
       end
-      n += values[ci] || 0
+      passes = values[ci] || 0
+      n += hz ? [passes, (v * hz / 1e9).ceil].min : passes
       weights[normalize_name(leaf)] += v
     end
     { weights: weights, on_cpu_samples: n, total: weights.values.sum, left_out: left_out }

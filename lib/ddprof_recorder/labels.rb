@@ -48,82 +48,14 @@ module DdprofRecorder
     SLOT_LOCK = Mutex.new
     private_constant :SLOT_LOCK
 
-    # One thread's label sets: the current one, the sets below it (nesting), and the last
-    # HISTORY changes with their monotonic times.
-    class Slot
-      HISTORY = 16
-
-      # @return [Array<Array(String, String)>] frozen, the set on now.
-      attr_reader :pairs
-
-      # @param serial [Integer] this slot's number in the process (see #next_span_id).
-      def initialize(serial)
-        @serial = serial
-        @spans = 0
-        @pairs = NONE
-        @stack = []
-        # A ring of changes: at `@times[i]` the set became `@sets[i]`.
-        @times = Array.new(HISTORY)
-        @sets = Array.new(HISTORY)
-        @last = 0
-        @times[0] = 0
-        @sets[0] = NONE
-      end
-
-      # The stack's depth before the push, for {#pop}.
-      def push(pairs)
-        depth = @stack.size
-        @stack << @pairs
-        change(pairs)
-        depth
-      end
-
-      def pop(depth)
-        unless depth.is_a?(Integer) && depth >= 0 && depth < @stack.size
-          raise ArgumentError, "pop_labels: #{depth.inspect} is not a depth push_labels returned on this thread " \
-                               "(#{@stack.size} set(s) on)"
-        end
-
-        pairs = @stack[depth]
-        @stack.pop while @stack.size > depth
-        change(pairs)
-        nil
-      end
-
-      def depth
-        @stack.size
-      end
-
-      # A span id no other request of the process has had: the slot's number, then a count
-      # of the slot's own (only its thread takes them, so no lock).
-      def next_span_id
-        @spans += 1
-        (@serial << 32) | (@spans & 0xffff_ffff)
-      end
-
-      # The set that was on at monotonic time `at_ns` (the oldest one kept for an older time).
-      def at(at_ns)
-        i = @last
-        (HISTORY - 1).times do
-          return @sets[i] if at_ns >= @times[i]
-
-          previous = i.zero? ? HISTORY - 1 : i - 1
-          break if @times[previous].nil?
-
-          i = previous
-        end
-        @sets[i]
-      end
-
-      private
-
-      def change(pairs)
-        @last = @last == HISTORY - 1 ? 0 : @last + 1
-        @times[@last] = Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)
-        @sets[@last] = pairs
-        @pairs = pairs
-      end
-    end
+    # One thread's label sets (native: ext/ddprof_recorder/src/labels.rs): the current one
+    # (`pairs`, a frozen Array of frozen `[key, value]` Arrays), the sets below it (`push`
+    # returns the depth that `pop` restores), and the last Slot::HISTORY changes with their
+    # monotonic times (`at(ns)`: the set on then). `push_hash` validates and merges a Hash of
+    # labels, and returns nil (changing nothing) on what {.refuse} says is wrong;
+    # `next_span_id`, a span id no other request of the process has had (the slot's number,
+    # then a count of its own); `open_body`, Endpoints' request whose body is being written.
+    Slot.configure(MAX_BYTES, MAX_LABELS, RESERVED.keys)
 
     class << self
       # @return [Slot] the current thread's slot, made on first use.
@@ -132,7 +64,7 @@ module DdprofRecorder
         thread.thread_variable_get(SLOT_KEY) || SLOT_LOCK.synchronize do
           # Counted once it is in place: a sampler that sees the count finds the slot.
           serial = SLOTS_MADE[0] + 1
-          made = Slot.new(serial)
+          made = Slot.new(serial, NONE)
           thread.thread_variable_set(SLOT_KEY, made)
           SLOTS_MADE[0] = serial
           made
@@ -154,7 +86,7 @@ module DdprofRecorder
       # @return [Integer] the depth to give {.pop}.
       def push(labels)
         slot = self.slot
-        slot.push(merge(slot.pairs, labels))
+        slot.push_hash(labels) || slot.push(merge(slot.pairs, labels))
       end
 
       # Pushes a set with the span id `span_id` (an Integer) over the current thread's: for
@@ -163,7 +95,8 @@ module DdprofRecorder
         slot = self.slot
         # One more than an application may set: a request whose thread has MAX_LABELS on gets its
         # span id all the same (Endpoints must never raise into the app).
-        slot.push(merged(slot.pairs, [[SPAN_ID_LABEL, span_id].freeze], MAX_LABELS + 1))
+        pair = [SPAN_ID_LABEL, span_id].freeze
+        slot.push_pair(pair, MAX_LABELS + 1) || slot.push(merged(slot.pairs, [pair], MAX_LABELS + 1))
       end
 
       def pop(depth)

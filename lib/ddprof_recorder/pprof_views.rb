@@ -21,13 +21,20 @@ module DdprofRecorder
   # sample has keeps nothing there, without an error.
   #
   # A pprof is untrusted input: each one is read only up to `max_decompressed_bytes` of
-  # protobuf (after gunzip, or as given), and reading it, like the folded or flamegraph text
-  # made from it, may take at most a fixed multiple of that in memory (`MEMORY_PER_BYTE` in
-  # crates/core/src/views/reader.rs, whose module doc states the limits).
-  # A pprof over these limits raises DdprofRecorder::Error naming the keyword.
+  # protobuf (after gunzip, or as given), and reading it may take at most a fixed multiple of
+  # that in memory (`MEMORY_PER_BYTE` in crates/core/src/views/reader.rs, whose module doc
+  # states the limits). What a view writes ({.folded}, {.flamegraph}, {.speedscope},
+  # {.timeline}), and holds to write it, is bounded by what it read: at most
+  # `max_output_bytes`, by default {DEFAULT_OUTPUT_PER_BYTE} times the pprofs' protobuf bytes
+  # and at least {MIN_DEFAULT_OUTPUT_BYTES} (a 2,978-byte pprof made `folded` write 1.05 GB
+  # before). The views that draw names (the flamegraph, the timeline) cut one longer than
+  # {MAX_DRAWN_NAME_CHARS} characters. A pprof over these limits raises DdprofRecorder::Error
+  # naming the keyword.
 
   # The default `max_decompressed_bytes:` of the views: 1 GiB, far above any real profile.
   DEFAULT_MAX_DECOMPRESSED_BYTES = 1 << 30
+  # (Set by the native extension, from the core's reader: DEFAULT_OUTPUT_PER_BYTE and
+  # MIN_DEFAULT_OUTPUT_BYTES, the default bound of a view's output; MAX_DRAWN_NAME_CHARS.)
 
   class << self
     # Folded stacks: one line per distinct stack, `root;...;leaf value`, sorted, the input of
@@ -43,6 +50,8 @@ module DdprofRecorder
     #   labels (see the module's doc).
     # @param max_decompressed_bytes [Integer] most bytes of protobuf each pprof may have once
     #   decompressed (default {DEFAULT_MAX_DECOMPRESSED_BYTES}, 1 GiB).
+    # @param max_output_bytes [Integer, nil] most bytes the view may write (nil: the default
+    #   bound from what was read, see the module's doc).
     # @return [String] UTF-8 text, one line per stack; empty when no sample is left.
     # @raise [ArgumentError] if `pprof` is not a pprof or has no such value type (the message
     #   lists the ones it has), or no sample has the `group_by` or a `label` key (the message
@@ -51,9 +60,9 @@ module DdprofRecorder
     # @raise [DdprofRecorder::Error] if several pprofs have different value types, or a pprof
     #   is over the read limits.
     def folded(pprof, value: "cpu-time", filenames: false, group_by: nil, label: nil,
-               max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
+               max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES, max_output_bytes: nil)
       _native_folded(pprof, value_name(value), filenames ? true : false, label_key(group_by, "group_by"),
-                     label_filters(label), read_limit(max_decompressed_bytes))
+                     label_filters(label), read_limit(max_decompressed_bytes, max_output_bytes))
     end
 
     # A flamegraph of the profile as an SVG document, drawn by the inferno crate (the Rust
@@ -69,19 +78,20 @@ module DdprofRecorder
     # @param label [Hash{String, Symbol => String, Integer}, nil] only the samples with these
     #   labels (see the module's doc).
     # @param max_decompressed_bytes [Integer] see {.folded}.
+    # @param max_output_bytes [Integer, nil] see {.folded}.
     # @return [String] the SVG (UTF-8).
     # @raise [ArgumentError] as {.folded}.
     # @raise [DdprofRecorder::Error] if no sample has a non-zero `value` (nothing to draw; `no
     #   sample has key=value` when `label` left none), several pprofs have different value
     #   types, or a pprof is over the read limits.
     def flamegraph(pprof, value: "cpu-time", title: nil, filenames: false, group_by: nil, label: nil,
-                   max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
+                   max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES, max_output_bytes: nil)
       unless title.nil? || title.is_a?(String)
         raise TypeError, "title must be a String or nil, got #{title.class}"
       end
 
       _native_flamegraph(pprof, value_name(value), title, filenames ? true : false, label_key(group_by, "group_by"),
-                         label_filters(label), read_limit(max_decompressed_bytes))
+                         label_filters(label), read_limit(max_decompressed_bytes, max_output_bytes))
     end
 
     # The profile as a speedscope file (https://www.speedscope.app; also what stackprof and
@@ -107,13 +117,14 @@ module DdprofRecorder
     # @param label [Hash{String, Symbol => String, Integer}, nil] only the samples with these
     #   labels (see the module's doc); with `timeline` too.
     # @param max_decompressed_bytes [Integer] see {.folded}.
+    # @param max_output_bytes [Integer, nil] see {.folded}.
     # @return [String] the JSON document (UTF-8).
     # @raise [ArgumentError] as {.folded}.
     # @raise [DdprofRecorder::Error] if no sample has a positive value of the value types
     #   (nothing to draw), or with `timeline` none has a time, or `label` left none; if several
     #   pprofs have different value types, or a pprof is over the read limits.
     def speedscope(pprof, value: nil, group_by: nil, timeline: false, name: "ddprof_recorder profile", label: nil,
-                   max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
+                   max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES, max_output_bytes: nil)
       raise TypeError, "name must be a String, got #{name.class}" unless name.is_a?(String)
 
       values = value.nil? ? nil : Array(value).map { |v| value_name(v) }
@@ -122,7 +133,7 @@ module DdprofRecorder
 
       exporter = "ddprof_recorder #{VERSION}"
       labels = label_filters(label)
-      limit = read_limit(max_decompressed_bytes)
+      limit = read_limit(max_decompressed_bytes, max_output_bytes)
       return _native_speedscope_timeline(pprof, name, exporter, labels, limit) if timeline
 
       _native_speedscope(pprof, values, label_key(group_by, "group_by"), name, exporter, labels, limit)
@@ -142,17 +153,18 @@ module DdprofRecorder
     #   labels (see the module's doc): the lanes show when they ran, and the shares are of
     #   their wall time (e.g. how one endpoint's time went: running, waiting for the GVL...).
     # @param max_decompressed_bytes [Integer] see {.folded}.
+    # @param max_output_bytes [Integer, nil] see {.folded}.
     # @return [String] the document (UTF-8).
     # @raise [ArgumentError] if `pprof` is not a pprof, or has no wall-time, or `format` is
     #   neither; as {.folded} for `label`.
     # @raise [DdprofRecorder::Error] if no sample has a time (or `label` left none), or as
     #   {.folded}.
     def timeline(pprof, format: :svg, title: "ddprof_recorder timeline", label: nil,
-                 max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES)
+                 max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES, max_output_bytes: nil)
       raise TypeError, "title must be a String, got #{title.class}" unless title.is_a?(String)
       raise ArgumentError, "format must be :svg or :html, got #{format.inspect}" unless %i[svg html].include?(format)
 
-      _native_timeline(pprof, format, title, label_filters(label), read_limit(max_decompressed_bytes))
+      _native_timeline(pprof, format, title, label_filters(label), read_limit(max_decompressed_bytes, max_output_bytes))
     end
 
     # The pprof with only the samples that have every label of `labels` (the same key with the
@@ -305,11 +317,14 @@ module DdprofRecorder
 
     private
 
-    def read_limit(bytes)
-      raise TypeError, "max_decompressed_bytes must be an Integer, got #{bytes.class}" unless bytes.is_a?(Integer)
-      unless bytes.positive? && bytes < 2**64
-        raise ArgumentError, "max_decompressed_bytes must be positive and below 2**64, got #{bytes}"
-      end
+    # The native views' limits: `[max_decompressed_bytes, max_output_bytes]`.
+    def read_limit(bytes, output = nil)
+      [byte_count(bytes, "max_decompressed_bytes"), output.nil? ? nil : byte_count(output, "max_output_bytes")]
+    end
+
+    def byte_count(bytes, name)
+      raise TypeError, "#{name} must be an Integer, got #{bytes.class}" unless bytes.is_a?(Integer)
+      raise ArgumentError, "#{name} must be positive and below 2**64, got #{bytes}" unless bytes.positive? && bytes < 2**64
 
       bytes
     end

@@ -77,6 +77,12 @@ module DdprofRecorder
     # 1e-12 s the next window was always due: the thread cut windows in a busy loop (1,598
     # files in 2 s from `record --interval 1e-12`).
     MIN_INTERVAL = 0.1
+    # The longest `interval:`, in seconds: a year. The windows' deadlines are nanoseconds, and
+    # past about 1.8e299 s a Float interval times 1e9 is Infinity: `DDPROF_RECORDER_INTERVAL=1e308`
+    # was taken here, then `start` died with `FloatDomainError: Infinity`.
+    MAX_INTERVAL = 365 * 86_400
+    # The intervals a profiler takes.
+    INTERVAL_RANGE = (MIN_INTERVAL..MAX_INTERVAL).freeze
     # Value types of the profiles made, in value order (StackRecorder's defaults), without
     # the memory options; see {#value_types}.
     VALUE_TYPES = StackRecorder::DEFAULT_VALUE_TYPES
@@ -248,7 +254,7 @@ module DdprofRecorder
 
     # @param hz [Integer] sampling passes per second, in {HZ_RANGE}.
     # @param interval [Numeric, nil] with an exporter, hand it a window every `interval`
-    #   seconds (default 60; at least {MIN_INTERVAL}); the last window goes to it at {#stop}.
+    #   seconds (default 60; in {INTERVAL_RANGE}); the last window goes to it at {#stop}.
     #   The sampler thread cuts the windows (a few ms: encoding runs without the GVL).
     # @param exporter [#call, #export, nil] receives `(start, finish, pprof)` for each window:
     #   `export` if it has one, else `call`. Or pass a block. It runs in a thread of its own
@@ -323,8 +329,8 @@ module DdprofRecorder
       unless Numeric === export_timeout && export_timeout.real? && export_timeout.finite? && !export_timeout.negative?
         raise ArgumentError, "export_timeout must be a finite number of seconds >= 0, got #{shown(export_timeout)}"
       end
-      unless interval.nil? || (interval.is_a?(Numeric) && interval.real? && interval.finite? && interval >= MIN_INTERVAL)
-        raise ArgumentError, "interval must be a finite number of seconds >= #{MIN_INTERVAL}, got #{shown(interval)}"
+      unless interval.nil? || Profiler.interval?(interval)
+        raise ArgumentError, "interval must be a number of seconds in #{INTERVAL_RANGE}, got #{shown(interval)}"
       end
 
       @exporter = exporter || block
@@ -376,6 +382,10 @@ module DdprofRecorder
         if @allocations && RactorGuard.ractors?
           raise Error, "allocation sampling cannot start while a Ractor other than the main one runs: " \
                        "Ruby's allocation hooks are not safe with Ractors; start without allocations: and heap:"
+        end
+        if @gc && RactorGuard.ractors?
+          raise Error, "GC time cannot be measured while a Ractor other than the main one runs: " \
+                       "Ruby's GC-event hooks are not safe with Ractors; start without gc:"
         end
 
         @recorder = new_recorder
@@ -433,6 +443,12 @@ module DdprofRecorder
 
     # @return [String, nil] why the mode is not `:handler`, when signals were asked for.
     attr_reader :sampling_mode_reason
+
+    # @api private
+    # @return [Boolean] whether `value` is a real number of seconds in {INTERVAL_RANGE}.
+    def self.interval?(value)
+      Numeric === value && value.real? && value.finite? && INTERVAL_RANGE.cover?(value)
+    end
 
     # @api private
     # @return [Boolean] whether `value` is a number in {ALLOCATION_OVERHEAD_RANGE}.
@@ -605,7 +621,8 @@ module DdprofRecorder
     #   (`:sampled`, `:recorded`, `:dropped` when too many waited for their job, and
     #   `:heap_tracked`, `:heap_freed`, `:heap_skipped` past {MAX_HEAP_TRACKED},
     #   `:heap_live_tracked`; `:stopped`, why sampling stopped early: RactorGuard); with gc,
-    #   `:gc_lost_ns` (GC CPU of threads past the native table's 64); with an exporter,
+    #   `:gc_lost_ns` (GC CPU of threads past the native table's 64) and `:gc_stopped`, why
+    #   GC time stopped early (RactorGuard), if it did; with an exporter,
     #   `:exporter` (`:exported`: windows it returned from, the last one too; `:failed`: it
     #   raised; `:queued`: waiting now; `:dropped`: the oldest waiting when
     #   `max_queued_windows` were, and those it had not finished when {#stop} killed its
@@ -669,7 +686,9 @@ module DdprofRecorder
 
     # With the lifecycle lock, after the sampling started.
     def start_memory
+      @allocations_stopped = @gc_stopped = nil
       Profiler._native_gc_start if @gc
+      RactorGuard.owner = self if @gc || @allocations
       return unless @allocations
 
       recorder = AllocationRecorder.new(@recorder, labels_for: @sampler.method(:labels_for),
@@ -677,35 +696,56 @@ module DdprofRecorder
                                                    samples_index: VALUE_TYPES.size)
       Profiler._native_allocations_start(@allocation_interval, recorder, @heap, @allocation_overhead,
                                          ALLOCATION_CALIBRATION)
-      @allocations_stopped = nil
-      RactorGuard.owner = self
     end
 
-    # A Ractor is about to start (RactorGuard): stops the allocation and heap hooks for the rest
-    # of this run, the live heap recorded first, and says so in the profile, the log and stats.
+    # A Ractor is about to start (RactorGuard): stops the allocation, heap and GC hooks for the
+    # rest of this run, the live heap recorded first, and says so in the profile, the log and
+    # stats, once each.
     def stop_memory_for_ractor
       stopped = @lifecycle.synchronize do
-        next false unless @started && @allocations && !@allocations_stopped && Process.pid == @pid
+        next [] unless @started && Process.pid == @pid
 
-        Profiler._native_allocations_stop
-        @allocation_stats = Profiler._native_allocations_stats
-        record_heap
-        Profiler._native_heap_stop
-        @allocations_stopped = RactorGuard::REASON
-        @comments += ["allocations: stopped at #{Time.now.utc.strftime('%H:%M:%S')} UTC: #{RactorGuard::REASON}"]
-        @recorder.comments = @comments
-        true
+        [stop_allocations_for_ractor, stop_gc_for_ractor].compact
       end
-      DdprofRecorder.logger.warn("profiler: allocation sampling stopped: #{RactorGuard::REASON}") if stopped
+      stopped.each { |what| DdprofRecorder.logger.warn("profiler: #{what}") }
+    end
+
+    # With the lifecycle lock: what the log says, or nil if there was nothing to stop.
+    def stop_allocations_for_ractor
+      return unless @allocations && !@allocations_stopped
+
+      Profiler._native_allocations_stop
+      @allocation_stats = Profiler._native_allocations_stats
+      record_heap
+      Profiler._native_heap_stop
+      @allocations_stopped = RactorGuard::REASON
+      add_comment("allocations: stopped at #{Time.now.utc.strftime('%H:%M:%S')} UTC: #{RactorGuard::REASON}")
+      "allocation sampling stopped: #{RactorGuard::REASON}"
+    end
+
+    # With the lifecycle lock: what the log says, or nil if there was nothing to stop. The GC
+    # time measured so far stays in the threads' next samples.
+    def stop_gc_for_ractor
+      return unless @gc && !@gc_stopped
+
+      Profiler._native_gc_stop
+      @gc_stopped = RactorGuard::GC_REASON
+      add_comment("gc: stopped at #{Time.now.utc.strftime('%H:%M:%S')} UTC: #{RactorGuard::GC_REASON}")
+      "GC time stopped: #{RactorGuard::GC_REASON}"
+    end
+
+    def add_comment(comment)
+      @comments += [comment]
+      @recorder.comments = @comments
     end
 
     # With the lifecycle lock: no allocation is sampled after this; the live heap goes into
     # the last window first (it can only be read while the free hook runs).
     def stop_memory
+      RactorGuard.owner = nil
       Profiler._native_gc_stop if @gc
       return unless @allocations
 
-      RactorGuard.owner = nil
       Profiler._native_allocations_stop
       return if @allocations_stopped # by a Ractor: its stats and live heap are in already
 
@@ -736,6 +776,7 @@ module DdprofRecorder
         stats[:allocations] = stats[:allocations].merge(stopped: @allocations_stopped) if @allocations_stopped
       end
       stats[:gc_lost_ns] = Profiler._native_gc_lost_ns if @gc
+      stats[:gc_stopped] = @gc_stopped if @gc_stopped
       stats
     end
 

@@ -32,9 +32,11 @@ module DdprofRecorder
   # profiled, or while a profiler of the process runs ({Profiler.start}, `ddprof-recorder
   # record`, or any {Profiler#start}), an authorized request gets 503 with an
   # `x-ddprof-busy` header that says which (and `retry-after`, the seconds until the other
-  # request's cap at most), not the page: the app is not called. A process-wide profiler
-  # started *during* a profiled request takes the trigger over, and that request's profile
-  # stops sampling at that point.
+  # request's cap at most), not the page: the app is not called. The other way round, the
+  # request's profiler holds the trigger: a profiler that the app starts *during* a profiled
+  # request ({Profiler.start}, or any {Profiler#start}) raises {DdprofRecorder::Error}
+  # ("another DdprofRecorder::Profiler is already sampling in this process") into the app, and
+  # the request's profile goes on.
   #
   # The cap: a request is profiled for `max_seconds` at most (default {DEFAULT_MAX_SECONDS}).
   # A longer one is still served to its end, but the profiler stops at the cap and the slot

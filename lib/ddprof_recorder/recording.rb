@@ -9,7 +9,9 @@ module DdprofRecorder
   # (`DDPROF_RECORDER_INTERVAL`); `DDPROF_RECORDER_ALLOCATIONS` (an allocation interval),
   # `DDPROF_RECORDER_HEAP` and `DDPROF_RECORDER_GC` (`1`) turn on the memory options,
   # `DDPROF_RECORDER_ALLOCATION_OVERHEAD` sets `allocation_overhead:`, and
-  # `DDPROF_RECORDER_TIMELINE` (`1`) turns on `timeline:`.
+  # `DDPROF_RECORDER_TIMELINE` (`1`) turns on `timeline:`. With an interval,
+  # `DDPROF_RECORDER_MAX_QUEUED_WINDOWS` bounds the windows that may wait for the writing thread
+  # (default: {WRITE_BACKLOG_SECONDS} of windows, at least 4).
   #
   # Without `DDPROF_RECORDER_OUT` it does nothing. The first Ruby process to load it claims the
   # profile (`DDPROF_RECORDER_OWNER`, inherited by its children), so that Ruby programs it
@@ -59,8 +61,14 @@ module DdprofRecorder
     STARTED = "DDPROF_RECORDER_STARTED"
     WRITTEN = "DDPROF_RECORDER_WRITTEN"
     LOST = "DDPROF_RECORDER_LOST"
+    MAX_QUEUED_WINDOWS = "DDPROF_RECORDER_MAX_QUEUED_WINDOWS"
     # Why a window has no file when the writing thread dropped it unwritten.
     DROPPED = "dropped: the writes fell behind the interval"
+    # How far, in seconds of windows, the writing thread may fall behind before a window is
+    # dropped (at least Profiler::DEFAULT_MAX_QUEUED_WINDOWS windows): with a short interval,
+    # four windows were less than a second, and a loaded machine's stall of the writer lost
+    # some (3 windows of 0.2 s, with load 11).
+    WRITE_BACKLOG_SECONDS = 60
 
     # A bad value in one of the variables above: the message names it, with its text as
     # written, and says what it must be.
@@ -350,14 +358,21 @@ module DdprofRecorder
         v = Integer(text, 10)
         v if Profiler::HZ_RANGE.cover?(v)
       end
-      interval = env_value(env, INTERVAL, "a number of seconds >= #{Profiler::MIN_INTERVAL}") do |text|
+      interval = env_value(env, INTERVAL, "a number of seconds in #{Profiler::INTERVAL_RANGE}") do |text|
         v = Float(text)
-        v if v.finite? && v >= Profiler::MIN_INTERVAL
+        v if Profiler.interval?(v)
       end
       options = { hz: hz || Profiler::DEFAULT_HZ, compression: out.end_with?(".gz") ? :gzip : :none,
                   timeline: env[TIMELINE] == "1" }
       options.merge!(memory_options(env))
-      interval ? options.merge(interval: interval, exporter: WindowWriter.new(out)) : options
+      return options unless interval
+
+      backlog = env_value(env, MAX_QUEUED_WINDOWS, "a positive integer") do |text|
+        v = Integer(text, 10)
+        v if v.positive?
+      end
+      backlog ||= [Profiler::DEFAULT_MAX_QUEUED_WINDOWS, (WRITE_BACKLOG_SECONDS / interval).ceil].max
+      options.merge(interval: interval, exporter: WindowWriter.new(out), max_queued_windows: backlog)
     end
 
     # The memory options the environment asks for (see the module doc).

@@ -47,6 +47,12 @@ RSpec.describe AccuracyAnalysis do
       # Eval'd code, as ours names it (by its file) and as AccuracyAnalysis.frame_name names stackprof's.
       "(erb)" => "(erb)",
       "(eval at lib/x.rb:3)" => "(eval at lib/x.rb:3)",
+      # A compiled template's frame, as ours names it (by its file), kept whole; `/` is still an operator.
+      "app/views/items/_item.html.erb" => "app/views/items/_item.html.erb",
+      "block in app/views/items/index.html.erb" => "app/views/items/index.html.erb",
+      "/tmp/views/list.erb" => "/tmp/views/list.erb",
+      "Integer#/" => "/",
+      "/" => "/",
     }.each do |label, name|
       it "turns #{label.inspect} into #{name.inspect}" do
         expect(described_class.normalize_name(label)).to eq(name)
@@ -189,6 +195,91 @@ RSpec.describe AccuracyAnalysis do
     end
   end
 
+  describe ".frame_name" do
+    root = "/srv/shop"
+
+    it "names an ActionView template's method by the end of its file that the method's name spells" do
+      {
+        "#<Class:0x00007f00aff6b4c0>#_app_views_items__item_html_erb__2859900258489122927_6880" =>
+          "#{root}/app/views/items/_item.html.erb",
+        "#<Class:0x00007f00aff6b718>#_app_views_items_index_html_erb___1572220595263791585_6840" =>
+          "#{root}/app/views/items/index.html.erb",
+        "block in #<Class:0x00007f00aff6b718>#_app_views_layouts_application_html_erb__12140406_6240" =>
+          "#{root}/app/views/layouts/application.html.erb",
+      }.each do |name, file|
+        expect(described_class.frame_name(name: name, file: file)).to eq(file.delete_prefix("#{root}/"))
+      end
+    end
+
+    it "names it by its whole file when no end of it is spelled by the name (no Rails.root)" do
+      name = "#<Class:0x1>#__tmp_tf_av_app_views_pages_index_html_erb__22719_320"
+      expect(described_class.frame_name(name: name, file: "/tmp/tf/av/app/views/pages/index.html.erb"))
+        .to eq("/tmp/tf/av/app/views/pages/index.html.erb")
+    end
+
+    it "keeps the name of a method that only looks like one, or is not in its template's file" do
+      expect(described_class.frame_name(name: "Foo#_app_views_x_html_erb__1_2", file: "/srv/lib/foo.rb"))
+        .to eq("Foo#_app_views_x_html_erb__1_2")
+      expect(described_class.frame_name(name: "Foo#_helper", file: "/srv/app/views/x.html.erb")).to eq("Foo#_helper")
+      expect(described_class.frame_name(name: "Array#each", file: "<cfunc>")).to eq("Array#each")
+    end
+
+    it "names eval'd code by its file" do
+      expect(described_class.frame_name(name: "block (2 levels) in <main>", file: "(erb)")).to eq("(erb)")
+    end
+  end
+
+  describe ".stackprof_stacks" do
+    it "reads raw stacks (root first) leaf first, named as stackprof_self names them, GC stacks left out" do
+      dump = {
+        frames: {
+          1 => { name: "<main>", file: "/srv/run.rb" },
+          2 => { name: "#<Class:0x1>#_app_views_items_index_html_erb__1_2", file: "/srv/app/views/items/index.html.erb" },
+          3 => { name: "Array#each", file: "<cfunc>" },
+          4 => { name: "(garbage collection)" },
+          5 => { name: "(marking)" },
+        },
+        raw: [3, 1, 2, 3, 7, 2, 1, 2, 4, 2, 4, 5, 2],
+      }
+      expect(described_class.stackprof_stacks(dump))
+        .to eq([[["each", "app/views/items/index.html.erb", "main"], 7], [["app/views/items/index.html.erb", "main"], 4]])
+    end
+
+    it "says so when the result has no raw stacks" do
+      expect { described_class.stackprof_stacks({ frames: {} }) }.to raise_error(ArgumentError, /raw: true/)
+    end
+  end
+
+  describe ".pprof_stacks" do
+    it "gives each sample with cpu-time its names leaf first, the samples of a left-out leaf left out" do
+      recorder = DdprofRecorder::StackRecorder.new(compression: :gzip)
+      recorder.record_sample([["Array#each", "", 0], ["app/views/a.html.erb", "/srv/app/views/a.html.erb", 3]], [100, 1, 1000])
+      recorder.record_sample([["sleep", "a.rb", 7]], [0, 7, 5000]) # off CPU
+      recorder.record_sample([["(marking)", "", 0], ["(garbage collection)", "", 0]], [30, 1, 0])
+      pprof = recorder.serialize!
+
+      expect(described_class.pprof_stacks(pprof, leave_out: described_class::GC_FRAMES))
+        .to eq([[["each", "app/views/a.html.erb"], 100]])
+    end
+  end
+
+  describe ".template_weights" do
+    it "puts on each template the stacks it is the leaf of (self) and those it is in, once a stack (total)" do
+      layout = "app/views/layouts/application.html.erb"
+      index = "app/views/items/index.html.erb"
+      item = "app/views/items/_item.html.erb"
+      stacks = [
+        [[item, "render", index, "render", "main"], 3],
+        [["h", item, "render", item, "render", index, "main"], 5], # a partial in itself: once
+        [["concat", layout, "main"], 2],
+        [["crunch", "main"], 10],
+        [["(erb)", "result", "main"], 1], # eval'd code has no template file
+      ]
+      expect(described_class.template_weights(stacks))
+        .to eq(self: { item => 3 }, total: { item => 8, index => 8, layout => 2 }, all: 21)
+    end
+  end
+
   describe ".pprof_self" do
     it "sums cpu-time at the leaf per function and counts the cpu-samples that had cpu-time" do
       recorder = DdprofRecorder::StackRecorder.new(compression: :gzip)
@@ -242,6 +333,16 @@ RSpec.describe AccuracyAnalysis do
       expect(described_class.pprof_self(pprof, within: within))
         .to eq(weights: { "crunch" => 100 }, on_cpu_samples: 1, total: 100, left_out: 0)
       expect(seen).to contain_exactly(%w[crunch Work.run], %w[Kernel#eval Kernel#require])
+    end
+
+    it "counts a sample at most as many times as its cpu-time holds CPU ticks at `hz` (an idle thread's passes)" do
+      recorder = DdprofRecorder::StackRecorder.new(compression: :gzip)
+      recorder.record_sample([["crunch", "a.rb", 3]], [30_000_000, 2, 1000]) # 3 ticks' CPU at 100 Hz, 2 passes
+      recorder.record_sample([["wait", "a.rb", 5]], [1_000_000, 400, 1000]) # woke 400 times, a tenth of a tick
+      pprof = recorder.serialize!
+
+      expect(described_class.pprof_self(pprof, hz: 100)[:on_cpu_samples]).to eq(2 + 1)
+      expect(described_class.pprof_self(pprof)[:on_cpu_samples]).to eq(402)
     end
 
     it "takes the innermost line of a location with inlined lines, and reads raw pprofs" do

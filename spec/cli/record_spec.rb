@@ -338,8 +338,9 @@ RSpec.describe "ddprof-recorder record" do
     { [] => /record: no COMMAND given \(usage: ddprof-recorder record \[-o FILE\]/,
       %w[--hz 0 -- ruby] => /record: --hz must be in 1\.\.1000, got 0$/,
       %w[--hz fast -- ruby] => /record: invalid argument: --hz fast/,
-      %w[--interval 0 -- ruby] => /record: --interval must be at least 0\.1 \(seconds\), got 0\.0$/,
-      %w[--interval 1e-12 -- ruby] => /record: --interval must be at least 0\.1 \(seconds\), got 1\.0e-12$/,
+      %w[--interval 0 -- ruby] => /record: --interval must be in 0\.1\.\.31536000 \(seconds\), got 0\.0$/,
+      %w[--interval 1e-12 -- ruby] => /record: --interval must be in 0\.1\.\.31536000 \(seconds\), got 1\.0e-12$/,
+      %w[--interval 1e308 -- ruby] => /record: --interval must be in 0\.1\.\.31536000 \(seconds\), got 1\.0e\+308$/,
       %w[--allocation-interval 0 -- ruby] => /record: --allocation-interval must be in 1\.\.\d+, got 0$/,
       %w[--allocation-interval many -- ruby] => /record: invalid argument: --allocation-interval many/,
       %w[--allocation-overhead 0 -- ruby] => /record: --allocation-overhead must be in \(0, 1\], got 0\.0$/,
@@ -362,7 +363,9 @@ RSpec.describe "ddprof-recorder record" do
 
   # Through the executable, with no RUBYOPT of the user's, and a TMPDIR of the example's, which
   # the note from the program's Ruby (Recording::STARTED) must leave empty.
-  describe "a command that wrote no profile: why, in one line, with status 1" do
+  # The status is the command's, or 1 if that was 0: `--help` says so (a launcher that exec'd a
+  # program that is not Ruby exited 1 while the help said "COMMAND's exit status").
+  describe "a command that wrote no profile: why, in one line, with its status, or 1 if that was 0" do
     def record(*command)
       tmp = File.join(@dir, "tmp")
       FileUtils.mkdir_p(tmp)
@@ -379,15 +382,21 @@ RSpec.describe "ddprof-recorder record" do
       _, err, status = record(RbConfig.ruby, "--disable-rubyopt", "-e", "1")
       expect(status).to eq(1)
       expect_one_line(err, /: no profile: `\S+ --disable-rubyopt -e 1` ran no Ruby that loaded the profiler /)
+      _, err, status = record("sh", "-c", "exit 3")
+      expect(status).to eq(3)
+      expect_one_line(err, /: no profile: `sh -c 'exit 3'` ran no Ruby that loaded the profiler /)
     end
 
     it "when its Ruby was killed by a signal that Ruby does not handle, or exec'd another program" do
       _, err, status = record(RbConfig.ruby, "-e", "Process.kill(:KILL, $$)")
-      expect(status).to eq(1)
+      expect(status).to eq(128 + 9)
       expect_one_line(err, /: no profile: `\S+ -e 'Process\.kill\(:KILL, \$\$\)'` was killed by signal 9 before its Ruby \(process \d+\) could write one \(a signal that Ruby does not handle, such as SIGKILL, or a crash\)$/)
       _, err, status = record(RbConfig.ruby, "-e", "exec('true')")
       expect(status).to eq(1)
       expect_one_line(err, /: no profile: `\S+ -e 'exec\('\\''true'\\''\)'` started the profiler \(process \d+\) but wrote nothing at its end \(did it exec a program that is not Ruby\?\)$/)
+      _, err, status = record(RbConfig.ruby, "-e", "exec('sh', '-c', 'exit 5')")
+      expect(status).to eq(5)
+      expect_one_line(err, /: no profile: .* \(did it exec a program that is not Ruby\?\)$/)
     end
 
     it "when the profiler could not start in its Ruby: the Ruby's message, then record's" do
@@ -405,7 +414,9 @@ RSpec.describe "ddprof-recorder record" do
       { "DDPROF_RECORDER_HZ=0" => "DDPROF_RECORDER_HZ must be an integer in 1..1000, got \"0\"",
         "DDPROF_RECORDER_ALLOCATIONS=0" => "DDPROF_RECORDER_ALLOCATIONS must be an integer in 1..1099511627776, got \"0\"",
         "DDPROF_RECORDER_ALLOCATION_OVERHEAD=2" => "DDPROF_RECORDER_ALLOCATION_OVERHEAD must be a number in (0, 1], got \"2\"",
-        "DDPROF_RECORDER_INTERVAL=1e-12" => "DDPROF_RECORDER_INTERVAL must be a number of seconds >= 0.1, got \"1e-12\"" }
+        "DDPROF_RECORDER_INTERVAL=1e-12" => "DDPROF_RECORDER_INTERVAL must be a number of seconds in 0.1..31536000, got \"1e-12\"",
+        # Finite, but not as nanoseconds: it was `FloatDomainError: Infinity`.
+        "DDPROF_RECORDER_INTERVAL=1e308" => "DDPROF_RECORDER_INTERVAL must be a number of seconds in 0.1..31536000, got \"1e308\"" }
         .each do |setting, message|
         _, err, status = record("env", setting, RbConfig.ruby, "-e", "1")
         expect(status).to eq(1)

@@ -135,6 +135,43 @@ RSpec.describe "DdprofRecorder::CLI.run" do
     end
   end
 
+  # A raw FILE larger than --max-decompressed was read whole, then copied, to be refused: 604 MB
+  # of RSS for a 300 MB file with --max-decompressed 1000000.
+  it "reads a raw FILE only as far as --max-decompressed: a larger one is refused from its size" do
+    File.open(File.join(@dir, "big.pb"), "wb") { |f| f.truncate(512 << 20) } # sparse: 512 MiB, no disk
+    # In 1 GiB of address space: reading it and copying it would fail (NoMemoryError).
+    out, err, status = Open3.capture3(RbConfig.ruby, CliHelpers::EXE, "top", "big.pb", "--max-decompressed", "1000000",
+                                      chdir: @dir, rlimit_as: 1 << 30)
+    expect([out, status.exitstatus]).to eq(["", 1])
+    expect_one_line(err, /\Addprof-recorder: big\.pb: the pprof is more than 1000000 bytes \(--max-decompressed: 1000000\); raise --max-decompressed to read it$/)
+  end
+
+  # folded wrote 1.05 GB (2.07 GB of RSS) from a 2,978-byte pprof.
+  it "writes each view within --max-output BYTES, by default a multiple of what it read: past it, one line" do
+    # 10 stacks of a 16 KiB name 400 deep: 66 MB of folded text, held twice, from 4 KB.
+    name = "m" * (16 << 10)
+    write_profile("long.pb.gz", Array.new(10) { |i| [[["leaf#{i}", "a.rb", 1]] + Array.new(399) { [name, "a.rb", 2] }, [1, 1, 1]] })
+    out, err, status = run_cli("folded", "long.pb.gz")
+    expect([out, status]).to eq(["", 1])
+    expect_one_line(err, /\Addprof-recorder: long\.pb\.gz: the folded stacks would be more than 67108864 bytes \(--max-output: by default 64 x the pprof's protobuf bytes, at least 64 MiB\); raise --max-output to write them$/)
+    [%w[speedscope -o -], %w[timeline -o -]].each do |command, *args|
+      _, err, = run_cli(command, "long.pb.gz", *args, "--max-output", "1000")
+      expect(err).to match(/--max-output: 1000\)|no sample has a time/), command
+    end
+    out, err, status = run_cli("flamegraph", "long.pb.gz", "-o", "-")
+    expect([err, status]).to eq(["", 0])
+    expect(out.bytesize).to be < 2 << 20 # the name cut, a drawing of its first 500 characters
+    out, err, status = run_cli("folded", "long.pb.gz", "--max-output", (256 << 20).to_s)
+    expect([err, status]).to eq(["", 0])
+    expect(out.lines.size).to eq(10)
+    _, err, status = run_cli("folded", "long.pb.gz", "--max-output", "0")
+    expect(status).to eq(2)
+    expect_one_line(err, /\Addprof-recorder: folded: --max-output must be positive/)
+    _, err, status = run_cli("top", "long.pb.gz", "--max-output", "1000") # top writes a table of what it read
+    expect(status).to eq(2)
+    expect(err).to start_with("ddprof-recorder: top: invalid option: --max-output")
+  end
+
   # Before --max-input, a FILE was read whole before any limit: `folded /dev/zero
   # --max-decompressed 1000` until NoMemoryError, and `top` on a 2 GB sparse file with 4.2 GB
   # of memory before refusing it.

@@ -74,12 +74,12 @@ RSpec.describe "record when the profile files cannot be written" do
   end
 
   # The program makes each write 0.3 s slower than the interval, 0.1 s: the writing thread's
-  # queue (Profiler::DEFAULT_MAX_QUEUED_WINDOWS) fills, and the oldest waiting windows are
-  # dropped, never written.
+  # queue (4 windows here; a minute of them by default) fills, and the oldest waiting windows
+  # are dropped, never written.
   it "counts the windows dropped unwritten when the writes fall behind the interval, and exits with 1" do
     program = "DdprofRecorder::Recording.singleton_class.prepend(Module.new { def write(*) = (sleep 0.3; super) }); sleep 1.5"
     out, err, status = run_exe("record", "-o", "w.pb", "--interval", "0.1", "--", RbConfig.ruby, "-e", program,
-                               env: { "RUBYOPT" => nil })
+                               env: { "RUBYOPT" => nil, "DDPROF_RECORDER_MAX_QUEUED_WINDOWS" => "4" })
     expect(status).to eq(1), err
     dropped = err.scan(/(\d+) dropped so far$/).flatten.map(&:to_i).max
     expect(dropped).to be_positive, err

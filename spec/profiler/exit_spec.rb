@@ -30,10 +30,13 @@ RSpec.describe DdprofRecorder::Profiler, "at exit" do
     $stdout.sync = true
     require "ddprof_recorder"
 
-    def busy(seconds)
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    # Busy for `seconds` of `clock`. Before the counters are printed, of the thread's CPU: under
+    # load a tenth of a second of wall time held too little CPU for a job to run (2 runs of 15
+    # "not sampling before the exit" on 3.4.5, beside other jobs).
+    def busy(seconds, clock = Process::CLOCK_MONOTONIC)
+      deadline = Process.clock_gettime(clock) + seconds
       x = 0
-      x = (x + [x, 3].max) % 1_000_003 while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      x = (x + [x, 3].max) % 1_000_003 while Process.clock_gettime(clock) < deadline
       x
     end
 
@@ -44,7 +47,7 @@ RSpec.describe DdprofRecorder::Profiler, "at exit" do
 
     DdprofRecorder::Profiler.start(hz: 999) unless mode == "record"
     Thread.new { loop { busy(1) } }
-    busy(seconds)
+    busy(seconds, Process::CLOCK_THREAD_CPUTIME_ID)
     puts sampling("main")
     case mode
     when "normal", "record" then nil # the end of the program: exit 0, the profiler running
@@ -63,7 +66,7 @@ RSpec.describe DdprofRecorder::Profiler, "at exit" do
           DdprofRecorder::Profiler.start(hz: 999)
         end
         Thread.new { loop { busy(1) } }
-        busy(seconds)
+        busy(seconds, Process::CLOCK_THREAD_CPUTIME_ID)
         puts sampling("child")
         exit 4
       end

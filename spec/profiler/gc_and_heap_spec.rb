@@ -178,10 +178,6 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
   end
 
   describe "heap: true" do
-    def live_by_leaf(samples, type = "heap-live-samples")
-      samples.each_with_object(Hash.new(0)) { |s, acc| acc[s[:frames].first&.first] += s[:values][type] }
-    end
-
     def heap_profile(interval, compact: false, count: 40_000)
       # The hook always on: these check the heap tracker, not the duty cycle (allocations_spec).
       profiler = profiler_class.new(heap: true, allocation_interval: interval, allocation_overhead: 1.0,
@@ -198,20 +194,19 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
     # MAX_HEAP_TRACKED (heap_skipped 2 in a CI run).
     it "reports the kept tenth as live, and the freed objects' stacks not at all (interval 1)" do
       samples, stats = heap_profile(1)
-      allocated = live_by_leaf(samples, "alloc-samples")
-      live = live_by_leaf(samples)
-      # `"k" * 10` is String#*, a C method: its frame is the leaf, its caller's is next.
+      # `"k" * 10` is String#*, a C method: its frame is the leaf, its caller's is next. Only
+      # these callers' samples are counted: a thread an earlier example left may allocate too.
       kept = samples.select { |s| s[:frames][1]&.first == "MemoryShape.kept" }
       dropped = samples.select { |s| s[:frames][1]&.first == "MemoryShape.dropped" }
+      expect((kept + dropped).map { |s| s[:frames].first.first }.uniq).to eq(["String#*"])
       expect(kept.sum { |s| s[:values]["alloc-samples"] }).to eq(4_000)
       expect(dropped.sum { |s| s[:values]["alloc-samples"] }).to eq(36_000)
       expect(kept.sum { |s| s[:values]["heap-live-samples"] }).to eq(4_000)
       # The GC is conservative about the machine stack and registers: the last String or two
-      # that `dropped` made can still be referenced from there, so alive (seen on Ruby 3.4).
+      # that `dropped` made can still be referenced from there, so alive (2 seen on Ruby 3.4;
+      # a deeper stack, as in the whole suite, may hold a few more).
       still_referenced = dropped.sum { |s| s[:values]["heap-live-samples"] }
-      expect(still_referenced).to be <= 2
-      expect(live["String#*"]).to eq(4_000 + still_referenced)
-      expect(allocated["String#*"]).to eq(40_000)
+      expect(still_referenced).to be <= 8
       expect(stats).to include(heap_skipped: 0)
       expect(stats[:heap_freed]).to be >= 36_000 - still_referenced
       sizes = kept.sum { |s| s[:values]["heap-live-size"] }

@@ -19,7 +19,7 @@ RSpec.describe DdprofRecorder::Profiler, "gvl-wait-time" do
   end
 
   context "on Ruby 3.3+", if: DdprofRecorder::Profiler::GVL_EVENTS do
-    it "charges each busy thread its wall time minus its CPU time, and a sleeper almost none" do
+    it "charges each busy thread its wall time minus its CPU time, and a sleeper its wait after the sleep" do
       profiler = described_class.new(hz: 99, compression: :none, timeline: true)
       profiler.start
       truth = {}
@@ -33,30 +33,46 @@ RSpec.describe DdprofRecorder::Profiler, "gvl-wait-time" do
           busy_for(600_000_000)
           # The read gives up the lock and waits for it again (a GVL wait, before the end).
           queued = runqueue_ns - queued
-          truth["busy-#{i}"] = [mono_ns - released, thread_cpu_ns - cpu + queued]
+          truth["busy-#{i}"] = [mono_ns - released, thread_cpu_ns - cpu, queued]
         end.tap { |t| t.name = "busy-#{i}" }
       end
       # Ready from the push on (Queue#pop wakes it): its wait for the lock starts there.
       4.times { go << mono_ns }
+      sleeper_wait = nil
+      created = mono_ns
       sleeper = Thread.new do
-        Thread.current.name = "sleeper"
+        # Its first line and its line after the sleep run once it has the lock: what it waited
+        # for the lock is its start's wait and its wake-up's.
+        from = mono_ns
         sleep 0.6
-      end
+        sleeper_wait = (from - created) + (mono_ns - from - 600_000_000)
+      end.tap { |t| t.name = "sleeper" }
       busy.each(&:join)
       sleeper.join
       samples = samples_from(decode_pprof(profiler.stop.last))
       waits = samples.group_by { |s| s[:labels]["thread name"] }.transform_values do |ss|
         ss.sum { |s| s[:values]["gvl-wait-time"] }
       end
-      truth.each do |name, (wall, not_waiting)|
-        # Within 5 points of the wall time: the issue's margin.
-        expect((waits.fetch(name) - (wall - not_waiting)).abs).to be < 0.05 * wall,
-                                                                 "#{name}: #{waits[name]} ns measured, wall #{wall} - " \
-                                                                 "cpu and run queue #{not_waiting}"
+      truth.each do |name, (wall, cpu, queued)|
+        # Its wait is its wall time less its CPU, less the part of its time in the kernel's run
+        # queue that was not a wait for the lock: none of it, or all of it. Time runnable while
+        # holding the lock (preempted) is no wait for it; time runnable once woken to take it is
+        # (the GVL's wake-up to its resume), and on a loaded machine that is much of the run
+        # queue's (busy-2: 1,528 ms measured, 2,202 ms wall, 856 ms in the run queue, beside two
+        # busy loops). Within 5 points of the wall time outside that range: the issue's margin.
+        measured = waits.fetch(name)
+        context = "#{name}: #{measured} ns measured, wall #{wall}, cpu #{cpu}, run queue #{queued}"
+        expect(measured).to be > wall - cpu - queued - (0.05 * wall), context
+        expect(measured).to be < wall - cpu + (0.05 * wall), context
       end
-      # The sleeper waits only for the lock after its sleep: at most a few of the busy threads'
-      # 100 ms slices, never most of its 0.6 s.
-      expect(waits.fetch("sleeper", 0)).to be < 0.5 * (truth.values.map(&:first).max)
+      # The sleeper waits only for the lock after its sleep: a few of the busy threads' 100 ms
+      # slices, more on a loaded machine (a bound of half a busy thread's wall time failed on
+      # 3.4.5 beside other jobs), never its sleep. Within 5 points of a busy thread's wall time
+      # of its own measure of that wait.
+      wall = truth.values.map(&:first).max
+      expect((waits.fetch("sleeper", 0) - sleeper_wait).abs).to be < 0.05 * wall,
+                                                                "sleeper: #{waits['sleeper']} ns measured, " \
+                                                                "#{sleeper_wait} ns waited to start and after its sleep"
       expect(samples.sum { |s| s[:values]["gvl-wait-time"] }).to be_positive
     end
 

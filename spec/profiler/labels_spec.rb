@@ -140,4 +140,69 @@ RSpec.describe "Application labels" do
     by = cpu_by(samples_from(decode_pprof(pprof)), "trace endpoint")
     expect(by.keys.compact.sort).to eq(%w[GET report])
   end
+  # The slot keeps its sets natively (ext/ddprof_recorder/src/labels.rs): under GC.stress
+  # (rake spec:gc_stress) every allocation in push_hash starts a GC, and GC.compact moves what
+  # it may; the sets must come back whole.
+  it "keeps its sets whole across GCs and compactions", gc_stress: true do
+    slot = DdprofRecorder::Labels.slot
+    base = slot.depth
+    depths = Array.new(20) { |i| DdprofRecorder.push_labels("k#{i % 5}" => +"v#{i}", "n#{i % 11}" => "x" * i) }
+    GC.compact if GC.respond_to?(:compact)
+    expect(DdprofRecorder.current_labels).to include("k4" => "v19", "k0" => "v15", "n8" => "x" * 19, "n10" => "x" * 10)
+    expect(DdprofRecorder.current_labels.size).to eq(DdprofRecorder::Labels::MAX_LABELS)
+    expect(slot.at(Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond))).to equal(slot.pairs)
+    DdprofRecorder.pop_labels(depths[10])
+    GC.start
+    expect(DdprofRecorder.current_labels).to eq((5..9).to_h { |i| ["k#{i % 5}", "v#{i}"] }.merge((0..9).to_h { |i| ["n#{i}", "x" * i] }))
+    DdprofRecorder.pop_labels(depths[0])
+    expect(slot.depth).to eq(base)
+    expect(DdprofRecorder.current_labels).to eq({})
+  end
+
+  # The server writes the body and closes it after `call` returned: Rails does its request's
+  # completion there, a streaming body its work. That CPU is the request's too.
+  it "keeps a request's endpoint on while the server iterates and closes its body, and not after" do
+    skip "rack is Debian's, for its Ruby: #{SINATRA_MISSING}" if defined?(SINATRA_MISSING)
+    streaming = Class.new do
+      define_method(:each) { |&block| 3.times { 100_000.times { |i| i.to_s }; block.call("part") } }
+      define_method(:close) { 100_000.times { |i| i.to_s } }
+    end
+    app = DdprofRecorder::Endpoints.new(lambda do |env|
+      env["ddprof_recorder.endpoint"] = "stream"
+      [200, {}, streaming.new]
+    end)
+    after = nil
+    pprof = DdprofRecorder::Profiler.profile(hz: 999) do
+      request = Rack::MockRequest.new(app)
+      4.times { request.get("/") }
+      after = DdprofRecorder.current_labels
+      burn(400_000) # no request's
+    end
+    by = cpu_by(samples_from(decode_pprof(pprof)), "trace endpoint")
+    expect(after).to eq({})
+    # 1.6M iterations inside the requests' bodies, 0.4M outside them.
+    expect(by["stream"]).to be > 0.6 * by.values.sum
+    expect(by[nil]).to be > 0.1 * by.values.sum
+  end
+
+  it "ends the span of a request whose body was never closed at the thread's next request" do
+    skip "rack is Debian's, for its Ruby: #{SINATRA_MISSING}" if defined?(SINATRA_MISSING)
+    app = DdprofRecorder::Endpoints.new(->(_env) { [200, {}, ["ok"]] })
+    env = -> { Rack::MockRequest.env_for("/") }
+    slot = DdprofRecorder::Labels.slot
+    base = slot.depth
+    depths = []
+    DdprofRecorder::Profiler.profile(hz: 99) do
+      3.times do
+        app.call(env.call) # the body left open
+        depths << slot.depth
+      end
+      _, _, body = app.call(env.call)
+      body.close
+      depths << slot.depth
+      body.close # a second close changes nothing
+      depths << slot.depth
+    end
+    expect(depths).to eq([base + 1, base + 1, base + 1, base, base])
+  end
 end

@@ -191,9 +191,13 @@ RSpec.describe DdprofRecorder::Profiler do
     it "rejects an interval under MIN_INTERVAL, and names a bad number as Ruby writes it" do
       expect(described_class::MIN_INTERVAL).to eq(0.1)
       expect { described_class.new(interval: 1e-12, exporter: proc {}) }
-        .to raise_error(ArgumentError, "interval must be a finite number of seconds >= 0.1, got 1.0e-12")
+        .to raise_error(ArgumentError, "interval must be a number of seconds in 0.1..31536000, got 1.0e-12")
+      # Finite, but Infinity as nanoseconds: start died with FloatDomainError.
+      expect { described_class.new(interval: 1e308, exporter: proc {}) }
+        .to raise_error(ArgumentError, "interval must be a number of seconds in 0.1..31536000, got 1.0e+308")
       expect { described_class.new(interval: Float::INFINITY, exporter: proc {}) }.to raise_error(ArgumentError, /got Infinity\z/)
       expect(described_class.new(interval: 0.1, exporter: proc {}).interval).to eq(0.1)
+      expect(described_class.new(interval: described_class::MAX_INTERVAL, exporter: proc {}).interval).to eq(31_536_000)
       expect { described_class.new(allocation_interval: 0) }.to raise_error(ArgumentError, /, got 0\z/)
       expect { described_class.new(allocation_overhead: 2.0) }.to raise_error(ArgumentError, /, got 2\.0\z/)
       expect { described_class.new(gc: "yes") }.to raise_error(ArgumentError, "gc must be true or false, got \"yes\"")

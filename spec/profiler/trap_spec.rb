@@ -106,6 +106,15 @@ RSpec.describe DdprofRecorder::Profiler, "from a trap handler" do
       def *(other)
         60 * other
       end
+
+      # The range check compares it with Floats, both ways (Float#<=> coerces it).
+      def coerce(other)
+        [other, 60.0]
+      end
+
+      def <=>(other)
+        60 <=> other
+      end
     end.new
     profiler = DdprofRecorder::Profiler.start(hz: 99, interval: interval) { |*| nil }
     value, took = returned.pop

@@ -202,6 +202,24 @@ RSpec.describe DdprofRecorder::Rack do
       expect(middleware.call(env("ddprof=flamegraph", token: token)).first).to eq(200) # once it stopped
     end
 
+    # The docs said the process-wide profiler would take the trigger over; the start raises.
+    it "the other way round: a profiler the app starts during a profiled request raises, and the request's profile goes on" do
+      raised = nil
+      starting_app = lambda do |_env|
+        DdprofRecorder::Profiler.start(hz: 19)
+      rescue DdprofRecorder::Error => e
+        raised = e.message
+        self.class.rack_spec_render_page(0.05)
+        page
+      end
+      status, _, body = described_class.new(starting_app, authorize: authorize).call(env("ddprof=pprof", token: token))
+      expect(raised).to eq("another DdprofRecorder::Profiler is already sampling in this process (one profiler per " \
+                           "process: stop it first)")
+      expect(DdprofRecorder::Profiler.running?).to be(false)
+      expect(status).to eq(200)
+      expect(decode_pprof(body.join).sample).not_to be_empty
+    end
+
     it "while a profiler of someone's own runs" do
       own = DdprofRecorder::Profiler.new(hz: 19).start
       begin

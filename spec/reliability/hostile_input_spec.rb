@@ -492,7 +492,11 @@ RSpec.describe DdprofRecorder::StackRecorder, "hostile input" do
   it "does the same under GC.stress (fewer calls)", gc_stress: true do
     stressed = ENV["GC_STRESS"] == "1"
     gen = HostileInput::Generator.new(Random.new(seed - 1), small: stressed)
-    HostileInput::Stats.add(:record_calls, run_round(gen, stressed ? 12 : 150, "seed #{seed - 1}, gc round"))
+    calls = stressed ? 12 : 150
+    # run_round checks each call and the profile against what it expects; every call is counted.
+    made = run_round(gen, calls, "seed #{seed - 1}, gc round")
+    expect(made).to eq(calls)
+    HostileInput::Stats.add(:record_calls, made)
   end
 
   describe "a Thread::Backtrace::Location whose methods misbehave" do
@@ -656,6 +660,5 @@ RSpec.describe DdprofRecorder::Profiler, "hostile memory options" do
     end
   ensure
     described_class._native_allocations_stop
-    expect(described_class._native_allocations_stats[:sampled]).to be >= 0
   end
 end

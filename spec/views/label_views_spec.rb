@@ -127,8 +127,8 @@ RSpec.describe "DdprofRecorder views by label" do
       lanes = ->(svg) { REXML::XPath.match(REXML::Document.new(svg), "//g[@class='lane']/title").map(&:text) }
       expect(lanes.call(DdprofRecorder.timeline(dated)).size).to eq(2)
       heavy = lanes.call(DdprofRecorder.timeline(dated, label: { "trace endpoint" => EndpointProfiles::HEAVY }))
-      expect(heavy).to eq(["t1 (1 (1))\nrunning 100.0%, blocked or waiting 0.0%, gc 0.0%",
-                           "t2 (2 (2))\nrunning 0.0%, blocked or waiting 100.0%, gc 0.0%"])
+      expect(heavy).to eq(["t1 (1 (1))\nrunning 100.0%, waiting for GVL 0.0%, blocked 0.0%, gc 0.0%; on a CPU 100.0%",
+                           "t2 (2 (2))\nrunning 0.0%, waiting for GVL 100.0%, blocked 0.0%, gc 0.0%; on a CPU 0.0%"])
       expect { DdprofRecorder.timeline(dated, label: { "local root span id" => 3 }) }
         .to raise_error(DdprofRecorder::Error, "nothing to draw: no sample has local root span id=3")
     end

@@ -155,14 +155,35 @@ RSpec.describe "Reading pprofs as untrusted input" do
     end
   end
 
-  it "refuses folded stacks and flamegraphs that would repeat a name into gigabytes" do
+  # The output bound was 16 x max_decompressed_bytes, 16 GiB by default: a 2,978-byte pprof
+  # (one 256 KiB name 400 frames deep) made folded write 1.05 GB, and flamegraph 105 MB.
+  it "bounds what a view writes by what it read, and cuts the names a view draws" do
     # A 1 MiB name 1,000 times down one stack: 1 GB of folded text from a 1 MiB pprof.
     huge = pprof(names: ["m" * (1 << 20)], samples: [[[1] * 1000, 1]])
-    limit = { max_decompressed_bytes: 2 << 20 }
-    expect { DdprofRecorder.folded(huge, **limit) }
-      .to raise_error(DdprofRecorder::Error, /\Athe folded stacks would take more memory than 16 x max_decompressed_bytes/)
-    expect { DdprofRecorder.flamegraph(huge, **limit) }.to raise_error(DdprofRecorder::Error, /folded stacks/)
-    expect(DdprofRecorder.top(huge, **limit)[:rows].size).to eq(1)
+    bound = DdprofRecorder::DEFAULT_OUTPUT_PER_BYTE * huge.bytesize
+    expect(bound).to be > DdprofRecorder::MIN_DEFAULT_OUTPUT_BYTES
+    expect { DdprofRecorder.folded(huge) }
+      .to raise_error(DdprofRecorder::Error, "the folded stacks would be more than #{bound} bytes (max_output_bytes: by " \
+                                             "default 64 x the pprof's protobuf bytes, at least 64 MiB); raise " \
+                                             "max_output_bytes to write them")
+    expect { DdprofRecorder.folded(huge, max_output_bytes: 1000) }
+      .to raise_error(DdprofRecorder::Error, "the folded stacks would be more than 1000 bytes (max_output_bytes: 1000); " \
+                                             "raise max_output_bytes to write them")
+    expect { DdprofRecorder.speedscope(huge, max_output_bytes: 1000) }.to raise_error(DdprofRecorder::Error, /max_output_bytes: 1000/)
+    expect { DdprofRecorder.folded(huge, max_output_bytes: 0) }.to raise_error(ArgumentError, /\Amax_output_bytes must be positive/)
+    expect { DdprofRecorder.folded(huge, max_output_bytes: "1") }.to raise_error(TypeError, /\Amax_output_bytes must be an Integer/)
+    # The flamegraph draws the name cut: a few hundred KB, not a GB.
+    svg = DdprofRecorder.flamegraph(huge)
+    cut = "#{'m' * (DdprofRecorder::MAX_DRAWN_NAME_CHARS - 1)}…"
+    expect(svg).to include(cut)
+    expect(svg).not_to include("m" * DdprofRecorder::MAX_DRAWN_NAME_CHARS)
+    expect(svg.bytesize).to be < 2 << 20
+    # Raised, the folded text is written whole (a 64 KiB name: 66 MB of it, which the default
+    # bound refuses, held twice).
+    long = pprof(names: ["m" * (64 << 10)], samples: [[[1] * 1000, 1]])
+    expect { DdprofRecorder.folded(long) }.to raise_error(DdprofRecorder::Error, /more than 67108864 bytes/)
+    expect(DdprofRecorder.folded(long, max_output_bytes: 256 << 20).bytesize).to eq((1000 * (64 << 10)) + 999 + 3)
+    expect(DdprofRecorder.top(huge)[:rows].size).to eq(1)
   end
 
   it "refuses labels that repeat a huge string" do

@@ -31,7 +31,8 @@ use ddprof_recorder_core::views::{
 use prost::Message as _;
 
 /// The limits raw inputs are read under: small, so that amplification hits them.
-const RAW_LIMITS: ReadLimits = ReadLimits { max_decompressed_bytes: 64 << 10 };
+const RAW_LIMITS: ReadLimits =
+    ReadLimits { max_decompressed_bytes: 64 << 10, max_output_bytes: Some(1 << 20) };
 
 /// Strings the recipes name things with; label keys include the profiler's (the timeline's
 /// too: thread id, end_timestamp_ns, thread state). A pick takes one byte whatever the list's
@@ -136,7 +137,11 @@ fn check_views(p: &StackProfile) {
                 assert_eq!(exact(rows.iter().map(|r| r.value)), sum, "top by label of value {v}");
             }
         }
-        let options = FoldOptions { filenames: true, root_label: Some("thread name".into()) };
+        let options = FoldOptions {
+            filenames: true,
+            root_label: Some("thread name".into()),
+            ..Default::default()
+        };
         let _ = p.folded(v, &options);
         match p.flamegraph(v, None, &options) {
             Ok(svg) => assert!(svg.starts_with("<?xml")),

@@ -3,6 +3,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod directory_exporter;
+mod labels;
 mod memory;
 mod recorder;
 mod sampling;
@@ -18,5 +19,6 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     views::pprof_views::init(ruby, module)?;
     sampling::init(ruby, module)?;
     memory::init(ruby, module)?;
+    labels::init(ruby, module)?;
     directory_exporter::init(ruby, module)
 }

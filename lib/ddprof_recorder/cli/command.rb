@@ -38,7 +38,8 @@ module DdprofRecorder
       # The typed options of a command that takes FILE... (a view or `merge`): a keyword Struct
       # of `paths` (the FILEs), the command's own `fields`, then `labels` (--label, a Hash of
       # key => value: #label_option), `max_decompressed` and `max_input`, the read limits
-      # (#read_limit_options).
+      # (#read_limit_options). A view that writes what it draws names `:max_output` among its
+      # fields (--max-output).
       def self.files_options(*fields)
         Struct.new(:paths, *fields, :labels, :max_decompressed, :max_input, keyword_init: true)
       end
@@ -111,6 +112,12 @@ module DdprofRecorder
         parser.on("--max-input BYTES", Integer, "read at most BYTES of each FILE, as stored (default " \
                                                 "#{options.max_input}, 1 GiB; pipes and devices too)") do |v|
           options.max_input = byte_limit("--max-input", v)
+        end
+        return unless options.respond_to?(:max_output)
+
+        parser.on("--max-output BYTES", Integer, "write at most BYTES (default #{DdprofRecorder::DEFAULT_OUTPUT_PER_BYTE} x the " \
+                                                 "pprofs' decompressed bytes, at least #{DdprofRecorder::MIN_DEFAULT_OUTPUT_BYTES >> 20} MiB)") do |v|
+          options.max_output = byte_limit("--max-output", v)
         end
       end
 
@@ -187,8 +194,8 @@ module DdprofRecorder
 
       # The OptionParser of a command that takes FILE... (a view or `merge`): its help is the
       # `banner`, the `about` lines between two blank lines, the options the block adds to the
-      # parser it yields, then --label (#label_option), --max-decompressed and --max-input
-      # (#read_limit_options).
+      # parser it yields, then --label (#label_option), --max-decompressed, --max-input and, for
+      # a view that writes, --max-output (#read_limit_options).
       def files_parser(options, banner, *about)
         OptionParser.new do |o|
           o.banner = banner
@@ -216,17 +223,18 @@ module DdprofRecorder
         options
       end
 
-      # Reads the files, each once and each within `max_input` bytes (#read_input), and yields
-      # their contents to a view or merge (see #on_profiles for its errors).
+      # Reads the files, each once and each within `max_input` bytes, and a raw one within
+      # `max_decompressed` (#read_input), and yields their contents to a view or merge (see
+      # #on_profiles for its errors).
       #
       # @return the block's value.
-      def with_profiles(paths, max_input)
+      def with_profiles(paths, max_input, max_decompressed)
         data = paths.map do |path|
           raise Failure, "#{path}: no such file" unless File.exist?(path)
           raise Failure, "#{path}: is a directory, not a pprof file" if File.directory?(path)
 
           begin
-            read_input(path, max_input)
+            read_input(path, max_input, max_decompressed)
           rescue SystemCallError => e
             raise Failure, "#{path}: cannot read it: #{Recording.reason(e)}"
           end
@@ -234,28 +242,49 @@ module DdprofRecorder
         on_profiles(paths) { yield data }
       end
 
-      # The bytes of `path`, if there are at most `limit`. A regular file larger than that is
-      # refused from its size, before anything is read; anything else (a pipe, /dev/zero) is
-      # read up to `limit` + 1 bytes, which tell that there are more.
+      # The bytes of `path`, if there are at most `limit`, and at most `max_decompressed` when
+      # they are not gzip (a raw pprof is as long as its protobuf, which the views refuse past
+      # `max_decompressed`: a 300 MB raw file with --max-decompressed 1000000 was read whole,
+      # then copied, 604 MB of RSS, to be refused). A regular file larger than that is refused
+      # from its size, before anything but its first two bytes is read; anything else (a
+      # pipe, /dev/zero) is read up to the limit + 1 bytes, which tell that there are more.
       #
       # @raise [Failure] over the limit.
-      def read_input(path, limit)
+      def read_input(path, limit, max_decompressed)
         File.open(path, "rb") do |file|
           stat = file.stat
           raise input_too_large(path, limit) if stat.file? && stat.size > limit
 
-          # A regular file's size is the capacity needed (unless it grows meanwhile).
+          magic = file.read(2) || String.new(encoding: Encoding::BINARY)
+          raw = !magic.start_with?(GZIP_MAGIC)
+          most = raw ? [limit, max_decompressed].min : limit
+          too_large = -> { raw && most < limit ? decompressed_too_large(path, most) : input_too_large(path, limit) }
+          raise too_large.call if stat.file? && stat.size > most
+
+          # A regular file's size is the capacity needed (unless it grows meanwhile), once it is
+          # known to be within the limit (a 512 MiB capacity for a file then refused took more
+          # than 1 GiB of address space on 3.3.8: NoMemoryError).
           data = String.new(capacity: stat.file? ? stat.size + 1 : READ_CHUNK, encoding: Encoding::BINARY)
+          data << magic
           chunk = String.new(encoding: Encoding::BINARY)
-          data << chunk while data.bytesize <= limit && file.read([READ_CHUNK, limit + 1 - data.bytesize].min, chunk)
-          raise input_too_large(path, limit) if data.bytesize > limit
+          data << chunk while data.bytesize <= most && file.read([READ_CHUNK, most + 1 - data.bytesize].min, chunk)
+          raise too_large.call if data.bytesize > most
 
           data
         end
       end
 
+      # The first bytes of a gzip stream.
+      GZIP_MAGIC = "\x1f\x8b".b.freeze
+
       def input_too_large(path, limit)
         Failure.new("#{path}: the file is more than #{limit} bytes (--max-input: #{limit}); raise --max-input to read it")
+      end
+
+      # What the views say of a raw pprof over the limit (ViewError::TooLarge).
+      def decompressed_too_large(path, limit)
+        Failure.new("#{path}: the pprof is more than #{limit} bytes (--max-decompressed: #{limit}); " \
+                    "raise --max-decompressed to read it")
       end
 
       # What a view wrote: its text to `out`, or to @out when `out` is "-". For a file, a line
@@ -304,7 +333,8 @@ module DdprofRecorder
       #
       # @return the view's result.
       def view(method, options, **keywords)
-        with_profiles(options.paths, options.max_input) do |data|
+        keywords[:max_output_bytes] = options.max_output if options.respond_to?(:max_output)
+        with_profiles(options.paths, options.max_input, options.max_decompressed) do |data|
           DdprofRecorder.public_send(method, data.size == 1 ? data.first : data, **keywords,
                                      label: options.labels, max_decompressed_bytes: options.max_decompressed)
         end
@@ -320,8 +350,8 @@ module DdprofRecorder
       def on_profiles(paths)
         yield
       rescue ArgumentError, DdprofRecorder::Error => e
-        read_limit = e.message.include?("max_decompressed_bytes")
-        message = e.message.gsub("max_decompressed_bytes", "--max-decompressed")
+        read_limit = e.message.match?(/max_decompressed_bytes|max_output_bytes/)
+        message = e.message.gsub("max_decompressed_bytes", "--max-decompressed").gsub("max_output_bytes", "--max-output")
         named = message.gsub(/pprofs\[(\d+)\]/) { paths.fetch(Regexp.last_match(1).to_i) }
         raise Failure, named unless named == message
         raise Failure, "#{paths.first}: #{message}" if paths.size == 1 && (e.is_a?(ArgumentError) || read_limit)

@@ -11,7 +11,7 @@ module DdprofRecorder
 
       # @!attribute out [String, nil] the SVG's path, "-" for @out; nil: after the first FILE.
       # @!attribute group_by [String, nil] the label whose value is the root frame.
-      Options = files_options(:value, :out, :title, :group_by, :filenames)
+      Options = files_options(:value, :out, :title, :group_by, :filenames, :max_output)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)

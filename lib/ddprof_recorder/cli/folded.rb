@@ -9,7 +9,7 @@ module DdprofRecorder
       NAME = "folded"
       DESCRIPTION = "print a pprof as folded stacks (root;...;leaf value)"
 
-      Options = files_options(:value, :group_by, :filenames)
+      Options = files_options(:value, :group_by, :filenames, :max_output)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)

@@ -35,7 +35,7 @@ module DdprofRecorder
       def run(options)
         out = options.out
         compression = out != "-" && out.end_with?(".gz") ? :gzip : :none
-        merged = with_profiles(options.paths, options.max_input) do |data|
+        merged = with_profiles(options.paths, options.max_input, options.max_decompressed) do |data|
           DdprofRecorder.merge(data, compression: compression, label: options.labels,
                                      max_decompressed_bytes: options.max_decompressed)
         end

@@ -10,7 +10,8 @@ module DdprofRecorder
   class CLI
     # `ddprof-recorder record -- COMMAND ...`: runs a Ruby program with the profiler started
     # by lib/ddprof_recorder/autostart.rb (see Recording), then prints a RecordSummary of the
-    # files it wrote. Exits with the program's exit status.
+    # files it wrote. Exits with the program's exit status, or 1 if that was 0 but a profile
+    # was lost or none came (#run).
     class Record < Command
       NAME = "record"
       DESCRIPTION = "profile a Ruby program and write its pprof"
@@ -42,14 +43,15 @@ module DdprofRecorder
           o.separator ""
           o.separator "Runs COMMAND, a Ruby program (ruby, bundle exec, rake, ...), profiling its threads;"
           o.separator "writes the pprof (gzip if FILE ends in .gz) and prints a summary."
-          o.separator "Exits with COMMAND's exit status; with 1 if it exited 0 but a profile file or window could"
-          o.separator "not be written (a full disk: the summary's `lost` line says how many, and why)."
+          o.separator "Exits with COMMAND's exit status; with 1 if it exited 0 but no profile came (it exec'd a"
+          o.separator "program that is not Ruby, ...: one line says why) or a profile file or window could not be"
+          o.separator "written (a full disk: the summary's `lost` line says how many, and why)."
           o.separator ""
           output_option(o, options, "where to write the pprof (default #{DEFAULT_OUT})")
           o.on("--hz N", Integer, "samples per second and thread (#{Profiler::HZ_RANGE}, default #{Profiler::DEFAULT_HZ})") do |v|
             options.hz = v
           end
-          o.on("--interval S", Float, "also cut the profile every S seconds (at least #{Profiler::MIN_INTERVAL}): one file",
+          o.on("--interval S", Float, "also cut the profile every S seconds (#{Profiler::INTERVAL_RANGE}): one file",
                "per window, FILE with a number (profile.0001.pb.gz, ...)") { |v| options.interval = v }
           o.on("--allocations", "also sample allocations (alloc-samples, alloc-count)") { options.allocations = true }
           o.on("--allocation-interval N", Integer,
@@ -90,8 +92,8 @@ module DdprofRecorder
         unless Profiler::HZ_RANGE.cover?(options.hz)
           raise usage_error("record: --hz must be in #{Profiler::HZ_RANGE}, got #{options.hz}")
         end
-        if options.interval && !(options.interval.finite? && options.interval >= Profiler::MIN_INTERVAL)
-          raise usage_error("record: --interval must be at least #{Profiler::MIN_INTERVAL} (seconds), got #{options.interval}")
+        if options.interval && !Profiler.interval?(options.interval)
+          raise usage_error("record: --interval must be in #{Profiler::INTERVAL_RANGE} (seconds), got #{options.interval}")
         end
         unless Profiler::ALLOCATION_INTERVAL_RANGE.cover?(options.allocation_interval)
           raise usage_error("record: --allocation-interval must be in #{Profiler::ALLOCATION_INTERVAL_RANGE}, " \
@@ -113,10 +115,13 @@ module DdprofRecorder
       # of this run that replaced one from before.
       #
       # A profile file or window that the program's processes could not write (a full disk)
-      # is in the summary and makes the exit status 1 if the program's was 0.
+      # is in the summary and makes the exit status 1 if the program's was 0; so does no
+      # profile at all (the line that says why is then all `record` prints).
       #
       # @return [Integer] the program's exit status (128 + signal if a signal ended it), or
       #   FAILURE for a lost file of a program that exited 0.
+      # @raise [Failure] when no profile came, with the program's exit status, or FAILURE if
+      #   that was 0.
       def run(options)
         check_output(options.out)
         out = File.expand_path(options.out)
@@ -135,7 +140,10 @@ module DdprofRecorder
         said = reports.transform_values { |path| File.binread(path) }
         files = Recording.profile_files(out, written: said[Recording::WRITTEN].split("\0"))
         lost = Recording.lost_files(said[Recording::LOST])
-        raise Failure, no_profile(options.command, status, said[Recording::STARTED], lost) if files.empty?
+        if files.empty?
+          raise Failure.new(no_profile(options.command, status, said[Recording::STARTED], lost),
+                            exit_status(status).zero? ? FAILURE : exit_status(status))
+        end
 
         ours = files.values.flatten
         earlier = { replaced: ours & before, left: Recording.profile_files(out).values.flatten - ours }

@@ -23,11 +23,10 @@ module DdprofRecorder
       # A pprof comment that starts with this says how the profile was sampled (the profiler
       # sets it, through StackRecorder#comments=); the summary's `sampling` line shows the rest.
       SAMPLING_COMMENT = "sampling: "
-      # One that says allocation sampling stopped early (Profiler::RactorGuard), or what became
-      # of the sampling signal when the program took it (Profiler#keep_signal): shown whole,
-      # under the `sampling` line.
-      ALLOCATIONS_COMMENT = "allocations: stopped"
-      SIGNAL_COMMENT = Profiler::SIGNAL_COMMENT
+      # Those that say allocation sampling or GC time stopped early (Profiler::RactorGuard), or
+      # what became of the sampling signal when the program took it (Profiler#keep_signal):
+      # shown whole, under the `sampling` line.
+      STOPPED_COMMENTS = ["allocations: stopped", "gc: stopped", Profiler::SIGNAL_COMMENT].freeze
 
       # @param options [Record::Options] what `record` was asked.
       # @param status [Process::Status] how the program ended.
@@ -138,8 +137,7 @@ module DdprofRecorder
                          .map { |c| c.delete_prefix(SAMPLING_COMMENT) }
                          .reject(&:empty?).uniq
         lines = texts.each_with_index.map { |text, i| row(i.zero? ? "sampling" : "", text) }
-        lines + summaries.flat_map { |s| s[:comments] }
-                         .select { |c| c.start_with?(ALLOCATIONS_COMMENT, SIGNAL_COMMENT) }.uniq
+        lines + summaries.flat_map { |s| s[:comments] }.select { |c| c.start_with?(*STOPPED_COMMENTS) }.uniq
                          .map { |c| row("", c) }
       end
 

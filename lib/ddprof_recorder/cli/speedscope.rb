@@ -12,7 +12,7 @@ module DdprofRecorder
       # @!attribute values [Array<String>] the value types to write; empty: all of them.
       # @!attribute out [String, nil] the JSON's path, "-" for @out; nil: after the first FILE.
       # @!attribute timeline [Boolean] one time-ordered profile per thread (--timeline).
-      Options = files_options(:values, :out, :group_by, :timeline)
+      Options = files_options(:values, :out, :group_by, :timeline, :max_output)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)

@@ -12,7 +12,7 @@ module DdprofRecorder
 
       # @!attribute out [String, nil] the file's path, "-" for @out; nil: after the first FILE.
       #   Its extension (.svg or .html) says the format unless --format does.
-      Options = files_options(:out, :format, :title)
+      Options = files_options(:out, :format, :title, :max_output)
 
       # @return [Options, nil] nil after --help.
       def parse(argv)

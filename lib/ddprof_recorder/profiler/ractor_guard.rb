@@ -9,21 +9,30 @@ module DdprofRecorder
     # one GVL (the NEWOBJ hook's state and its postponed job's Ruby handler, which would run in
     # the Ractor, away from the objects it uses).
     #
-    # So a profiler with `allocations:` or `heap:` stops both hooks the moment a Ractor is about
-    # to start (`Ractor.new`, prepended below): the live heap goes into the current window
-    # first, the profile's comments say when and why (`record`'s summary shows it), the log
-    # says it once, and `stats[:allocations][:stopped]` holds the reason. Stack sampling goes
-    # on. A profiler asked for allocations while another Ractor is alive refuses to start.
+    # The GC-event hook of `gc: true` is no safer: while any hook on an internal GC event is on,
+    # Ruby 3.1 sends every allocation through `newobj_of`'s slow path, and a Ractor's thread
+    # allocating there died with `[BUG] Segmentation fault` in `rb_wb_unprotected_newobj_of`
+    # (8 runs of 20 of 5 x 3 Ractors that allocate under `Profiler.new(gc: true)`; 0 of 20
+    # without `gc:`).
+    #
+    # So a profiler with `allocations:`, `heap:` or `gc:` stops those hooks the moment a Ractor
+    # is about to start (`Ractor.new`, prepended below): the live heap goes into the current
+    # window first, the profile's comments say when and why (`record`'s summary shows them),
+    # the log says it once, and `stats[:allocations][:stopped]` and `stats[:gc_stopped]` hold
+    # the reason. Stack sampling goes on. A profiler asked for allocations or GC time while
+    # another Ractor is alive refuses to start.
     module RactorGuard
       # What `stats[:allocations][:stopped]` and the profile's comment say.
       REASON = "a Ractor started (Ruby's allocation hooks are not safe with Ractors)"
+      # What `stats[:gc_stopped]` and the profile's comment say.
+      GC_REASON = "a Ractor started (Ruby's GC-event hooks are not safe with Ractors)"
 
       @owner = nil
       @lock = Mutex.new
 
       class << self
-        # The profiler whose allocation hooks are on (the native hooks are process-wide: one
-        # at a time), or nil.
+        # The profiler whose allocation or GC hooks are on (the native hooks are process-wide:
+        # one at a time), or nil.
         def owner=(profiler)
           @lock.synchronize { @owner = profiler }
         end

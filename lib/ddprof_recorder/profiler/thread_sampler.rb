@@ -170,6 +170,10 @@ module DdprofRecorder
         # CPU clock reading up to which each native thread's CPU has been charged. Per native
         # thread, since Ruby reuses the native thread of a finished Ruby thread (clock and all).
         @charged_cpu = {}
+        # The native ids of the profiler's own threads, as the passes list them: their native
+        # threads' exits are the profiler's CPU, not an unsampled thread's (the sampler thread's
+        # exit at a stop under GC.stress showed as one, with its 128 ms).
+        @internal_tids = {}
         @lock = Mutex.new
         # The known threads' states, native ids and CPU clocks when last looked at (nil: look
         # again), in parallel arrays for one native scan per pass (see #pass_locked).
@@ -686,7 +690,13 @@ module DdprofRecorder
         @listed_begun = begun
         Thread.list.each do |thread|
           # Its own threads never get a state, so only new threads need the internal check.
-          next if @threads.key?(thread) || @ended.key?(thread) || @internal.call(thread)
+          next if @threads.key?(thread) || @ended.key?(thread)
+
+          if @internal.call(thread)
+            tid = thread.native_thread_id if thread.respond_to?(:native_thread_id)
+            @internal_tids[tid] = true if tid
+            next
+          end
 
           if thread.equal?(except)
             @listed_begun = nil # a new thread left out here: look again at the next pass
@@ -953,13 +963,16 @@ module DdprofRecorder
         return if no_stack?(stack)
 
         carried_values = values(carried, 0, 0, waited)
-        unless record_stack(stack, carried_values, state.labels)
+        # Dated (with the timeline), as every sample of a thread: a thread whose only samples
+        # were these had no lane while the summary counted it.
+        labels = timed(state.labels, now_ns || @clock.now_ns, RUNNING)
+        unless record_stack(stack, carried_values, labels)
           if no_stack?(state.locations)
             return if thread.alive?
 
-            record_stack(THREAD_EXIT_STACK, carried_values, state.labels)
+            record_stack(THREAD_EXIT_STACK, carried_values, labels)
           else
-            record_last_stack(state, carried_values, state.labels)
+            record_last_stack(state, carried_values, labels)
           end
         end
         charged_up_to(tid, cpu)
@@ -975,13 +988,17 @@ module DdprofRecorder
         wall = now_ns - state.wall_ns
         return unless wall.positive?
 
-        stack = FrameNames.thread_stack(thread) if no_stack?(stack) && !thread.equal?(Thread.current)
+        current = thread.equal?(Thread.current)
+        stack = FrameNames.thread_stack(thread) if no_stack?(stack) && !current
+        # The caller (stopping the profiler, or closing a window) runs; another thread is as
+        # its status says.
+        labels = timed(state.labels, now_ns, current ? RUNNING : thread_state(thread, thread.status))
         if no_stack?(stack)
           return if no_stack?(state.locations)
 
-          record_last_stack(state, values(0, 0, wall), state.labels)
+          record_last_stack(state, values(0, 0, wall), labels)
         else
-          @recorder.record_sample(stack, values(0, 0, wall), state.labels)
+          @recorder.record_sample(stack, values(0, 0, wall), labels)
         end
         state.wall_ns = now_ns
       end
@@ -1075,7 +1092,8 @@ module DdprofRecorder
           stack = state&.locations if no_stack?(stack)
           stack = THREAD_EXIT_STACK if no_stack?(stack)
           carried_values = values(carried, 0, tail, waited)
-          record_stack(stack, carried_values, labels) || record_stack(THREAD_EXIT_STACK, carried_values, labels)
+          dated = timed(labels, at_ns || @clock.now_ns, RUNNING)
+          record_stack(stack, carried_values, dated) || record_stack(THREAD_EXIT_STACK, carried_values, dated)
           charged_up_to(tid, cpu_ns)
           @counts[:thread_end_cpu_ns] += carried
         end
@@ -1096,6 +1114,7 @@ module DdprofRecorder
       def thread_exited(tid, cpu_ns)
         @counts[:thread_exits] += 1
         forget_stacks(tid)
+        return @charged_cpu.delete(tid) if @internal_tids.delete(tid)
         ended = @ended_on.delete(tid)
         charged = @charged_cpu.delete(tid)
         charged = [charged || 0, ended[1]].max if ended
@@ -1103,7 +1122,8 @@ module DdprofRecorder
         return unless carried.positive?
 
         @counts[:thread_end_cpu_ns] += carried
-        return record_stack(THREAD_EXIT_STACK, values(carried, 0, 0), ended[0]) if ended
+        now_ns = @clock.now_ns
+        return record_stack(THREAD_EXIT_STACK, values(carried, 0, 0), timed(ended[0], now_ns, RUNNING)) if ended
 
         thread, state = @threads.find { |t, s| s.native_id == tid && !t.alive? }
         stack = state && (no_stack?(state.on_cpu_locations) ? state.locations : state.on_cpu_locations)
@@ -1111,7 +1131,7 @@ module DdprofRecorder
           stack = UNSAMPLED_STACK
           @counts[:unsampled_thread_cpu_ns] += carried
         end
-        labels = state ? state.labels : unsampled_labels(tid)
+        labels = timed(state ? state.labels : unsampled_labels(tid), now_ns, RUNNING)
         record_stack(stack, values(carried, 0, 0), labels) || record_stack(THREAD_EXIT_STACK, values(carried, 0, 0), labels)
         return unless state
 

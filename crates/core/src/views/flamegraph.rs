@@ -42,8 +42,9 @@ impl StackProfile {
     ///
     /// Fails with [`ViewError::NothingToDraw`] if no sample has some of the value
     /// ([`ViewError::NoMatch`] if [`Self::keep_labels`] left no sample), as [`Self::folded`]
-    /// does, and with [`ViewError::OverBudget`] if the folded text, or the SVG at its largest
-    /// ([`svg_bound`]), could take more than the profile's output budget.
+    /// does, and with [`ViewError::OutputTooLarge`] if the folded text, or the SVG at its
+    /// largest ([`svg_bound`]), could take more than the profile's output bound. A name longer
+    /// than [`super::MAX_DRAWN_NAME_CHARS`] is cut (`…`).
     pub fn flamegraph(
         &self,
         value: usize,
@@ -51,7 +52,8 @@ impl StackProfile {
         options: &FoldOptions,
     ) -> Result<String, ViewError> {
         let (value_name, unit) = &self.value_types[value];
-        let folded = self.folded(value, options)?;
+        let options = FoldOptions { cut_names: true, ..options.clone() };
+        let folded = self.folded(value, &options)?;
         if folded.is_empty() {
             return Err(self.nothing_left(ViewError::NothingToDraw(value_name.clone())));
         }
@@ -119,11 +121,33 @@ mod tests {
             label: vec![],
         });
         let bytes = prost::Message::encode_to_vec(&p);
-        let limits = crate::views::ReadLimits::new(1 << 20);
+        let limits = crate::views::ReadLimits::new(1 << 20).with_max_output(Some(8 << 20));
         let p = StackProfile::from_bytes(&bytes, &limits).unwrap();
         assert_eq!(p.folded(0, &FoldOptions::default()).unwrap().len(), 2 * 65_536 + 2);
         let e = p.flamegraph(0, None, &FoldOptions::default()).unwrap_err();
-        assert!(matches!(e, ViewError::OverBudget { what: "the flamegraph", .. }), "{e}");
+        assert!(matches!(e, ViewError::OutputTooLarge { what: "the flamegraph", .. }), "{e}");
+    }
+
+    #[test]
+    fn long_names_are_cut() {
+        // A 256 KiB name 400 frames deep: the SVG was 105 MB; cut, it is a few MB.
+        let mut p = profile(&[]);
+        p.string_table[4] = "m".repeat(256 << 10);
+        p.sample.push(crate::pprof::PprofSample {
+            location_id: vec![1; 400],
+            value: vec![1, 1],
+            label: vec![],
+        });
+        let bytes = prost::Message::encode_to_vec(&p);
+        let p = StackProfile::from_bytes(&bytes, &crate::views::ReadLimits::default()).unwrap();
+        let svg = p.flamegraph(0, None, &FoldOptions::default()).unwrap();
+        let cut = format!("{}…", "m".repeat(crate::views::MAX_DRAWN_NAME_CHARS - 1));
+        assert!(svg.contains(&cut));
+        assert!(!svg.contains(&"m".repeat(crate::views::MAX_DRAWN_NAME_CHARS)));
+        assert!(
+            svg.len()
+                < 2 * 400 * (crate::views::MAX_DRAWN_NAME_CHARS + SVG_BYTES_PER_FRAME) + 65_536
+        );
     }
 
     #[test]

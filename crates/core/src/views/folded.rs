@@ -16,6 +16,8 @@ pub struct FoldOptions {
     /// flamegraph has one tower per value ([`group_name`]: `key=value`, and `(no key)` for the
     /// samples without the label).
     pub root_label: Option<String>,
+    /// Cut each name at [`super::MAX_DRAWN_NAME_CHARS`] (the flamegraph, which draws them).
+    pub cut_names: bool,
 }
 
 /// What a group of samples by label `key` is called (the root frame under
@@ -36,16 +38,24 @@ impl StackProfile {
     /// stack (samples that differ only by labels are merged), without stacks whose value is 0.
     /// An empty stack is written as the single frame `(no stack)`.
     ///
-    /// Fails with [`ViewError::OverBudget`] if the text would take more than the profile's
-    /// output budget (names repeated down deep stacks add up), and with
+    /// Fails with [`ViewError::OutputTooLarge`] if the text would take more than the profile's
+    /// output bound (names repeated down deep stacks add up), and with
     /// [`ViewError::UnknownLabel`] if no sample has the [`FoldOptions::root_label`].
     pub fn folded(&self, value: usize, options: &FoldOptions) -> Result<String, ViewError> {
         if let Some(key) = &options.root_label {
             self.require_label(key)?;
         }
         let mut budget = self.output_budget;
-        let names: Vec<String> =
-            (0..self.functions.len()).map(|f| self.frame_name(f, options.filenames)).collect();
+        let names: Vec<String> = (0..self.functions.len())
+            .map(|f| {
+                let name = self.frame_name(f, options.filenames);
+                if options.cut_names {
+                    super::reader::drawn_name(&name).into_owned()
+                } else {
+                    name
+                }
+            })
+            .collect();
         let mut stacks: BTreeMap<String, i64> = BTreeMap::new();
         let mut line = String::new();
         for s in &self.samples {
@@ -120,7 +130,11 @@ mod tests {
     #[test]
     fn folds_with_a_label_as_root_and_filenames() {
         let p = example();
-        let options = FoldOptions { filenames: true, root_label: Some("thread name".to_string()) };
+        let options = FoldOptions {
+            filenames: true,
+            root_label: Some("thread name".to_string()),
+            ..Default::default()
+        };
         assert_eq!(
             p.folded(0, &options).unwrap(),
             "thread name=other;main (a.rb);work (a.rb);spin (a.rb) 50\n\
@@ -133,7 +147,8 @@ mod tests {
     fn a_group_label_that_some_samples_lack_is_their_own_root_and_one_none_has_an_error() {
         let mut p = example();
         p.samples[2].labels.clear();
-        let by = |key: &str| FoldOptions { filenames: false, root_label: Some(key.to_string()) };
+        let by =
+            |key: &str| FoldOptions { root_label: Some(key.to_string()), ..Default::default() };
         assert_eq!(
             p.folded(0, &by("thread name")).unwrap(),
             "(no thread name);main;work;spin 50\n\

@@ -111,7 +111,9 @@ pub fn stack_profile<B: AsRef<[u8]>>(
     }
     // The merge checked every reference: resolving fails only on a limit, named as input 0's.
     let budget = Budget::new(limits, inputs.len());
-    StackProfile::resolve(merge_bytes(inputs, limits)?, budget, budget)
+    let merged = merge_bytes(inputs, limits)?;
+    let output = Budget::output(limits, merged.encoded_len() as u64);
+    StackProfile::resolve(merged, budget, output)
         .map_err(|error| MergeError::Input { index: 0, error })
 }
 
@@ -519,7 +521,10 @@ mod tests {
         assert_eq!(totals(&merged), [1006, 6, 2056]);
         assert_eq!(
             merged
-                .folded(0, &FoldOptions { filenames: false, root_label: Some("process id".into()) })
+                .folded(
+                    0,
+                    &FoldOptions { root_label: Some("process id".into()), ..Default::default() }
+                )
                 .unwrap(),
             "process id=10;main;spin 701\nprocess id=11;main;spin 300\nprocess id=11;main;work 5\n"
         );
@@ -581,7 +586,8 @@ mod tests {
         assert_eq!(merged.comment.len(), 1);
         assert_eq!(merged.period, 10);
         let budget = Budget::new(&ReadLimits::default(), 1);
-        let merged = StackProfile::resolve(merged, budget, budget).unwrap();
+        let output = Budget::output(&ReadLimits::default(), 0);
+        let merged = StackProfile::resolve(merged, budget, output).unwrap();
         let folded = merged.folded(0, &FoldOptions::default()).unwrap();
         assert_eq!(folded, "0xabc 8\nx 2\n");
     }

@@ -33,7 +33,7 @@ pub use filter::{LabelFilter, LabelMatch};
 pub use folded::FoldOptions;
 pub use reader::{
     decode, ReadLimits, ResolvedFunction, ResolvedLabelValue, StackProfile, StackSample,
-    MAX_STACK_DEPTH,
+    MAX_DRAWN_NAME_CHARS, MAX_STACK_DEPTH,
 };
 pub use top::{LabelTotal, TopEntry, TopSort};
 
@@ -57,6 +57,10 @@ pub enum ViewError {
     /// budget ([`reader::MEMORY_PER_BYTE`] bytes per byte of `limit`, the
     /// [`ReadLimits::max_decompressed_bytes`], per pprof read); `what` says for what.
     OverBudget { what: &'static str, limit: u64 },
+    /// A view would write (and hold) more than its output bound: `limit` bytes, given as
+    /// [`ReadLimits::max_output_bytes`] (`asked`) or the default from what was read
+    /// ([`reader::OUTPUT_PER_BYTE`] per protobuf byte, at least [`reader::MIN_OUTPUT_BYTES`]).
+    OutputTooLarge { what: &'static str, limit: u64, asked: bool },
     /// A timeline was asked of a profile none of whose samples has a time.
     NoTimeline,
     /// A sample's stack has more than [`MAX_STACK_DEPTH`] frames (inline lines included).
@@ -73,7 +77,13 @@ impl ViewError {
     /// Whether the error is one of [`ReadLimits`]' bounds (the input may be a valid pprof,
     /// only too large to read with these limits) rather than a broken input.
     pub fn is_limit(&self) -> bool {
-        matches!(self, Self::TooLarge { .. } | Self::OverBudget { .. } | Self::StackTooDeep { .. })
+        matches!(
+            self,
+            Self::TooLarge { .. }
+                | Self::OverBudget { .. }
+                | Self::OutputTooLarge { .. }
+                | Self::StackTooDeep { .. }
+        )
     }
 }
 
@@ -106,6 +116,18 @@ impl fmt::Display for ViewError {
                 "{what} would take more memory than {} x max_decompressed_bytes ({limit}) per \
                  pprof; raise max_decompressed_bytes to read it",
                 reader::MEMORY_PER_BYTE
+            ),
+            Self::OutputTooLarge { what, limit, asked: true } => write!(
+                f,
+                "{what} would be more than {limit} bytes (max_output_bytes: {limit}); raise \
+                 max_output_bytes to write them"
+            ),
+            Self::OutputTooLarge { what, limit, asked: false } => write!(
+                f,
+                "{what} would be more than {limit} bytes (max_output_bytes: by default {} x the \
+                 pprof's protobuf bytes, at least {} MiB); raise max_output_bytes to write them",
+                reader::OUTPUT_PER_BYTE,
+                reader::MIN_OUTPUT_BYTES >> 20
             ),
             Self::NoTimeline => f.write_str(
                 "nothing to draw: no sample has a time (label end_timestamp_ns); record with \

@@ -8,9 +8,16 @@
 //!   so a gzip bomb is refused having cost the decoder's window of memory, not the limit;
 //! - what decoding and resolving allocate (estimated from the field counts before prost
 //!   decodes anything, see [`super::scan`], then counted while resolving: frames, names, labels)
-//!   and what the folded and flamegraph views write are each at most [`MEMORY_PER_BYTE`] bytes
-//!   per byte of the limit, per pprof read: a small pprof whose samples repeat a location of
-//!   thousands of inline lines, or whose labels repeat a huge string, is refused, not expanded;
+//!   are at most [`MEMORY_PER_BYTE`] bytes per byte of the limit, per pprof read: a small pprof
+//!   whose samples repeat a location of thousands of inline lines, or whose labels repeat a
+//!   huge string, is refused, not expanded;
+//! - what a view writes, and holds to write it (folded stacks, a flamegraph, a timeline, a
+//!   speedscope file), is at most [`ReadLimits::max_output_bytes`], by default
+//!   [`OUTPUT_PER_BYTE`] times the protobuf bytes it read, and at least [`MIN_OUTPUT_BYTES`]:
+//!   bounded by what was read, not by the limit (a 2,978-byte pprof, one 256 KiB function name
+//!   400 frames deep, made `folded` write 1.05 GB while the bound was 16 GiB);
+//! - a name a view draws (a flamegraph's frame, a timeline's hover) is cut at
+//!   [`MAX_DRAWN_NAME_CHARS`];
 //! - a sample's stack is at most [`MAX_STACK_DEPTH`] frames.
 //!
 //! References cannot loop: samples point to locations, locations to functions and mappings,
@@ -36,6 +43,36 @@ use crate::pprof::PprofProfile;
 /// lets any real profile under the limit be read.
 pub const MEMORY_PER_BYTE: u64 = 16;
 
+/// What a view may write, by default, per protobuf byte read (all the inputs' together).
+/// Measured on the profiler's pprofs (2026-12, four threads of Ruby recursion 20 to 110 deep
+/// at 999 Hz, 12,571 protobuf bytes): folded stacks 5.3 bytes per byte, a flamegraph 4.5, a
+/// timeline page 3.9; a stack's frames take a byte or two each in the pprof and a name each
+/// in folded text, so long names in deep stacks need more: 64 leaves room for names of 60
+/// characters down every stack.
+pub const OUTPUT_PER_BYTE: u64 = 64;
+
+/// The smallest default output bound: a tiny pprof's view has fixed costs (a flamegraph's
+/// header and script are about 30 KB), and a small profile's views are cheap anyway.
+pub const MIN_OUTPUT_BYTES: u64 = 64 << 20;
+
+/// Characters of a function name that the views which draw names show (a flamegraph's
+/// frames, a timeline's hover text); a longer one is cut there, with `…` in place of the rest.
+/// Real names are far shorter (Ruby's longest in a Rails app's profile: about 120 with the
+/// file); a 64 KiB method name made a 236 MB flamegraph from a 2.3 KB profile.
+pub const MAX_DRAWN_NAME_CHARS: usize = 500;
+
+/// `name`, cut to [`MAX_DRAWN_NAME_CHARS`] characters (the last one `…`) if it is longer.
+pub(crate) fn drawn_name(name: &str) -> std::borrow::Cow<'_, str> {
+    match name.char_indices().nth(MAX_DRAWN_NAME_CHARS) {
+        None => std::borrow::Cow::Borrowed(name),
+        Some(_) => {
+            let cut =
+                name.char_indices().nth(MAX_DRAWN_NAME_CHARS - 1).map_or(name.len(), |(i, _)| i);
+            std::borrow::Cow::Owned(format!("{}…", &name[..cut]))
+        }
+    }
+}
+
 /// Most frames (locations and their inline lines) one sample's stack may have in a view: the
 /// recorder writes at most 10,001 (`MAX_FRAMES_RANGE` and its placeholder), and inlining in
 /// other tools' profiles multiplies that by a few at most.
@@ -52,6 +89,9 @@ pub const IN_ONE_PASS: u64 = 64 << 20;
 pub struct ReadLimits {
     /// Most bytes of protobuf a pprof may have, once decompressed (or as given, raw).
     pub max_decompressed_bytes: u64,
+    /// Most bytes a view may write (and hold to write it); `None`: [`OUTPUT_PER_BYTE`] times
+    /// the protobuf bytes read, at least [`MIN_OUTPUT_BYTES`].
+    pub max_output_bytes: Option<u64>,
 }
 
 impl ReadLimits {
@@ -59,7 +99,12 @@ impl ReadLimits {
     pub const DEFAULT_MAX_DECOMPRESSED_BYTES: u64 = 1 << 30;
 
     pub fn new(max_decompressed_bytes: u64) -> Self {
-        Self { max_decompressed_bytes }
+        Self { max_decompressed_bytes, max_output_bytes: None }
+    }
+
+    /// These limits, with views' outputs bounded at `max_output_bytes` (`None`: the default).
+    pub fn with_max_output(self, max_output_bytes: Option<u64>) -> Self {
+        Self { max_output_bytes, ..self }
     }
 }
 
@@ -73,12 +118,22 @@ impl Default for ReadLimits {
 /// structs, a flamegraph's header) must fit when the limit is set to its size.
 const MIN_BUDGET: u64 = 1 << 20;
 
-/// Memory left to one read or one view's output: [`MEMORY_PER_BYTE`] × the limit × the pprofs
-/// read (at least [`MIN_BUDGET`]), charged as things are allocated.
+/// Memory left to one read ([`MEMORY_PER_BYTE`] × the limit × the pprofs read, at least
+/// [`MIN_BUDGET`]) or one view's output ([`ReadLimits::max_output_bytes`]), charged as things
+/// are allocated.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Budget {
     left: u64,
-    limit: u64,
+    kind: BudgetKind,
+}
+
+/// What a [`Budget`] bounds, for its error.
+#[derive(Debug, Clone, Copy)]
+enum BudgetKind {
+    /// Reading, under this `max_decompressed_bytes`.
+    Read { limit: u64 },
+    /// A view's output, of at most `limit` bytes; `asked`: given as `max_output_bytes`.
+    Output { limit: u64, asked: bool },
 }
 
 impl Budget {
@@ -89,7 +144,17 @@ impl Budget {
             .saturating_mul(MEMORY_PER_BYTE)
             .saturating_mul(inputs.max(1) as u64)
             .max(MIN_BUDGET);
-        Self { left, limit: limits.max_decompressed_bytes }
+        Self { left, kind: BudgetKind::Read { limit: limits.max_decompressed_bytes } }
+    }
+
+    /// The budget of each view's output, after reading `read_bytes` of protobuf under
+    /// `limits`.
+    pub(crate) fn output(limits: &ReadLimits, read_bytes: u64) -> Self {
+        let (limit, asked) = match limits.max_output_bytes {
+            Some(limit) => (limit, true),
+            None => (read_bytes.saturating_mul(OUTPUT_PER_BYTE).max(MIN_OUTPUT_BYTES), false),
+        };
+        Self { left: limit, kind: BudgetKind::Output { limit, asked } }
     }
 
     /// Takes `bytes` from the budget, or fails saying `what` needed them.
@@ -99,7 +164,12 @@ impl Budget {
                 self.left = left;
                 Ok(())
             }
-            None => Err(ViewError::OverBudget { what, limit: self.limit }),
+            None => Err(match self.kind {
+                BudgetKind::Read { limit } => ViewError::OverBudget { what, limit },
+                BudgetKind::Output { limit, asked } => {
+                    ViewError::OutputTooLarge { what, limit, asked }
+                }
+            }),
         }
     }
 
@@ -165,7 +235,7 @@ pub struct StackProfile {
     pub samples: Vec<StackSample>,
     /// Set by [`StackProfile::keep_labels`]: which samples it kept, and the totals before.
     pub filtered: Option<Filtered>,
-    /// What each view's output may take (a fresh budget of the same size as reading's).
+    /// What each view's output may take (a fresh copy for each view: [`Budget::output`]).
     pub(crate) output_budget: Budget,
 }
 
@@ -392,7 +462,8 @@ impl StackProfile {
     pub fn from_bytes(bytes: &[u8], limits: &ReadLimits) -> Result<Self, ViewError> {
         let mut budget = Budget::new(limits, 1);
         let p = decode_within(bytes, limits, &mut budget)?;
-        Self::resolve(p, budget, Budget::new(limits, 1))
+        let output = Budget::output(limits, p.encoded_len() as u64);
+        Self::resolve(p, budget, output)
     }
 
     /// Checks every reference of `p` and builds the resolved form, charging it to `budget`;
@@ -702,18 +773,57 @@ mod tests {
     }
 
     #[test]
-    fn refuses_folded_stacks_and_flamegraphs_over_the_output_budget() {
-        // A 64 KiB name 200 times down one stack: 13 MB of folded text from a 70 KB pprof.
+    fn refuses_folded_stacks_over_the_output_bound_of_what_was_read() {
+        // A 256 KiB name 400 times down one stack: 105 MB of folded text from a 262 KB pprof,
+        // more than the default bound (64 x 262 KB = 16.8 MB, so the 64 MiB floor) whatever
+        // the read limit.
         let mut p = profile(&[]);
-        p.string_table[4] = "m".repeat(64 << 10);
-        p.sample.push(PprofSample { location_id: vec![1; 200], value: vec![1, 1], label: vec![] });
+        p.string_table[4] = "m".repeat(256 << 10);
+        p.sample.push(PprofSample { location_id: vec![1; 400], value: vec![1, 1], label: vec![] });
         let bytes = p.encode_to_vec();
-        let small = StackProfile::from_bytes(&bytes, &ReadLimits::new(1 << 20)).unwrap();
-        let e = small.folded(0, &FoldOptions::default()).unwrap_err();
-        assert!(matches!(e, ViewError::OverBudget { what: "the folded stacks", .. }), "{e}");
-        assert!(small.flamegraph(0, None, &FoldOptions::default()).unwrap_err().is_limit());
-        let large = StackProfile::from_bytes(&bytes, &ReadLimits::new(4 << 20)).unwrap();
-        assert_eq!(large.folded(0, &FoldOptions::default()).unwrap().len(), 200 * 65_536 + 199 + 3);
+        let limits = ReadLimits::default();
+        let read = StackProfile::from_bytes(&bytes, &limits).unwrap();
+        let e = read.folded(0, &FoldOptions::default()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ViewError::OutputTooLarge {
+                    what: "the folded stacks",
+                    limit: MIN_OUTPUT_BYTES,
+                    asked: false
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.is_limit());
+        // The flamegraph cuts the name: it draws.
+        assert!(read.flamegraph(0, None, &FoldOptions::default()).is_ok());
+        let raised = StackProfile::from_bytes(&bytes, &limits.with_max_output(Some(256 << 20)));
+        assert_eq!(
+            raised.unwrap().folded(0, &FoldOptions::default()).unwrap().len(),
+            400 * (256 << 10) + 399 + 3
+        );
+        let lowered = StackProfile::from_bytes(&bytes, &limits.with_max_output(Some(1000)));
+        let e = lowered.unwrap().folded(0, &FoldOptions::default()).unwrap_err();
+        assert!(matches!(e, ViewError::OutputTooLarge { limit: 1000, asked: true, .. }), "{e}");
+    }
+
+    #[test]
+    fn the_default_output_bound_grows_with_what_was_read() {
+        let limits = ReadLimits::default();
+        assert_eq!(Budget::output(&limits, 0).left, MIN_OUTPUT_BYTES);
+        assert_eq!(Budget::output(&limits, 10 << 20).left, OUTPUT_PER_BYTE * (10 << 20));
+        assert_eq!(Budget::output(&limits.with_max_output(Some(5)), 10 << 20).left, 5);
+    }
+
+    #[test]
+    fn drawn_names_are_cut_at_their_limit() {
+        assert_eq!(drawn_name("short"), "short");
+        let exact = "é".repeat(MAX_DRAWN_NAME_CHARS);
+        assert_eq!(drawn_name(&exact), exact);
+        let cut = drawn_name(&"é".repeat(MAX_DRAWN_NAME_CHARS + 1)).into_owned();
+        assert_eq!(cut.chars().count(), MAX_DRAWN_NAME_CHARS);
+        assert!(cut.ends_with("é…"), "{cut}");
     }
 
     #[test]

@@ -77,7 +77,8 @@ impl StackProfile {
     ///
     /// Fails with [`ViewError::NothingToDraw`] if no profile is left ([`ViewError::NoMatch`]
     /// if [`Self::keep_labels`] left no sample), and with [`ViewError::UnknownLabel`] if no
-    /// sample has the [`SpeedscopeOptions::group_by`] label.
+    /// sample has the [`SpeedscopeOptions::group_by`] label; with [`ViewError::OutputTooLarge`]
+    /// if the file would be more than the output bound.
     pub fn speedscope(
         &self,
         values: &[usize],
@@ -110,7 +111,7 @@ impl StackProfile {
                 if i > 0 {
                     out.push(',');
                 }
-                self.write_profile(out, part, options.group_by.as_deref(), &frame_index);
+                self.write_profile(out, part, options.group_by.as_deref(), &frame_index)?;
             }
             Ok(())
         })
@@ -121,7 +122,8 @@ impl StackProfile {
     /// (see the module doc). Its profiles' names say the thread's shares of wall time.
     ///
     /// Fails with [`ViewError::NoTimeline`] if no sample has a time ([`ViewError::NoMatch`] if
-    /// [`Self::keep_labels`] left no sample).
+    /// [`Self::keep_labels`] left no sample), and with [`ViewError::OutputTooLarge`] as
+    /// [`Self::speedscope`].
     pub fn speedscope_timeline(&self, options: &SpeedscopeOptions) -> Result<String, ViewError> {
         let wall = self.value_index("wall-time")?;
         let lanes = self.dated_lanes();
@@ -181,6 +183,7 @@ impl StackProfile {
                         let _ = write!(out, ",{}", frame_index[&Some(f)]);
                     }
                     out.push(']');
+                    self.output_budget.check_usize(out.len(), SPEEDSCOPE)?;
                 }
                 out.push_str("],\"weights\":[");
                 for (i, (_, s)) in weighted.iter().enumerate() {
@@ -221,6 +224,7 @@ impl StackProfile {
                 SharedFrame::Function(f) => self.write_frame(&mut out, f),
             }
             out.push('}');
+            self.output_budget.check_usize(out.len(), SPEEDSCOPE)?;
         }
         out.push_str("]},\"profiles\":[");
         write_profiles(&mut out)?;
@@ -296,7 +300,7 @@ impl StackProfile {
         part: &Part,
         group_by: Option<&str>,
         frame_index: &HashMap<Option<usize>, usize>,
-    ) {
+    ) -> Result<(), ViewError> {
         let (value_name, unit) = &self.value_types[part.value];
         let name = match (group_by, &part.group) {
             (Some(_), Some(group)) => format!("{value_name}, {group}"),
@@ -323,6 +327,7 @@ impl StackProfile {
                 let _ = write!(out, "{f}");
             }
             out.push(']');
+            self.output_budget.check_usize(out.len(), SPEEDSCOPE)?;
         }
         out.push_str("],\"weights\":[");
         for (i, (_, w)) in stacks.iter().enumerate() {
@@ -332,8 +337,13 @@ impl StackProfile {
             let _ = write!(out, "{w}");
         }
         out.push_str("]}");
+        Ok(())
     }
 }
+
+/// What a speedscope file over its output bound is called in the error: the file is checked
+/// as it is written, after each frame and each stack.
+const SPEEDSCOPE: &str = "the speedscope file";
 
 /// speedscope's name for a pprof unit: the units it knows, else `none` (pprof's `count`).
 fn speedscope_unit(unit: &str) -> &'static str {
@@ -404,7 +414,7 @@ mod tests {
                     labels: vec![label("thread name", thread)],
                 })
                 .collect(),
-            output_budget: Budget::new(&ReadLimits::default(), 1),
+            output_budget: Budget::output(&ReadLimits::default(), 0),
         }
     }
 

@@ -64,7 +64,7 @@ pub(crate) fn profile(samples: &[(&[u64], [i64; 2], &str)]) -> PprofProfile {
 /// `p` resolved under the default limits.
 pub(crate) fn resolve(p: PprofProfile) -> StackProfile {
     let budget = Budget::new(&ReadLimits::default(), 1);
-    StackProfile::resolve(p, budget, budget).unwrap()
+    StackProfile::resolve(p, budget, Budget::output(&ReadLimits::default(), 0)).unwrap()
 }
 
 /// Four samples: spin under work under main (two threads), work under main, sleep (wall-time

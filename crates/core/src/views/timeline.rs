@@ -14,6 +14,14 @@
 //! `gvl-wait-time` (Ruby 3.1, where Ruby has no GVL events) the waiting share is absent and
 //! the rest is `blocked or waiting`: an estimate from the states' labels was tried, and was 5
 //! to 39 points off the truth for busy threads (a thread's idle passes do not say which).
+//!
+//! The timeline page tells one story: its lanes, each lane's hover and its table use the
+//! same words for the same numbers ([`LaneShares`]). `running`, `waiting for GVL`, `blocked`
+//! and `gc` there are the lanes' colors, each the share of the thread's drawn time in that
+//! state, and `on a CPU` its `cpu-time`: a thread that holds the GVL is `running` though the
+//! kernel may keep it off a CPU. The table used [`ThreadTimes`] while the lanes drew states:
+//! on Ruby 3.1, 4 threads taking turns on the GVL on a loaded machine were "blocked 92-93%"
+//! in the table and mostly red (waiting for GVL) in their lanes.
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -115,6 +123,47 @@ struct Span<'a> {
     sample: &'a StackSample,
 }
 
+/// What a lane draws, in ns: its time in each state, as its rects are colored (by
+/// [`ThreadState`], in [`ThreadState::ALL`]'s order), and its samples' `cpu-time`. The lane's
+/// hover and the page's table both say these.
+#[derive(Default)]
+struct LaneShares {
+    states: [i64; 5],
+    cpu: i64,
+}
+
+impl LaneShares {
+    fn of(spans: &[Span]) -> Self {
+        let mut shares = Self::default();
+        for span in spans {
+            for (from, to, state) in span.parts() {
+                shares.states[state as usize] =
+                    shares.states[state as usize].saturating_add(to.saturating_sub(from).max(0));
+            }
+            shares.cpu = shares.cpu.saturating_add(span.cpu);
+        }
+        shares
+    }
+
+    fn drawn(&self) -> i64 {
+        self.states.iter().fold(0i64, |sum, &t| sum.saturating_add(t))
+    }
+
+    /// `running 25.0%, waiting for GVL 74.1%, blocked 0.9%, gc 0.0%; on a CPU 20.0%`, with
+    /// `(no state)` too when some span has none.
+    fn text(&self) -> String {
+        let drawn = self.drawn();
+        let parts: Vec<String> = ThreadState::ALL
+            .iter()
+            .filter(|&&state| state != ThreadState::Unknown || self.states[state as usize] > 0)
+            .map(|&state| {
+                format!("{} {:.1}%", state.name(), percent(self.states[state as usize], drawn))
+            })
+            .collect();
+        format!("{}; on a CPU {:.1}%", parts.join(", "), percent(self.cpu, drawn))
+    }
+}
+
 /// SVG bytes per span beyond its stack's names: the `<rect>`, its `<title>` and numbers.
 const SVG_BYTES_PER_SPAN: usize = 320;
 /// Frames of a span's stack shown on hover, leaf first.
@@ -124,6 +173,22 @@ const LABEL_WIDTH: f64 = 250.0;
 const LANE_HEIGHT: f64 = 22.0;
 const LANE_GAP: f64 = 6.0;
 const TOP: f64 = 64.0;
+
+impl Span<'_> {
+    /// The span as drawn: its GVL wait first (the thread was ready, then ran or blocked up to
+    /// the sample), then its state; `(from, to, state)` each, the first empty if it did not
+    /// wait (a span of a zero length is drawn, as its state).
+    fn parts(&self) -> impl Iterator<Item = (i64, i64, ThreadState)> {
+        let waited_until = match self.state {
+            ThreadState::Waiting => self.start,
+            _ => self.start.saturating_add(self.waited).min(self.end),
+        };
+        let (start, end) = (self.start, self.end);
+        [(start, waited_until, ThreadState::Waiting), (waited_until, end, self.state)]
+            .into_iter()
+            .filter(move |&(from, to, _)| to > from || (from == start && to == end))
+    }
+}
 
 fn label<'a>(s: &'a StackSample, key: &str) -> Option<&'a ResolvedLabelValue> {
     s.labels.iter().find(|(k, _)| k == key).map(|(_, v)| v)
@@ -316,7 +381,8 @@ impl StackProfile {
     ///
     /// Fails with [`ViewError::NoTimeline`] if no sample has a time ([`ViewError::NoMatch`] if
     /// [`Self::keep_labels`] left no sample), and with
-    /// [`ViewError::OverBudget`] if the drawing could take more than the output budget.
+    /// [`ViewError::OutputTooLarge`] if the drawing could take more than the output bound.
+    /// Names longer than [`super::MAX_DRAWN_NAME_CHARS`] are cut (`…`).
     pub fn timeline(&self, format: TimelineFormat, title: &str) -> Result<String, ViewError> {
         let wall = self.value_index("wall-time")?;
         let cpu = self.value_index("cpu-time").ok();
@@ -357,7 +423,7 @@ impl StackProfile {
                     .frames
                     .iter()
                     .take(HOVER_FRAMES)
-                    .map(|&f| self.display_name(f).len() + 2)
+                    .map(|&f| super::reader::drawn_name(self.display_name(f)).len() + 2)
                     .sum();
                 // Twice: a span that waited is drawn as two rects with the same title.
                 bytes = bytes.saturating_add(2 * (SVG_BYTES_PER_SPAN + names));
@@ -407,11 +473,13 @@ impl StackProfile {
             lx += 130.0;
         }
         axis(&mut svg, span_ns, plot, height);
+        let shares: Vec<LaneShares> =
+            drawn.iter().map(|(_, spans)| LaneShares::of(spans)).collect();
         for (lane, (key, spans)) in drawn.iter().enumerate() {
             let y = TOP + lane as f64 * (LANE_HEIGHT + LANE_GAP);
             let times = &times[*key];
             let _ = write!(svg, "<g class=\"lane\"><title>");
-            xml(&mut svg, &format!("{}\n{}", times.title(), times.shares()));
+            xml(&mut svg, &format!("{}\n{}", times.title(), shares[lane].text()));
             let _ = write!(svg, "</title><text x=\"10\" y=\"{}\">", y + 15.0);
             let mut shown = times.title();
             if shown.chars().count() > 38 {
@@ -420,19 +488,7 @@ impl StackProfile {
             xml(&mut svg, &shown);
             svg.push_str("</text></g>");
             for span in spans {
-                // Its GVL wait came first: the thread was ready, then ran (or blocked) up to
-                // the sample.
-                let waited_until = match span.state {
-                    ThreadState::Waiting => span.start,
-                    _ => span.start.saturating_add(span.waited).min(span.end),
-                };
-                for (from, to, state) in [
-                    (span.start, waited_until, ThreadState::Waiting),
-                    (waited_until, span.end, span.state),
-                ] {
-                    if to <= from && !(from == span.start && to == span.end) {
-                        continue;
-                    }
+                for (from, to, state) in span.parts() {
                     let x0 = x(from);
                     let w = (x(to) - x0).max(0.5);
                     let _ = write!(
@@ -450,7 +506,7 @@ impl StackProfile {
             TimelineFormat::Svg => {
                 format!("<?xml version=\"1.0\" encoding=\"UTF-8\" standalone=\"no\"?>\n{svg}")
             }
-            TimelineFormat::Html => self.page(title, &svg, &drawn, &times),
+            TimelineFormat::Html => page(title, &svg, &drawn, &times, &shares),
         })
     }
 
@@ -469,74 +525,80 @@ impl StackProfile {
             let _ = write!(text, ", gvl-wait-time {}", duration(span.waited));
         }
         for &f in span.sample.frames.iter().take(HOVER_FRAMES) {
-            let _ = write!(text, "\n  {}", self.display_name(f));
+            let _ = write!(text, "\n  {}", super::reader::drawn_name(self.display_name(f)));
         }
         if span.sample.frames.len() > HOVER_FRAMES {
             let _ = write!(text, "\n  ... {} more", span.sample.frames.len() - HOVER_FRAMES);
         }
         xml(out, &text);
     }
+}
 
-    /// The HTML page: title, the SVG, and the table of shares.
-    fn page(
-        &self,
-        title: &str,
-        svg: &str,
-        drawn: &[(&LaneKey, Vec<Span>)],
-        times: &BTreeMap<LaneKey, ThreadTimes>,
-    ) -> String {
-        let mut out = String::with_capacity(svg.len() + 4096);
-        out.push_str("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>");
-        xml(&mut out, title);
-        out.push_str(
-            "</title><style>body{font-family:'DejaVu Sans',Verdana,sans-serif;margin:16px}\
-             table{border-collapse:collapse;margin-top:16px}td,th{padding:4px 10px;\
-             border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child\
-             {text-align:left}</style></head><body>\n",
-        );
-        out.push_str(svg);
-        // The hovered span's text (its <title>) in a panel too: a tooltip only shows after a
-        // pause, and cannot be copied.
-        out.push_str(
-            "<pre id=\"hover\" style=\"min-height:6em;background:#f6f6f6;padding:8px;\
-             margin:8px 0\">Point at a span for its thread, state, times and stack.</pre>\n\
-             <script>for (const r of document.querySelectorAll(\"svg rect\")) {\
-             const t = r.querySelector(\"title\"); if (!t) continue;\
-             r.addEventListener(\"mouseover\", () => {\
-             document.getElementById(\"hover\").textContent = t.textContent }) }</script>\n",
-        );
-        out.push_str("<table><tr><th>thread</th><th>wall-time</th>");
-        for state in ThreadState::ALL.iter().take(4) {
-            let _ = write!(out, "<th>{}</th>", state.name());
-        }
-        out.push_str("</tr>\n");
-        for (key, _) in drawn {
-            let t = &times[*key];
-            out.push_str("<tr><td>");
-            xml(&mut out, &t.title());
-            let waiting = t
-                .waiting_ns
-                .map_or_else(|| "n/a".to_string(), |w| format!("{:.1}%", percent(w, t.wall_ns)));
-            let _ = writeln!(
-                out,
-                "</td><td>{}</td><td>{:.1}%</td><td>{waiting}</td><td>{:.1}%</td><td>{:.1}%</td></tr>",
-                duration(t.wall_ns),
-                percent(t.running_ns, t.wall_ns),
-                percent(t.blocked_ns, t.wall_ns),
-                percent(t.gc_ns, t.wall_ns)
-            );
-        }
-        out.push_str("</table>\n");
-        if times.values().any(|t| t.waiting_ns.is_none()) {
-            out.push_str(
-                "<p>No gvl-wait-time in this profile (Ruby 3.1 has no GVL events): blocked \
-                 holds the waits for the GVL too; the lanes' \"waiting for GVL\" spans come \
-                 from the threads' status at each pass.</p>\n",
-            );
-        }
-        out.push_str("</body></html>\n");
-        out
+/// The HTML page: title, the SVG, and the table of the lanes' shares.
+fn page(
+    title: &str,
+    svg: &str,
+    drawn: &[(&LaneKey, Vec<Span>)],
+    times: &BTreeMap<LaneKey, ThreadTimes>,
+    shares: &[LaneShares],
+) -> String {
+    let mut out = String::with_capacity(svg.len() + 4096);
+    out.push_str("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>");
+    xml(&mut out, title);
+    out.push_str(
+        "</title><style>body{font-family:'DejaVu Sans',Verdana,sans-serif;margin:16px}\
+         table{border-collapse:collapse;margin-top:16px}td,th{padding:4px 10px;\
+         border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child\
+         {text-align:left}</style></head><body>\n",
+    );
+    out.push_str(svg);
+    // The hovered span's text (its <title>) in a panel too: a tooltip only shows after a
+    // pause, and cannot be copied.
+    out.push_str(
+        "<pre id=\"hover\" style=\"min-height:6em;background:#f6f6f6;padding:8px;\
+         margin:8px 0\">Point at a span for its thread, state, times and stack.</pre>\n\
+         <script>for (const r of document.querySelectorAll(\"svg rect\")) {\
+         const t = r.querySelector(\"title\"); if (!t) continue;\
+         r.addEventListener(\"mouseover\", () => {\
+         document.getElementById(\"hover\").textContent = t.textContent }) }</script>\n",
+    );
+    let unknown = ThreadState::Unknown as usize;
+    let states: Vec<ThreadState> = ThreadState::ALL
+        .iter()
+        .copied()
+        .filter(|&state| {
+            state != ThreadState::Unknown || shares.iter().any(|s| s.states[unknown] > 0)
+        })
+        .collect();
+    out.push_str("<table><tr><th>thread</th><th>wall-time</th>");
+    for state in &states {
+        let _ = write!(out, "<th>{}</th>", state.name());
     }
+    out.push_str("<th>on a CPU</th></tr>\n");
+    for ((key, _), lane) in drawn.iter().zip(shares) {
+        out.push_str("<tr><td>");
+        xml(&mut out, &times[*key].title());
+        let drawn = lane.drawn();
+        let _ = write!(out, "</td><td>{}</td>", duration(drawn));
+        for &state in &states {
+            let _ = write!(out, "<td>{:.1}%</td>", percent(lane.states[state as usize], drawn));
+        }
+        let _ = writeln!(out, "<td>{:.1}%</td></tr>", percent(lane.cpu, drawn));
+    }
+    out.push_str(
+        "</table>\n<p>running, waiting for GVL, blocked and gc are the lanes' colors: \
+                  each is the share of the thread's drawn time in that state (running: it held \
+                  the GVL). on a CPU is its cpu-time in that time: a thread that holds the GVL \
+                  can be kept off a CPU by the kernel, on a loaded machine.",
+    );
+    if times.values().any(|t| t.waiting_ns.is_none()) {
+        out.push_str(
+            " This profile has no gvl-wait-time (Ruby 3.1 has no GVL events): waiting for GVL \
+             is what the threads' status said at each pass, not a measure.",
+        );
+    }
+    out.push_str("</p>\n</body></html>\n");
+    out
 }
 
 #[cfg(test)]
@@ -587,7 +649,7 @@ mod tests {
                     StackSample { frames: frames.to_vec(), values: values.to_vec(), labels }
                 })
                 .collect(),
-            output_budget: Budget::new(&ReadLimits::default(), 1),
+            output_budget: Budget::output(&ReadLimits::default(), 0),
         }
     }
 
@@ -638,7 +700,13 @@ mod tests {
         assert!(svg.contains("t1 (1): waiting for GVL"), "{svg}");
         assert!(svg.contains("gvl-wait-time 0.000 ms"));
         assert!(svg.contains("\n  spin\n  main"), "the stack, leaf first");
-        assert!(svg.contains("running 26.7%, waiting for GVL 66.7%"), "{svg}");
+        // The lane's hover: its drawn time by state (10, 30, 0 and 5 ns of 45), and its cpu.
+        assert!(
+            svg.contains(
+                "running 22.2%, waiting for GVL 66.7%, blocked 0.0%, gc 11.1%; on a CPU 33.3%"
+            ),
+            "{svg}"
+        );
         // Two adjacent samples with the same state and stack are one span.
         let mut q = busy_and_sleeper();
         q.samples[1].labels[2] = str_label(THREAD_STATE_LABEL, "running");
@@ -668,10 +736,43 @@ mod tests {
         assert!(html.contains("<svg "));
         assert!(
             html.contains(
-                "<td>t2 (2)</td><td>0.000 ms</td><td>2.0%</td><td>0.0%</td><td>98.0%</td>"
+                "<th>running</th><th>waiting for GVL</th><th>blocked</th><th>gc</th><th>on a CPU</th>"
             ),
             "{html}"
         );
+        assert!(
+            html.contains(
+                "<td>t2 (2)</td><td>0.000 ms</td><td>0.0%</td><td>0.0%</td><td>100.0%</td>\
+                 <td>0.0%</td><td>2.0%</td>"
+            ),
+            "{html}"
+        );
+    }
+
+    /// Ruby 3.1's case: no gvl-wait-time, and threads whose passes said "waiting for GVL".
+    /// The table said "blocked 92-93%" while the lanes were mostly red: now the lane's hover
+    /// and its row say the same numbers under the same words.
+    #[test]
+    fn the_page_tells_one_story_without_gvl_wait_time() {
+        let mut p = profile(&[
+            (&[1, 0], [8, 10, 0], "1", Some("running"), Some(1_010)),
+            (&[1, 0], [1, 80, 0], "1", Some("waiting for GVL"), Some(1_090)),
+            (&[1, 0], [0, 10, 0], "1", Some("blocked"), Some(1_100)),
+        ]);
+        p.value_types.truncate(2);
+        p.samples.iter_mut().for_each(|s| s.values.truncate(2));
+        let html = p.timeline(TimelineFormat::Html, "x").unwrap();
+        let shares = "running 10.0%, waiting for GVL 80.0%, blocked 10.0%, gc 0.0%; on a CPU 9.0%";
+        assert!(html.contains(&format!("t1 (1)\n{shares}</title>")), "{html}");
+        assert!(
+            html.contains(
+                "<td>t1 (1)</td><td>0.000 ms</td><td>10.0%</td><td>80.0%</td><td>10.0%</td>\
+                 <td>0.0%</td><td>9.0%</td>"
+            ),
+            "{html}"
+        );
+        assert!(html.contains("not a measure"), "{html}");
+        assert!(!html.contains("blocked or waiting"), "{html}");
     }
 
     #[test]

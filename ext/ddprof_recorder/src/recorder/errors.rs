@@ -89,6 +89,7 @@ impl IntoRubyError for ViewError {
             | ViewError::Render(_)
             | ViewError::TooLarge { .. }
             | ViewError::OverBudget { .. }
+            | ViewError::OutputTooLarge { .. }
             | ViewError::StackTooDeep { .. } => gem_error(ruby, self.to_string()),
         }
     }

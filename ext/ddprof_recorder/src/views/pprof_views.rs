@@ -6,8 +6,9 @@
 //! values ([`filter`](ddprof_recorder_core::views::filter)). The Ruby methods with keywords and
 //! docs are in `lib/ddprof_recorder/pprof_views.rb`.
 //!
-//! Every entry point takes `max_decompressed_bytes` last: the [`ReadLimits`] each pprof is
-//! read within. The views and the merge take `labels` before it: `[[key, value], ...]`
+//! Every entry point takes `limits` last, `[max_decompressed_bytes, max_output_bytes]` (the
+//! latter nil for the default): the [`ReadLimits`] each pprof is read, and each view written,
+//! within. The views and the merge take `labels` before it: `[[key, value], ...]`
 //! Strings, the samples to keep ([`LabelFilter::text`], the `label:` keyword), all of them
 //! matching, before the view is made.
 //!
@@ -19,8 +20,8 @@ use ddprof_recorder_core::views::merge::{self, MergeError};
 use ddprof_recorder_core::views::speedscope::SpeedscopeOptions;
 use ddprof_recorder_core::views::timeline::{ThreadTimes, TimelineFormat};
 use ddprof_recorder_core::views::{
-    filter, FoldOptions, LabelFilter, ReadLimits, ResolvedLabelValue as LabelValue, StackProfile,
-    TopSort, ViewError as CoreError,
+    filter, reader, FoldOptions, LabelFilter, ReadLimits, ResolvedLabelValue as LabelValue,
+    StackProfile, TopSort, ViewError as CoreError,
 };
 use ddprof_recorder_core::Compression;
 use magnus::{function, prelude::*, Error, RArray, RHash, RModule, RString, Ruby, Symbol, Value};
@@ -28,6 +29,9 @@ use magnus::{function, prelude::*, Error, RArray, RHash, RModule, RString, Ruby,
 use crate::recorder::convert::class_name;
 use crate::recorder::errors::{arg_error, entry, gem_error, IntoRubyError, MergeInputError};
 use crate::recorder::nogvl::nogvl;
+
+/// The first bytes of a gzip stream (the core's reader tells gzip from raw by them too).
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
 /// Label keys the profiler sets on every sample; the summary counts their distinct values.
 const THREAD_ID_LABEL: &str = "thread id";
@@ -44,6 +48,9 @@ const COMPRESSIONS: &[(&str, Compression)] =
     &[("none", Compression::None), ("gzip", Compression::Gzip)];
 
 pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    module.const_set("DEFAULT_OUTPUT_PER_BYTE", reader::OUTPUT_PER_BYTE)?;
+    module.const_set("MIN_DEFAULT_OUTPUT_BYTES", reader::MIN_OUTPUT_BYTES)?;
+    module.const_set("MAX_DRAWN_NAME_CHARS", reader::MAX_DRAWN_NAME_CHARS)?;
     module.define_singleton_method("_native_folded", function!(native_folded, 6))?;
     module.define_singleton_method("_native_flamegraph", function!(native_flamegraph, 7))?;
     module.define_singleton_method("_native_top", function!(native_top, 5))?;
@@ -69,6 +76,9 @@ struct Inputs {
     limits: ReadLimits,
     labels: Vec<LabelFilter>,
 }
+
+/// The `limits` argument: `[max_decompressed_bytes, max_output_bytes]`.
+type Limits = (u64, Option<u64>);
 
 /// The `labels` argument, `[[key, value], ...]`, as text filters.
 type Labels = Vec<(String, String)>;
@@ -100,16 +110,16 @@ fn to_ruby_error(ruby: &Ruby, e: ViewError, array: bool) -> Error {
 }
 
 /// The pprof bytes of a String or of each String of an Array, copied: the Strings may change
-/// or move once the GVL is released; each is read within `max_decompressed_bytes`, and the
+/// or move once the GVL is released; each is read within `limits`, and the
 /// samples that match every filter of `labels` are kept.
 fn pprof_inputs(
     ruby: &Ruby,
     pprofs: Value,
     labels: Labels,
-    max_decompressed_bytes: u64,
+    limits: Limits,
 ) -> Result<Inputs, Error> {
     let labels = label_filters(labels);
-    let limits = ReadLimits::new(max_decompressed_bytes);
+    let limits = ReadLimits::new(limits.0).with_max_output(limits.1);
     let copy = |v: Value, name: &dyn Fn() -> String| -> Result<Vec<u8>, Error> {
         let s = RString::from_value(v).ok_or_else(|| {
             Error::new(
@@ -118,7 +128,17 @@ fn pprof_inputs(
             )
         })?;
         // SAFETY: the slice is copied at once, before any Ruby code or allocation can run.
-        Ok(unsafe { s.as_slice() }.to_vec())
+        let slice = unsafe { s.as_slice() };
+        // A raw pprof over the limit is refused for its length: its first limit + 1 bytes say
+        // so as well as all of it, without a copy of the rest (a 300 MB one, with a limit of
+        // 1 MB, was copied whole).
+        let keep = if slice.starts_with(&GZIP_MAGIC) {
+            slice.len()
+        } else {
+            let most = limits.max_decompressed_bytes.saturating_add(1);
+            slice.len().min(usize::try_from(most).unwrap_or(usize::MAX))
+        };
+        Ok(slice[..keep].to_vec())
     };
     match RArray::from_value(pprofs) {
         None => {
@@ -170,10 +190,10 @@ fn text_view(
     ruby: &Ruby,
     pprof: Value,
     labels: Labels,
-    max_decompressed_bytes: u64,
+    limits: Limits,
     view: impl Send + FnOnce(&StackProfile) -> Result<String, CoreError>,
 ) -> Result<RString, Error> {
-    let inputs = pprof_inputs(ruby, pprof, labels, max_decompressed_bytes)?;
+    let inputs = pprof_inputs(ruby, pprof, labels, limits)?;
     let text = with_whole_profile(ruby, inputs, view)?;
     Ok(ruby.str_new(&text))
 }
@@ -186,15 +206,13 @@ fn stacks_view(
     value: String,
     options: FoldOptions,
     labels: Labels,
-    max_decompressed_bytes: u64,
+    limits: Limits,
     view: impl Send + FnOnce(&StackProfile, usize, &FoldOptions) -> Result<String, CoreError>,
 ) -> Result<RString, Error> {
-    text_view(ruby, pprof, labels, max_decompressed_bytes, move |p| {
-        view(p, p.value_index(&value)?, &options)
-    })
+    text_view(ruby, pprof, labels, limits, move |p| view(p, p.value_index(&value)?, &options))
 }
 
-/// `_native_folded(pprof, value, filenames, root_label, labels, max_decompressed_bytes)` →
+/// `_native_folded(pprof, value, filenames, root_label, labels, limits)` →
 /// String of folded stack lines.
 fn native_folded(
     ruby: &Ruby,
@@ -203,18 +221,16 @@ fn native_folded(
     filenames: bool,
     root_label: Option<String>,
     labels: Labels,
-    max_decompressed_bytes: u64,
+    limits: Limits,
 ) -> Result<RString, Error> {
-    let options = FoldOptions { filenames, root_label };
+    let options = FoldOptions { filenames, root_label, cut_names: false };
     entry(ruby, || {
-        stacks_view(ruby, pprof, value, options, labels, max_decompressed_bytes, |p, i, o| {
-            p.folded(i, o)
-        })
+        stacks_view(ruby, pprof, value, options, labels, limits, |p, i, o| p.folded(i, o))
     })
 }
 
 /// `_native_flamegraph(pprof, value, title, filenames, root_label, labels,
-/// max_decompressed_bytes)` → SVG String.
+/// limits)` → SVG String.
 #[allow(clippy::too_many_arguments)] // one per Ruby keyword
 fn native_flamegraph(
     ruby: &Ruby,
@@ -224,18 +240,18 @@ fn native_flamegraph(
     filenames: bool,
     root_label: Option<String>,
     labels: Labels,
-    max_decompressed_bytes: u64,
+    limits: Limits,
 ) -> Result<RString, Error> {
-    let options = FoldOptions { filenames, root_label };
+    let options = FoldOptions { filenames, root_label, cut_names: false };
     entry(ruby, || {
-        stacks_view(ruby, pprof, value, options, labels, max_decompressed_bytes, move |p, i, o| {
+        stacks_view(ruby, pprof, value, options, labels, limits, move |p, i, o| {
             p.flamegraph(i, title.as_deref(), o)
         })
     })
 }
 
 /// `_native_speedscope(pprof, values, group_by, name, exporter, labels,
-/// max_decompressed_bytes)` →
+/// limits)` →
 /// the speedscope JSON String: one profile per value type named in `values` (nil: every value
 /// type of the pprof), or one per value type and value of the label `group_by`.
 #[allow(clippy::too_many_arguments)] // one per Ruby keyword
@@ -247,11 +263,11 @@ fn native_speedscope(
     name: String,
     exporter: String,
     labels: Labels,
-    max_decompressed_bytes: u64,
+    limits: Limits,
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let options = SpeedscopeOptions { name, exporter, group_by };
-        text_view(ruby, pprof, labels, max_decompressed_bytes, move |p| {
+        text_view(ruby, pprof, labels, limits, move |p| {
             let indices = match values {
                 None => (0..p.value_types.len()).collect(),
                 Some(names) => {
@@ -263,7 +279,7 @@ fn native_speedscope(
     })
 }
 
-/// `_native_speedscope_timeline(pprof, name, exporter, labels, max_decompressed_bytes)` →
+/// `_native_speedscope_timeline(pprof, name, exporter, labels, limits)` →
 /// the speedscope JSON String of the dated samples: one time-ordered profile per thread.
 fn native_speedscope_timeline(
     ruby: &Ruby,
@@ -271,17 +287,15 @@ fn native_speedscope_timeline(
     name: String,
     exporter: String,
     labels: Labels,
-    max_decompressed_bytes: u64,
+    limits: Limits,
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let options = SpeedscopeOptions { name, exporter, group_by: None };
-        text_view(ruby, pprof, labels, max_decompressed_bytes, move |p| {
-            p.speedscope_timeline(&options)
-        })
+        text_view(ruby, pprof, labels, limits, move |p| p.speedscope_timeline(&options))
     })
 }
 
-/// `_native_timeline(pprof, format, title, labels, max_decompressed_bytes)` → the timeline of
+/// `_native_timeline(pprof, format, title, labels, limits)` → the timeline of
 /// the dated samples, an SVG (`format` `:svg`) or HTML (`:html`) String.
 fn native_timeline(
     ruby: &Ruby,
@@ -289,15 +303,15 @@ fn native_timeline(
     format: Symbol,
     title: String,
     labels: Labels,
-    max_decompressed_bytes: u64,
+    limits: Limits,
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let format = symbol_choice(ruby, "format", format, TIMELINE_FORMATS)?;
-        text_view(ruby, pprof, labels, max_decompressed_bytes, move |p| p.timeline(format, &title))
+        text_view(ruby, pprof, labels, limits, move |p| p.timeline(format, &title))
     })
 }
 
-/// `_native_filter(pprof, string_labels, number_labels, compression, max_decompressed_bytes)`
+/// `_native_filter(pprof, string_labels, number_labels, compression, limits)`
 /// → one pprof String (`:gzip` or `:none`) with the samples that have every `[key, value]`
 /// label of both Arrays.
 fn native_filter(
@@ -306,7 +320,7 @@ fn native_filter(
     string_labels: Vec<(String, String)>,
     number_labels: Vec<(String, i64)>,
     compression: Symbol,
-    max_decompressed_bytes: u64,
+    limits: Limits,
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let compression = compression_of(ruby, compression)?;
@@ -315,8 +329,7 @@ fn native_filter(
             .map(|(k, v)| (k, LabelValue::Str(v)))
             .chain(number_labels.into_iter().map(|(k, n)| (k, LabelValue::Num(n))))
             .collect();
-        let Inputs { bytes, array, limits, .. } =
-            pprof_inputs(ruby, pprof, Vec::new(), max_decompressed_bytes)?;
+        let Inputs { bytes, array, limits, .. } = pprof_inputs(ruby, pprof, Vec::new(), limits)?;
         let filtered = nogvl(ruby, move || {
             // One pprof is copied as the merge of itself: its errors are named as a view's.
             let mut profile = merge::merge_bytes(&bytes, &limits).map_err(ViewError::Merge)?;
@@ -363,7 +376,7 @@ fn top_head(p: &StackProfile, value: usize) -> TopHead {
     (p.value_types[value].1.clone(), p.total(value), profile_total, p.samples.len())
 }
 
-/// `_native_top(pprof, value, sort, labels, max_decompressed_bytes)` → `[unit, total,
+/// `_native_top(pprof, value, sort, labels, limits)` → `[unit, total,
 /// profile_total, samples, [[name, filename, self, total], ...]]` ([`TopHead`]), every
 /// function with some of the value, highest `sort` (`:self` or `:total`) first.
 fn native_top(
@@ -372,11 +385,11 @@ fn native_top(
     value: String,
     sort: Symbol,
     labels: Labels,
-    max_decompressed_bytes: u64,
+    limits: Limits,
 ) -> Result<(String, i64, i64, usize, Vec<TopRow>), Error> {
     entry(ruby, || {
         let sort = symbol_choice(ruby, "sort", sort, TOP_SORTS)?;
-        let inputs = pprof_inputs(ruby, pprof, labels, max_decompressed_bytes)?;
+        let inputs = pprof_inputs(ruby, pprof, labels, limits)?;
         with_profile(ruby, inputs, value, move |p, i| {
             let rows = p
                 .top(i, sort)
@@ -389,7 +402,7 @@ fn native_top(
     })
 }
 
-/// `_native_top_by_label(pprof, value, key, labels, max_decompressed_bytes)` → `[unit, total,
+/// `_native_top_by_label(pprof, value, key, labels, limits)` → `[unit, total,
 /// profile_total, samples, [[label value, sum], ...]]` ([`TopHead`]): the sum of the value
 /// per value of label `key` (a String or an Integer; nil for the samples without it),
 /// highest first.
@@ -399,10 +412,10 @@ fn native_top_by_label(
     value: String,
     key: String,
     labels: Labels,
-    max_decompressed_bytes: u64,
+    limits: Limits,
 ) -> Result<(String, i64, i64, usize, RArray), Error> {
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof, labels, max_decompressed_bytes)?;
+        let inputs = pprof_inputs(ruby, pprof, labels, limits)?;
         let (head, rows) = with_profile(ruby, inputs, value, move |p, i| {
             Ok((top_head(p, i), p.top_by_label(i, &key)?))
         })?;
@@ -439,7 +452,7 @@ struct Summary {
     threads: Vec<ThreadTimes>,
 }
 
-/// `_native_summary(pprof, labels, max_decompressed_bytes)` → Hash with Symbol keys:
+/// `_native_summary(pprof, labels, limits)` → Hash with Symbol keys:
 /// `:value_types` (`[[type, unit], ...]`), `:totals` (one per value type), `:time_nanos`,
 /// `:duration_nanos`, `:samples` (distinct pprof samples), `:functions`, `:thread_ids`,
 /// `:thread_names` and `:process_ids` (distinct label values), `:label_keys` (the distinct
@@ -450,10 +463,10 @@ fn native_summary(
     ruby: &Ruby,
     pprof: Value,
     labels: Labels,
-    max_decompressed_bytes: u64,
+    limits: Limits,
 ) -> Result<RHash, Error> {
     entry(ruby, || {
-        let inputs = pprof_inputs(ruby, pprof, labels, max_decompressed_bytes)?;
+        let inputs = pprof_inputs(ruby, pprof, labels, limits)?;
         let summary = with_whole_profile(ruby, inputs, |p| {
             Ok(Summary {
                 totals: (0..p.value_types.len()).map(|i| p.total(i)).collect(),
@@ -503,7 +516,7 @@ fn native_summary(
     })
 }
 
-/// `_native_merge(pprofs, compression, labels, max_decompressed_bytes)` → one pprof String
+/// `_native_merge(pprofs, compression, labels, limits)` → one pprof String
 /// (`:gzip` or `:none`) holding the samples of every pprof of the Array `pprofs` that match
 /// every filter of `labels`.
 fn native_merge(
@@ -511,12 +524,12 @@ fn native_merge(
     pprofs: RArray,
     compression: Symbol,
     labels: Labels,
-    max_decompressed_bytes: u64,
+    limits: Limits,
 ) -> Result<RString, Error> {
     entry(ruby, || {
         let compression = compression_of(ruby, compression)?;
         let Inputs { bytes, array, limits, labels } =
-            pprof_inputs(ruby, pprofs.as_value(), labels, max_decompressed_bytes)?;
+            pprof_inputs(ruby, pprofs.as_value(), labels, limits)?;
         let merged = nogvl(ruby, move || {
             let mut profile = merge::merge_bytes(&bytes, &limits).map_err(ViewError::Merge)?;
             filter::filter_matching(&mut profile, &labels)?;
