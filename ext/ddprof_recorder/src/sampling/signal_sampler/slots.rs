@@ -8,6 +8,9 @@ use std::sync::atomic::{
 
 use magnus::{gc, rb_sys::FromRawValue, DataTypeFunctions, TypedData, Value};
 
+/// [`Slot::timer`] when the slot has no timer.
+pub(super) const NO_TIMER: usize = usize::MAX;
+
 /// Most threads armed at once; past it, a thread is sampled at safepoints (counted).
 const MAX_SLOTS: usize = 256;
 /// Deepest stack read in the handler (the root-most frames of deeper ones are left out).
@@ -71,7 +74,10 @@ pub(super) struct Slot {
     /// timer of this slot is ignored.
     pub(super) generation: AtomicU32,
     pub(super) tid: AtomicI32,
-    /// The `timer_t` (a pointer-sized id) of its CPU-clock timer, or 0.
+    /// The `timer_t` of its CPU-clock timer, or [`NO_TIMER`]. Not 0 for none: a
+    /// `SIGEV_THREAD_ID` timer's `timer_t` is the kernel's id, and the first one a process makes
+    /// is 0 (on Ruby 3.4, which makes none of its own, ours was, and was never deleted: it went
+    /// on signalling after a disarm or a move).
     pub(super) timer: AtomicUsize,
     /// The descriptor of its perf event (`perf_ticks`), or -1.
     pub(super) perf_fd: AtomicI32,
@@ -105,7 +111,7 @@ impl Slot {
             state: AtomicU8::new(FREE),
             generation: AtomicU32::new(0),
             tid: AtomicI32::new(0),
-            timer: AtomicUsize::new(0),
+            timer: AtomicUsize::new(NO_TIMER),
             perf_fd: AtomicI32::new(-1),
             buffers: [const { Buffer::new() }; BATCH],
             written: AtomicU32::new(0),

@@ -17,7 +17,8 @@ use super::perf_ticks;
 use super::rt_signal::{blocks_signal, drain_pending, signal_value, BlockedHere, SIGNO};
 use super::samples::{drain_slot, KEPT};
 use super::slots::{
-    armed, used_slots, Frames, Slot, ARMED, DEPTH, EMPTY, FREE, FULL, SLOTS, SLOTS_USED, WRITING,
+    armed, used_slots, Frames, Slot, ARMED, DEPTH, EMPTY, FREE, FULL, NO_TIMER, SLOTS, SLOTS_USED,
+    WRITING,
 };
 use super::{HZ, PERF};
 use crate::sampling::thread_cpu::{clock_ns, cpu_clock_id};
@@ -46,7 +47,7 @@ pub(super) fn forget_if_forked() {
     *PAUSED.lock().unwrap_or_else(|p| p.into_inner()) = None;
     for slot in &SLOTS {
         slot.generation.fetch_add(1, AcqRel);
-        slot.timer.store(0, Release);
+        slot.timer.store(NO_TIMER, Release);
         // The child's copies of the parent's events (their signals go to the parent's
         // threads): closed, once each is checked to be one still.
         let fd = slot.perf_fd.swap(-1, AcqRel);
@@ -205,7 +206,7 @@ pub(super) fn retarget_all(signo: i32) -> usize {
         match new_timer(tid, signo, index, generation) {
             Some(timer) if start_timer(timer) => {
                 let old = slot.timer.swap(timer as usize, AcqRel);
-                if old != 0 {
+                if old != NO_TIMER {
                     // SAFETY: a timer this process created for this slot.
                     unsafe { libc::timer_delete(old as libc::timer_t) };
                 }
@@ -303,8 +304,8 @@ fn disarm_slot(slot: &Slot) {
         // EBADF, or at worst lets another event overflow twice.)
         perf_ticks::close(fd);
     }
-    let timer = slot.timer.swap(0, AcqRel);
-    if timer != 0 {
+    let timer = slot.timer.swap(NO_TIMER, AcqRel);
+    if timer != NO_TIMER {
         // SAFETY: a timer this process created (the slots of a parent's are forgotten in a
         // forked child before we get here); deleting it also drops its pending signal.
         unsafe { libc::timer_delete(timer as libc::timer_t) };
