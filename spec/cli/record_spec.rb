@@ -24,7 +24,7 @@ RSpec.describe "ddprof-recorder record" do
     expect(lines.first).to match(/\Addprof-recorder: recorded `\S+ -e 'x = 0; 3_000_000\.times \{ x \+= 1 \}; exit 3'` \(exit status 3, \d+\.\d\d s\)\z/)
     expect(lines.drop(1).map { |l| l[0, 12].strip }).to eq(["duration", "samples", "sampling", "threads", "cpu-time",
                                                           "hottest", "written", "view it", "", ""])
-    expect(lines[3]).to match(/\A  sampling  each thread at each CPU tick, and on a CPU at wall ticks when CPU ticks fall below the rate \(SIGRTMIN\+\d+\), stacks read in the signal handler #{gc_note}, 200 Hz\z/)
+    expect(lines[3]).to match(/\A  sampling  each thread at each 1\/200 s of its CPU \(perf events\) \(SIGRTMIN\+\d+\), stacks read in the signal handler #{gc_note}, 200 Hz\z/)
     expect(lines[4]).to eq("  threads   1: main")
     expect(lines[7]).to eq("  written   r.pb (#{File.size(File.join(@dir, 'r.pb'))} bytes)")
     expect(lines.last(3)).to eq(["  view it   ddprof-recorder top r.pb", "            ddprof-recorder flamegraph r.pb -o r.svg",
