@@ -142,6 +142,8 @@ module DdprofRecorder
     # A profile comment that starts with this says what became of the sampling signal when the
     # program took it ({#keep_signal}).
     SIGNAL_COMMENT = "signal: "
+    # One that says how many threads blocked it ({#note_blocked_threads}).
+    BLOCKED_COMMENT = "signal blocked: "
     # How often the sampler thread looks at the log and the windows while jobs run.
     HOUSEKEEPING_SECONDS = 0.1
 
@@ -523,6 +525,7 @@ module DdprofRecorder
         return nil unless Process.pid == @pid
 
         keep_signal # a trap of our signal since the sampler thread's last look goes into the profile
+        note_blocked_threads
         Profiler._native_sampling_stop(self)
         Profiler._native_gvl_stop if @gvl
         stop_memory
@@ -843,6 +846,7 @@ module DdprofRecorder
         last_job = @sampler.last_job_ns
         @sampler.pass(now) if woken && (last_job.nil? || now - last_job > JOBLESS_TICKS * period_ns)
         keep_signal
+        note_blocked_threads
         cut_window if @next_window_ns && now >= @next_window_ns
         @sampler.write_log
         give_up if @sampler.gave_up?
@@ -877,6 +881,20 @@ module DdprofRecorder
       @recorder.comments = @comments
     end
 
+    # The threads that block our signal (ThreadSampler#blocks_signal, sampled at the passes
+    # instead), in the profile's comments once their count changes: `record`'s summary shows
+    # it under its `sampling` line.
+    def note_blocked_threads
+      blocked = @sampler.counts[:signal_blocked_threads]
+      return if blocked.zero? || blocked == @blocked_noted
+
+      @blocked_noted = blocked
+      text = "#{BLOCKED_COMMENT}#{blocked} thread#{'s' if blocked > 1} blocked the profiler's signal: " \
+             "sampled at the wall passes and their own jobs instead"
+      @comments = @comments.reject { |c| c.start_with?(BLOCKED_COMMENT) } + [text]
+      @recorder.comments = @comments
+    end
+
     def give_up
       Profiler._native_sampling_stop(self)
       @running = false
@@ -904,7 +922,7 @@ module DdprofRecorder
       @sampler.start_signals(1_000_000_000 / @hz) unless @sampling_mode == :off
       signals = Profiler._native_sampling_stats[:signals]
       @ticks_used = signals[:ticks]
-      @signal_taken = nil
+      @signal_taken = @blocked_noted = nil
       @comments = [sampling_comment(signals)]
       @recorder.comments = @comments
     end

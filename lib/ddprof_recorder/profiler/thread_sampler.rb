@@ -52,6 +52,8 @@ module DdprofRecorder
       MAX_PENDING_SIGNAL_SAMPLES = 256
       # Passes between two looks for new threads even when no thread began (see #list_threads).
       LIST_EVERY = 64
+      # The threads that could not be armed (#arm) are tried again every this many passes.
+      REARM_EVERY = 128
       # The keys of the stacks that passes read of other threads (#pass_stack), one per
       # ThreadState, counting down from here: apart from the signal samples' and the jobs'
       # (ext/ddprof_recorder/src/sampling/signal_sampler/samples.rs, `key`; #call).
@@ -132,7 +134,8 @@ module DdprofRecorder
       #   of the profiler's starting work on the thread that started it, see #started),
       #   `:errors`, `:thread_ends` (threads accounted at their end hook), `:thread_exits` (native threads
       #   accounted at their exit), `:thread_end_cpu_ns` (CPU charged there),
-      #   `:unsampled_thread_cpu_ns` (of which on `(unsampled thread)`).
+      #   `:unsampled_thread_cpu_ns` (of which on `(unsampled thread)`), `:signal_blocked_threads`
+      #   (threads found blocking our signal, see #blocks_signal).
       attr_reader :counts
       # @return [Integer, nil] monotonic ns of the latest job, nil before the first.
       attr_reader :last_job_ns
@@ -182,7 +185,7 @@ module DdprofRecorder
         @scan_seen = []
         @counts = { passes: 0, samples: 0, on_cpu_samples: 0, signal_samples: 0, carried_cpu_samples: 0,
                     job_cpu_ns: 0, start_cpu_ns: 0, errors: 0, thread_ends: 0, thread_exits: 0,
-                    thread_end_cpu_ns: 0, unsampled_thread_cpu_ns: 0 }
+                    thread_end_cpu_ns: 0, unsampled_thread_cpu_ns: 0, signal_blocked_threads: 0 }
         # `[native id, CPU clock]` of the thread that started the profiler: its ticks and jobs
         # before that clock reading were inside Profiler#start (nil while it is under way);
         # and of the thread stopping it, after which they are inside Profiler#stop.
@@ -481,10 +484,58 @@ module DdprofRecorder
       def arm(state)
         tid = state.native_id
         return if tid.nil? || state.armed == tid
-        return unless Profiler._native_signal_arm(tid)
 
+        armed = Profiler._native_signal_arm(tid)
+        # No slot: its passes sample it. It blocks our signal: so too, and it is tried again.
+        blocks_signal(state, tid) if armed.nil?
+        return unless armed
+
+        @unarmed&.delete(state)
         state.armed = tid
         @by_tid[tid] = state
+      end
+
+      # Threads that blocked our signal after they were armed (ext/ddprof_recorder/src/sampling/
+      # signal_sampler.rs, "Threads that block our signal"): disarmed, and left to the passes.
+      # The CPU they used since their last tick goes to their stack at their next pass.
+      def unarm_masked(tids)
+        tids.each do |tid|
+          state = @by_tid[tid]
+          unless state
+            Profiler._native_signal_disarm(tid)
+            next
+          end
+          disarm(state)
+          state.armed = nil
+          blocks_signal(state, tid)
+        end
+      end
+
+      # A thread that blocks our signal: its passes sample it from now on, and every
+      # REARM_EVERY passes it is tried again. Counted once (`:signal_blocked_threads`), said
+      # once in the log.
+      def blocks_signal(state, tid)
+        unarmed = (@unarmed ||= {}.compare_by_identity)
+        return if unarmed.key?(state)
+
+        unarmed[state] = true
+        @counts[:signal_blocked_threads] += 1
+        return if @counts[:signal_blocked_threads] > 1
+
+        @messages << [:warn, "profiler: thread #{display_name(state.thread).inspect} (#{tid}) blocks the profiler's signal: " \
+                             "it is sampled at the wall passes instead (stats[:signals][:signal_blocked_threads])"]
+      end
+
+      # The threads that could not be armed, tried again (a slot came free; the signal unblocked).
+      def rearm_unarmed
+        @unarmed.each_key.to_a.each do |state|
+          if @threads[state.thread].equal?(state) && @signal_period_ns
+            arm(state)
+          else
+            @unarmed.delete(state)
+          end
+        end
+        @unarmed = nil if @unarmed.empty?
       end
 
       # The cpu-time of a signal sample: not the CPU its thread used since its previous one, but
@@ -647,6 +698,9 @@ module DdprofRecorder
       # when the thread-event hook saw one begin since the last look (see #list_threads).
       def pass_locked(now_ns, except)
         take_signal_samples
+        masked = Profiler._native_signal_masked if @signal_period_ns
+        unarm_masked(masked) if masked
+        rearm_unarmed if @unarmed && (@passes_made % REARM_EVERY).zero?
         take_thread_ends
         list_threads(now_ns, except)
         rebuild_scan if @scan_stale

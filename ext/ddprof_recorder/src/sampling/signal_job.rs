@@ -27,6 +27,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         function!(native_take_signal_samples, 0),
     )?;
     class.define_singleton_method("_native_signal_disarm", function!(native_signal_disarm, 1))?;
+    class.define_singleton_method("_native_signal_masked", function!(native_signal_masked, 0))?;
     class.define_singleton_method(
         "_native_handler_can_read_stacks?",
         function!(native_handler_can_read_stacks, 0),
@@ -91,9 +92,10 @@ fn native_refuse_perf_events(ruby: &Ruby, refuse: bool) -> Result<(), Error> {
 }
 
 /// `Profiler._native_signal_arm(tid)`: arms thread `tid` (a perf event on its CPU clock, or a
-/// CPU-time timer that ticks with the kernel's scheduler while the thread runs). Returns whether it is armed (false: no
-/// slot, or the kernel refused; counted in stats).
-fn native_signal_arm(ruby: &Ruby, tid: i32) -> Result<bool, Error> {
+/// CPU-time timer that ticks with the kernel's scheduler while the thread runs). Returns true
+/// if it is armed, false if not (no slot, or the kernel refused), nil if the thread blocks our
+/// signal; each counted in stats.
+fn native_signal_arm(ruby: &Ruby, tid: i32) -> Result<Option<bool>, Error> {
     entry(ruby, || Ok(signal_sampler::arm(tid)))
 }
 
@@ -103,6 +105,13 @@ fn native_signal_disarm(ruby: &Ruby, tid: i32) -> Result<(), Error> {
         signal_sampler::disarm(tid);
         Ok(())
     })
+}
+
+/// `Profiler._native_signal_masked`: the native ids of the armed threads found blocking our
+/// signal since the last call (`signal_sampler`, "Threads that block our signal"), for the
+/// profiler to disarm; nil if none.
+fn native_signal_masked(ruby: &Ruby) -> Result<Option<Vec<i32>>, Error> {
+    entry(ruby, || Ok(signal_sampler::take_masked()))
 }
 
 /// `Profiler._native_handler_can_read_stacks?`: whether the signal handler can check that a

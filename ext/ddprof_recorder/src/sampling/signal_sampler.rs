@@ -102,6 +102,23 @@
 //! event of ours (the events are bound to the parent's threads, and their descriptors are
 //! close-on-exec and `remove_on_exec`), and exec there: nothing to do.
 //!
+//! # Threads that block our signal
+//!
+//! A thread can block our signal (`pthread_sigmask`, through Fiddle or a C extension) before
+//! or after it is armed. Its ticks then wait, pending, and its handler never runs: before this
+//! version a thread that did so and burned 2 s of CPU had all of it charged to the stack of its
+//! last sample before. [`arm`] reads the thread's mask (`SigBlk` in `/proc/self/task/<tid>/status`)
+//! and does not arm a thread that blocks it; and a few times a second the trigger reads the
+//! mask of an armed thread whose CPU clock ran 30 ms past the last tick its handler took
+//! ([`watch_masks`]), which no thread that takes its ticks does (they come every period, and
+//! at each of the kernel's ticks). Either way the thread is left to the wall passes, which
+//! sample it as a thread with no slot (`ThreadSampler#unarm_masked`: its stack where a pass or
+//! its own job finds it running), it is tried again about every second, and it is counted once
+//! in `stats[:signals][:signal_blocked_threads]` and said once in the log. A tick pending when
+//! it is disarmed is of an old generation or of a closed event, and is ignored if the thread
+//! ever unblocks the signal. A thread that *ignores* the signal (`SIG_IGN`) has replaced our
+//! handler for the whole process: see "Our signal".
+//!
 //! # The handler
 //!
 //! Each armed thread has a [`Slot`]: a state, the tick's CPU clock and time, and a buffer for
@@ -204,6 +221,7 @@
 //! calls.
 //!
 //! [`Slot`]: slots::Slot
+//! [`watch_masks`]: looks::watch_masks
 //! [`drawn`]: draw::drawn
 //! [`owes`]: draw::owes
 //! [`pay`]: draw::pay
@@ -230,7 +248,7 @@ use std::sync::Mutex;
 pub use counters::COUNTERS;
 pub use draw::tick_ns;
 pub use handler::read_gc_ticks;
-pub use looks::look;
+pub use looks::{look, take_masked, watch_masks};
 pub use perf_ticks::REFUSED_FOR_TESTS as PERF_REFUSED_FOR_TESTS;
 pub use rt_signal::{signal, signal_name, BlockedHere};
 pub use samples::{drain, key, KEYS_PER_THREAD};

@@ -301,6 +301,7 @@ fn tick(
     let tid = LAST_JOB_TID.load(Ordering::Relaxed);
     let cpu_ns = if tid > 0 { cpu_time_ns(tid).unwrap_or(-1) } else { -1 };
     let at_ns = monotonic_ns();
+    crate::sampling::signal_sampler::watch_masks(at_ns);
     TICK.publish(Tick { at_ns, tid, cpu_ns });
     let period_ns = i64::try_from(period.as_nanos()).unwrap_or(i64::MAX);
     let events_now = crate::sampling::thread_end::events();

@@ -78,6 +78,7 @@ fn handle(info: *mut libc::siginfo_t) {
     }
     let now = clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0);
     let cpu = own_cpu_ns();
+    slot.heard_cpu_ns.store(cpu, Release);
     // A perf-event tick is a sample at its own rate. Beside one, a CPU timer's tick is a
     // sample when the event's fell behind the thread's CPU (`draw::owes`); alone, it is drawn.
     let taken = if perf {

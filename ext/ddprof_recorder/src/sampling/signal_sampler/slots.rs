@@ -103,6 +103,18 @@ pub(super) struct Slot {
     ///
     /// [`pay`]: super::draw::pay
     pub(super) paid_cpu_ns: AtomicI64,
+    /// The thread's CPU clock when its handler last ran for one of its ticks (or when it was
+    /// armed): far behind its clock now, its ticks do not reach it ([`watch_masks`]).
+    ///
+    /// [`watch_masks`]: super::looks::watch_masks
+    pub(super) heard_cpu_ns: AtomicI64,
+    /// The thread's CPU clock when the trigger last read its signal mask.
+    pub(super) mask_read_cpu_ns: AtomicI64,
+    /// The thread blocks our signal: found by [`watch_masks`], for the profiler to disarm it
+    /// (`Profiler._native_signal_masked`).
+    ///
+    /// [`watch_masks`]: super::looks::watch_masks
+    pub(super) masked: AtomicBool,
 }
 
 impl Slot {
@@ -122,6 +134,9 @@ impl Slot {
             random: AtomicU64::new(0),
             look_cpu_ns: AtomicI64::new(0),
             paid_cpu_ns: AtomicI64::new(0),
+            heard_cpu_ns: AtomicI64::new(0),
+            mask_read_cpu_ns: AtomicI64::new(0),
+            masked: AtomicBool::new(false),
         }
     }
 }

@@ -36,6 +36,31 @@ pub(super) static ARMING: Mutex<()> = Mutex::new(());
 /// asked for meanwhile, to arm again if the `exec` fails (None: no `exec` under way).
 static PAUSED: Mutex<Option<Vec<i32>>> = Mutex::new(None);
 
+/// The threads found blocking our signal (at [`arm`], or armed: `looks::take_masked`), each
+/// counted once in `signal_blocked_threads` however often it is tried again while it blocks
+/// it. At most [`MAX_BLOCKED`] kept.
+static BLOCKED: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+const MAX_BLOCKED: usize = 1024;
+
+/// Counts `tid` in `signal_blocked_threads` unless it is counted already.
+pub(super) fn count_blocked(tid: i32) {
+    let mut blocked = BLOCKED.lock().unwrap_or_else(|p| p.into_inner());
+    if blocked.contains(&tid) {
+        return;
+    }
+    if blocked.len() >= MAX_BLOCKED {
+        blocked.remove(0);
+    }
+    blocked.push(tid);
+    COUNTERS.blocked.fetch_add(1, Relaxed);
+}
+
+/// `tid` no longer blocks our signal (or is another thread with its id): counted again if it
+/// blocks it later.
+fn forget_blocked(tid: i32) {
+    BLOCKED.lock().unwrap_or_else(|p| p.into_inner()).retain(|&t| t != tid);
+}
+
 /// In a forked child, the slots describe the parent's timers, which the child does not have:
 /// forget them (no `timer_delete`: the ids mean nothing here). Called with [`ARMING`].
 pub(super) fn forget_if_forked() {
@@ -44,6 +69,7 @@ pub(super) fn forget_if_forked() {
         return;
     }
     KEPT.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    BLOCKED.lock().unwrap_or_else(|p| p.into_inner()).clear();
     *PAUSED.lock().unwrap_or_else(|p| p.into_inner()) = None;
     for slot in &SLOTS {
         slot.generation.fetch_add(1, AcqRel);
@@ -63,29 +89,34 @@ pub(super) fn forget_if_forked() {
 }
 
 /// Arms the thread `tid` (a thread of this process, with the GVL held): a perf event, or a
-/// CPU-time timer that expires at every scheduler tick the thread runs through. Returns false
-/// when it cannot be armed (all slots taken, or the kernel refused), which is counted; true if
-/// armed (or already, or to be armed once an `exec` under way has failed).
-pub fn arm(tid: i32) -> bool {
+/// CPU-time timer that expires at every scheduler tick the thread runs through. Returns
+/// `Some(true)` if armed (or already, or to be armed once an `exec` under way has failed),
+/// `Some(false)` when it cannot be (all slots taken, or the kernel refused), None when the
+/// thread blocks our signal; each counted.
+pub fn arm(tid: i32) -> Option<bool> {
     let _arming = ARMING.lock().unwrap_or_else(|p| p.into_inner());
     forget_if_forked();
     if let Some(paused) = PAUSED.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
         paused.push(tid);
-        return true;
+        return Some(true);
     }
     if used_slots().iter().any(|s| s.state.load(Acquire) != FREE && s.tid.load(Acquire) == tid) {
-        return true;
+        return Some(true);
     }
+    // A thread that blocks our signal would take none of its ticks: it is left to the passes
+    // (`signal_sampler`, "Threads that block our signal").
+    if blocks_signal(tid, SIGNO.load(Acquire)) {
+        count_blocked(tid);
+        return None;
+    }
+    forget_blocked(tid);
     let armed = arm_locked(tid);
     if armed {
         COUNTERS.armed_peak.fetch_max(self::armed() as u64, Relaxed);
-        if blocks_signal(tid, SIGNO.load(Acquire)) {
-            COUNTERS.blocked.fetch_add(1, Relaxed);
-        }
     } else {
         COUNTERS.arm_failures.fetch_add(1, Relaxed);
     }
-    armed
+    Some(armed)
 }
 
 fn arm_locked(tid: i32) -> bool {
@@ -116,6 +147,9 @@ fn arm_locked(tid: i32) -> bool {
     // The trigger's first look can then tell whether the thread runs.
     let cpu_now = clock_ns(cpu_clock_id(tid)).unwrap_or(0);
     slot.look_cpu_ns.store(cpu_now, Release);
+    slot.heard_cpu_ns.store(cpu_now, Release);
+    slot.mask_read_cpu_ns.store(cpu_now, Release);
+    slot.masked.store(false, Release);
     // Its samples pay for its CPU from now (`draw::pay`).
     slot.paid_cpu_ns.store(cpu_now.saturating_add(period_ns()), Release);
     // With perf events, the CPU timer too: it makes up for the CPU the thread uses in the
