@@ -34,13 +34,17 @@ require "shellwords"
 
 # rspec runs, and their summary lines, for the list at the end.
 module SpecRuns
-  Run = Struct.new(:label, :summary, :seconds, :ok, :failed)
+  Run = Struct.new(:label, :summary, :seconds, :ok, :failed, :details)
   # The line RSpec ends with: "601 examples, 0 failures, 2 pending" (", N errors occurred
   # outside of examples" when a file did not load).
   SUMMARY = /^\d+ examples?, \d+ failures?.*$/
   # A line of RSpec's list of failed examples: "rspec ./spec/x_spec.rb:12 # what it does", or
   # "rspec './spec/x_spec.rb[1:2:3]' # ..." for an example that its line does not tell apart.
   FAILED = %r{^rspec '?\./spec/\S+ # .*$}
+  # RSpec's account of its failures: from "Failures:" to the timing that follows them.
+  DETAILS = /^Failures:\n(.*?)(?=^(?:Top \d+ slowest|Finished in ))/m
+  # The report keeps this much of each run's failures (the end of the log is read first).
+  MAX_DETAILS = 6000
 
   @runs = []
 
@@ -63,6 +67,7 @@ module SpecRuns
       puts "==> #{label}: #{command.shelljoin}"
       started = now
       tail = +""
+      output = +""
       summary = nil
       failed = []
       IO.popen(env, command, err: %i[child out]) do |io|
@@ -70,6 +75,7 @@ module SpecRuns
           chunk = io.readpartial(65_536) # as it comes: RSpec's progress dots end no line
           $stdout.write(chunk)
           $stdout.flush
+          output << chunk
           # The summary line is followed by the list of failed examples: keep it when it passes.
           seen = tail + chunk
           summary = seen.scan(SUMMARY).last || summary
@@ -81,7 +87,8 @@ module SpecRuns
       end
       status = $?
       summary ||= "no summary line (#{status})"
-      @runs << Run.new(label, summary, now - started, status.success?, failed)
+      details = failed.empty? ? nil : output.scrub[DETAILS, 1]&.then { |text| text[0, MAX_DETAILS] }
+      @runs << Run.new(label, summary, now - started, status.success?, failed, details)
       puts "#{label}: #{summary}"
       status.success?
     end
@@ -97,13 +104,18 @@ module SpecRuns
     end
 
     # Every run so far, one line each: label, summary, time; and under it, its failed
-    # examples (the end of a CI log is sometimes all there is to read).
+    # examples; then what RSpec said of each failure, up to MAX_DETAILS characters a run (the
+    # end of a CI log is sometimes all there is to read).
     def report
       width = @runs.map { |run| run.label.size }.max
-      @runs.flat_map do |run|
+      lines = @runs.flat_map do |run|
         [format("%-#{width}s  %s (%s)", "#{run.label}:", run.summary, duration(run.seconds)),
          *run.failed.map { |line| "  #{line}" }]
       end
+      @runs.select(&:details).each do |run|
+        lines << "" << "==> #{run.label}: failures" << run.details.rstrip
+      end
+      lines
     end
   end
 end

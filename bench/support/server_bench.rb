@@ -61,15 +61,18 @@ module BenchServer
       group = nil if exited
       result
     ensure
-      if group
-        begin
-          Process.kill("KILL", -group)
-        rescue Errno::ESRCH
-          nil
-        end
-        Process.wait(group) rescue nil # rubocop:disable Style/RescueModifier
-      end
+      kill_group(group) if group
     end
+  end
+
+  # Kills process group `group` (a child spawned with `pgroup: true`) and reaps its leader.
+  def kill_group(group)
+    begin
+      Process.kill("KILL", -group)
+    rescue Errno::ESRCH
+      nil
+    end
+    Process.wait(group) rescue nil # rubocop:disable Style/RescueModifier
   end
 
   # Requests per second of a wrk report ("Requests/sec: 123.4"), 0.0 if it has none.

@@ -43,22 +43,28 @@ RSpec.describe DdprofRecorder::Profiler, "with Ractors" do
     expect(err).to include("profiler: allocation sampling stopped: a Ractor started")
   end
 
-  it "refuses to start allocation sampling while a Ractor runs, and profiles stacks as usual" do
+  # A child that starts a profiler with `options` while a Ractor waits, prints the error or
+  # "started", runs `after` (Ruby source) and lets the Ractor end; its output.
+  def start_beside_a_ractor(options, after: "")
     script = <<~RUBY
       r = Ractor.new { Ractor.receive }
       begin
-        DdprofRecorder::Profiler.new(allocations: true).start
+        DdprofRecorder::Profiler.new(#{options}).start
         puts "started"
       rescue DdprofRecorder::Error => e
         puts e.message
       end
-      DdprofRecorder::Profiler.new.start.stop
+      #{after}
       r.send(1)
       r.take
-      puts "done"
     RUBY
-    out, err, status = ruby("-I", lib, "-rddprof_recorder", "-e", script)
+    out, err, status = ruby("-I", File.expand_path("../../lib", __dir__), "-rddprof_recorder", "-e", script)
     expect(status).to be_success, err
+    out
+  end
+
+  it "refuses to start allocation sampling while a Ractor runs, and profiles stacks as usual" do
+    out = start_beside_a_ractor("allocations: true", after: "DdprofRecorder::Profiler.new.start.stop; puts :done")
     expect(out).to eq("allocation sampling cannot start while a Ractor other than the main one runs: " \
                       "Ruby's allocation hooks are not safe with Ractors; start without allocations: and heap:\ndone\n")
   end
@@ -92,19 +98,7 @@ RSpec.describe DdprofRecorder::Profiler, "with Ractors" do
   end
 
   it "refuses to start GC time while a Ractor runs" do
-    script = <<~RUBY
-      r = Ractor.new { Ractor.receive }
-      begin
-        DdprofRecorder::Profiler.new(gc: true).start
-        puts "started"
-      rescue DdprofRecorder::Error => e
-        puts e.message
-      end
-      r.send(1)
-      r.take
-    RUBY
-    out, err, status = ruby("-I", lib, "-rddprof_recorder", "-e", script)
-    expect(status).to be_success, err
+    out = start_beside_a_ractor("gc: true")
     expect(out).to eq("GC time cannot be measured while a Ractor other than the main one runs: " \
                       "Ruby's GC-event hooks are not safe with Ractors; start without gc:\n")
   end

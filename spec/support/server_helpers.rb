@@ -4,6 +4,8 @@ require "net/http"
 require "rbconfig"
 require "socket"
 
+require_relative "../../bench/support/server_bench"
+
 # Recording real servers (spec/integration/servers_spec.rb, rails_spec.rb): `ddprof-recorder
 # record -- <server>` in a process group of its own, loaded by wrk, stopped by a signal to its
 # master, and the files it wrote. The including spec gives @dir, a temporary directory.
@@ -13,16 +15,9 @@ module ServerHelpers
   BOOT_TIMEOUT = 20
   STOP_TIMEOUT = 20
 
-  def free_port
-    server = TCPServer.new("127.0.0.1", 0)
-    server.addr[1]
-  ensure
-    server&.close
-  end
+  def free_port = BenchServer.free_port
 
-  def now
-    Process.clock_gettime(Process::CLOCK_MONOTONIC)
-  end
+  def now = BenchServer.now
 
   # The server's output (record's too), so far.
   def server_log
@@ -64,14 +59,7 @@ module ServerHelpers
     files = { nil => out }.merge(children.to_h { |pid| [pid, File.join(@dir, "#{name}.pid#{pid}.pb.gz")] })
     [server_log, status.exitstatus, files.select { |_, f| File.file?(f) }]
   ensure
-    if group
-      begin
-        Process.kill("KILL", -group)
-      rescue Errno::ESRCH
-        nil
-      end
-      Process.wait(group)
-    end
+    BenchServer.kill_group(group) if group
   end
 
   # Loads the server with one wrk per path, all at once, for `seconds` (`wrk_args`: more of

@@ -77,18 +77,7 @@ struct OwnerEx {
 ///
 /// The `errno` of the call the kernel refused.
 pub(super) fn open(tid: i32, hz: u32, signo: i32) -> Result<i32, std::io::Error> {
-    let mut attr = Attr {
-        kind: PERF_TYPE_SOFTWARE,
-        size: std::mem::size_of::<Attr>() as u32,
-        config: PERF_COUNT_SW_CPU_CLOCK,
-        sample_period: 1_000_000_000 / u64::from(hz.max(1)),
-        sample_type: 0,
-        read_format: 0,
-        flags: DISABLED | EXCLUDE_KERNEL | EXCLUDE_HV | REMOVE_ON_EXEC,
-        wakeup_events: 1,
-        bp_type: 0,
-        config1: 0,
-    };
+    let mut attr = cpu_clock_attr(hz, DISABLED | EXCLUDE_KERNEL | EXCLUDE_HV | REMOVE_ON_EXEC);
     let mut fd = open_attr(&attr, tid);
     if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
         attr.flags &= !REMOVE_ON_EXEC; // before Linux 5.13
@@ -111,6 +100,22 @@ pub(super) fn open(tid: i32, hz: u32, signo: i32) -> Result<i32, std::io::Error>
         return Err(e);
     }
     Ok(fd)
+}
+
+/// The software cpu-clock event that overflows every `1e9 / hz` ns, with `flags`.
+fn cpu_clock_attr(hz: u32, flags: u64) -> Attr {
+    Attr {
+        kind: PERF_TYPE_SOFTWARE,
+        size: std::mem::size_of::<Attr>() as u32,
+        config: PERF_COUNT_SW_CPU_CLOCK,
+        sample_period: 1_000_000_000 / u64::from(hz.max(1)),
+        sample_type: 0,
+        read_format: 0,
+        flags,
+        wakeup_events: 1,
+        bp_type: 0,
+        config1: 0,
+    }
 }
 
 fn open_attr(attr: &Attr, tid: i32) -> i32 {
@@ -162,19 +167,7 @@ pub(super) fn probe(hz: u32) -> Result<(), String> {
     }
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
-    let attr = Attr {
-        kind: PERF_TYPE_SOFTWARE,
-        size: std::mem::size_of::<Attr>() as u32,
-        config: PERF_COUNT_SW_CPU_CLOCK,
-        sample_period: 1_000_000_000 / u64::from(hz.max(1)),
-        sample_type: 0,
-        read_format: 0,
-        flags: DISABLED | EXCLUDE_KERNEL | EXCLUDE_HV,
-        wakeup_events: 1,
-        bp_type: 0,
-        config1: 0,
-    };
-    let fd = open_attr(&attr, tid);
+    let fd = open_attr(&cpu_clock_attr(hz, DISABLED | EXCLUDE_KERNEL | EXCLUDE_HV), tid);
     if fd < 0 {
         let e = std::io::Error::last_os_error();
         let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
