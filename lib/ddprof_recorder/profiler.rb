@@ -142,8 +142,10 @@ module DdprofRecorder
     # A profile comment that starts with this says what became of the sampling signal when the
     # program took it ({#keep_signal}).
     SIGNAL_COMMENT = "signal: "
-    # One that says how many threads blocked it ({#note_blocked_threads}).
+    # Those that say how many threads blocked it, and how many had no slot
+    # ({#note_unarmed_threads}).
     BLOCKED_COMMENT = "signal blocked: "
+    NO_SLOT_COMMENT = "signal slots: "
     # How often the sampler thread looks at the log and the windows while jobs run.
     HOUSEKEEPING_SECONDS = 0.1
 
@@ -525,7 +527,7 @@ module DdprofRecorder
         return nil unless Process.pid == @pid
 
         keep_signal # a trap of our signal since the sampler thread's last look goes into the profile
-        note_blocked_threads
+        note_unarmed_threads
         Profiler._native_sampling_stop(self)
         Profiler._native_gvl_stop if @gvl
         stop_memory
@@ -846,7 +848,7 @@ module DdprofRecorder
         last_job = @sampler.last_job_ns
         @sampler.pass(now) if woken && (last_job.nil? || now - last_job > JOBLESS_TICKS * period_ns)
         keep_signal
-        note_blocked_threads
+        note_unarmed_threads
         cut_window if @next_window_ns && now >= @next_window_ns
         @sampler.write_log
         give_up if @sampler.gave_up?
@@ -881,18 +883,31 @@ module DdprofRecorder
       @recorder.comments = @comments
     end
 
-    # The threads that block our signal (ThreadSampler#blocks_signal, sampled at the passes
-    # instead), in the profile's comments once their count changes: `record`'s summary shows
-    # it under its `sampling` line.
-    def note_blocked_threads
-      blocked = @sampler.counts[:signal_blocked_threads]
-      return if blocked.zero? || blocked == @blocked_noted
+    # The threads that block our signal (ThreadSampler#blocks_signal) and those that got no
+    # slot (ThreadSampler#no_slot), sampled at the passes instead: in the profile's comments
+    # once their counts change. `record`'s summary shows them under its `sampling` line.
+    def note_unarmed_threads
+      counts = @sampler.counts
+      noted = [counts[:signal_blocked_threads], counts[:signal_unarmed_threads]]
+      return if noted == [0, 0] || noted == @unarmed_noted
 
-      @blocked_noted = blocked
-      text = "#{BLOCKED_COMMENT}#{blocked} thread#{'s' if blocked > 1} blocked the profiler's signal: " \
-             "sampled at the wall passes and their own jobs instead"
-      @comments = @comments.reject { |c| c.start_with?(BLOCKED_COMMENT) } + [text]
+      @unarmed_noted = noted
+      blocked, no_slot = noted
+      texts = []
+      if blocked.positive?
+        texts << "#{BLOCKED_COMMENT}#{threads_text(blocked)} blocked the profiler's signal: " \
+                 "sampled at the wall passes and their own jobs instead"
+      end
+      if no_slot.positive?
+        texts << "#{NO_SLOT_COMMENT}#{threads_text(no_slot)} had none (#{SIGNAL_SLOTS} threads at most are " \
+                 "sampled at their CPU ticks): sampled at the wall passes and their own jobs instead"
+      end
+      @comments = @comments.reject { |c| c.start_with?(BLOCKED_COMMENT, NO_SLOT_COMMENT) } + texts
       @recorder.comments = @comments
+    end
+
+    def threads_text(count)
+      "#{count} thread#{'s' if count > 1}"
     end
 
     def give_up
@@ -922,7 +937,7 @@ module DdprofRecorder
       @sampler.start_signals(1_000_000_000 / @hz) unless @sampling_mode == :off
       signals = Profiler._native_sampling_stats[:signals]
       @ticks_used = signals[:ticks]
-      @signal_taken = @blocked_noted = nil
+      @signal_taken = @unarmed_noted = nil
       @comments = [sampling_comment(signals)]
       @recorder.comments = @comments
     end

@@ -327,9 +327,10 @@ RSpec.describe DdprofRecorder::Profiler::ThreadSampler do
       queued << [other, tid, 2_501_000, clock.now_ns] # 0.5 ms more before its end
       sampler.pass(clock.now_ns += 10_000_000, except: Thread.current)
       ended = mine(profile_samples, other)
-      # Its last stack (it was never seen on the CPU), as CPU without a sample.
+      # Never seen on the CPU: not on Thread::Queue#pop, where its passes found it waiting and
+      # it spent none, but on (CPU not sampled), as CPU without a sample.
       expect(ended.map { |s| [s[:frames].first.first, s[:values]] })
-        .to eq([["Thread::Queue#pop", { "cpu-time" => 2_500_000, "cpu-samples" => 0, "wall-time" => 0 }]])
+        .to eq([["(CPU not sampled)", { "cpu-time" => 2_500_000, "cpu-samples" => 0, "wall-time" => 0 }]])
       sampler.flush
       expect(mine(profile_samples, other)).to be_empty
     end

@@ -60,6 +60,7 @@ RSpec.describe DdprofRecorder::Profiler, "thread states" do
     expect(dated.map { |s| s[:labels]["thread state"] }.uniq - STATES).to eq([])
     by_thread = dated.group_by { |s| s[:labels]["thread name"] }
     truth.each_key do |name|
+      expect(by_thread).to include(name), "no dated sample of #{name}: #{by_thread.transform_values(&:size)}"
       states = by_thread.fetch(name).map { |s| s[:labels]["thread state"] }
       # Busy threads run and wait their turn. Without GVL events (3.1) a wait comes from the
       # thread's status, which the thread itself cannot read: the idle passes its own job
@@ -79,8 +80,11 @@ RSpec.describe DdprofRecorder::Profiler, "thread states" do
     truth.each_key do |name|
       t = threads.find { |x| x[:name] == name }
       mine = samples.select { |s| s[:labels]["thread name"] == name }
-      expect(t[:wall]).to eq(mine.sum { |s| s[:values]["wall-time"] })
-      expect(t[:running] + t[:gc] + t[:blocked] + (t[:waiting] || 0)).to be_within(t[:wall] / 50).of(t[:wall])
+      shown = "#{name}: #{t.inspect}, truth #{truth[name].inspect}, #{mine.size} samples"
+      expect(t[:wall]).to eq(mine.sum { |s| s[:values]["wall-time"] }), shown
+      # Blocked is what the wall time leaves: the sum is off only if cpu-time and gc (and
+      # waiting) exceed the wall time.
+      expect(t[:running] + t[:gc] + t[:blocked] + (t[:waiting] || 0)).to be_within(t[:wall] / 50).of(t[:wall]), shown
       expect(t[:waiting].nil?).to be(!described_class::GVL_EVENTS)
     end
   end

@@ -24,11 +24,11 @@ module DdprofRecorder
       # sets it, through StackRecorder#comments=); the summary's `sampling` line shows the rest.
       SAMPLING_COMMENT = "sampling: "
       # Those that say allocation sampling or GC time stopped early (Profiler::RactorGuard), or
-      # what became of the sampling signal when the program took it (Profiler#keep_signal) or
-      # how many threads blocked it (Profiler#note_blocked_threads): shown whole, under the
-      # `sampling` line.
+      # what became of the sampling signal when the program took it (Profiler#keep_signal), or
+      # how many threads blocked it or had no slot (Profiler#note_unarmed_threads): shown
+      # whole, under the `sampling` line.
       STOPPED_COMMENTS = ["allocations: stopped", "gc: stopped", Profiler::SIGNAL_COMMENT,
-                          Profiler::BLOCKED_COMMENT].freeze
+                          Profiler::BLOCKED_COMMENT, Profiler::NO_SLOT_COMMENT].freeze
 
       # @param options [Record::Options] what `record` was asked.
       # @param status [Process::Status] how the program ended.

@@ -89,6 +89,11 @@ module DdprofRecorder
       # that ended with an exception or was killed (its end hook did not fire) before any pass
       # saw it.
       UNSAMPLED_STACK = [["(unsampled thread)", "", 0].freeze].freeze
+      # Where the CPU of a thread that had no on-CPU sample goes: not to the stack a pass found
+      # it waiting on, where it spent none (a thread that waited on a Queue, then burned 10 ms
+      # and ended, at 99 Hz: its CPU was on Thread::Queue#pop). A thread that uses less than
+      # a period of CPU in all is sampled with a chance in proportion to it.
+      CPU_NOT_SAMPLED_STACK = [["(CPU not sampled)", "", 0].freeze].freeze
       # The GC's phases and kinds, in the order Profiler._native_take_gc gives their times.
       GC_BUCKETS = [["(marking)", "minor"], ["(marking)", "major"], ["(sweeping)", "minor"],
                     ["(sweeping)", "major"]].map do |phase, kind|
@@ -135,7 +140,8 @@ module DdprofRecorder
       #   `:errors`, `:thread_ends` (threads accounted at their end hook), `:thread_exits` (native threads
       #   accounted at their exit), `:thread_end_cpu_ns` (CPU charged there),
       #   `:unsampled_thread_cpu_ns` (of which on `(unsampled thread)`), `:signal_blocked_threads`
-      #   (threads found blocking our signal, see #blocks_signal).
+      #   (threads found blocking our signal, see #blocks_signal), `:signal_unarmed_threads`
+      #   (threads that got no slot, see #no_slot).
       attr_reader :counts
       # @return [Integer, nil] monotonic ns of the latest job, nil before the first.
       attr_reader :last_job_ns
@@ -185,7 +191,8 @@ module DdprofRecorder
         @scan_seen = []
         @counts = { passes: 0, samples: 0, on_cpu_samples: 0, signal_samples: 0, carried_cpu_samples: 0,
                     job_cpu_ns: 0, start_cpu_ns: 0, errors: 0, thread_ends: 0, thread_exits: 0,
-                    thread_end_cpu_ns: 0, unsampled_thread_cpu_ns: 0, signal_blocked_threads: 0 }
+                    thread_end_cpu_ns: 0, unsampled_thread_cpu_ns: 0, signal_blocked_threads: 0,
+                    signal_unarmed_threads: 0 }
         # `[native id, CPU clock]` of the thread that started the profiler: its ticks and jobs
         # before that clock reading were inside Profiler#start (nil while it is under way);
         # and of the thread stopping it, after which they are inside Profiler#stop.
@@ -488,6 +495,7 @@ module DdprofRecorder
         armed = Profiler._native_signal_arm(tid)
         # No slot: its passes sample it. It blocks our signal: so too, and it is tried again.
         blocks_signal(state, tid) if armed.nil?
+        no_slot(state) if armed == false
         return unless armed
 
         @unarmed&.delete(state)
@@ -524,6 +532,16 @@ module DdprofRecorder
 
         @messages << [:warn, "profiler: thread #{display_name(state.thread).inspect} (#{tid}) blocks the profiler's signal: " \
                              "it is sampled at the wall passes instead (stats[:signals][:signal_blocked_threads])"]
+      end
+
+      # A thread that got no slot (Profiler::SIGNAL_SLOTS are armed already, or the kernel
+      # refused its ticks): sampled at the passes. Counted once (`:signal_unarmed_threads`).
+      def no_slot(state)
+        no_slot = (@no_slot ||= {}.compare_by_identity)
+        return if no_slot.key?(state)
+
+        no_slot[state] = true
+        @counts[:signal_unarmed_threads] += 1
       end
 
       # The threads that could not be armed, tried again (a slot came free; the signal unblocked).
@@ -1012,7 +1030,11 @@ module DdprofRecorder
         # of a caller stopping the profiler is not.
         stack = state.on_cpu_locations if no_stack?(stack) || (state.armed && state.on_cpu_locations)
         # The current thread is in the profiler (stopping it, or closing a window).
-        stack ||= thread.alive? && !thread.equal?(Thread.current) ? FrameNames.thread_stack(thread) : nil
+        other = thread.alive? && !thread.equal?(Thread.current)
+        # Never sampled on a CPU: its stack now if it is runnable (preempted where it ran),
+        # else not where it waits.
+        stack = other && thread.status == "run" ? nil : CPU_NOT_SAMPLED_STACK if no_stack?(stack) && carried.positive?
+        stack ||= other ? FrameNames.thread_stack(thread) : nil
         stack = state.locations if no_stack?(stack)
         return if no_stack?(stack)
 
@@ -1117,7 +1139,8 @@ module DdprofRecorder
 
       # `thread` ended on native thread `tid`, whose CPU clock read `cpu_ns` then: the CPU
       # since its last charge goes to its last on-CPU stack (a fair draw of where its CPU went,
-      # as in #flush_thread), else its last stack, else (a thread no pass saw) THREAD_EXIT_STACK,
+      # as in #flush_thread), else (seen waiting only) CPU_NOT_SAMPLED_STACK, its wall time to
+      # its last stack, else (a thread no pass saw) THREAD_EXIT_STACK,
       # as a sample with `cpu-samples` 0 (and so no wall time). A thread no pass saw is charged
       # from its native thread's birth (the account is per native thread: see #baseline). Its
       # state goes.
@@ -1142,12 +1165,20 @@ module DdprofRecorder
         # #flush_wall for a live thread's).
         tail = state && at_ns ? [at_ns - state.wall_ns, 0].max : 0
         if carried.positive? || waited.positive? || tail.positive?
-          stack = state&.on_cpu_locations
-          stack = state&.locations if no_stack?(stack)
-          stack = THREAD_EXIT_STACK if no_stack?(stack)
-          carried_values = values(carried, 0, tail, waited)
           dated = timed(labels, at_ns || @clock.now_ns, RUNNING)
-          record_stack(stack, carried_values, dated) || record_stack(THREAD_EXIT_STACK, carried_values, dated)
+          stack = state&.on_cpu_locations
+          cpu = carried
+          if no_stack?(stack) && !no_stack?(state&.locations)
+            # Seen waiting only: its wall time and waits go there, its CPU does not.
+            record_stack(CPU_NOT_SAMPLED_STACK, values(carried, 0, 0), dated) if carried.positive?
+            cpu = 0
+            stack = state.locations
+          end
+          stack = THREAD_EXIT_STACK if no_stack?(stack)
+          if cpu.positive? || waited.positive? || tail.positive?
+            carried_values = values(cpu, 0, tail, waited)
+            record_stack(stack, carried_values, dated) || record_stack(THREAD_EXIT_STACK, carried_values, dated)
+          end
           charged_up_to(tid, cpu_ns)
           @counts[:thread_end_cpu_ns] += carried
         end
@@ -1180,7 +1211,7 @@ module DdprofRecorder
         return record_stack(THREAD_EXIT_STACK, values(carried, 0, 0), timed(ended[0], now_ns, RUNNING)) if ended
 
         thread, state = @threads.find { |t, s| s.native_id == tid && !t.alive? }
-        stack = state && (no_stack?(state.on_cpu_locations) ? state.locations : state.on_cpu_locations)
+        stack = state && (no_stack?(state.on_cpu_locations) ? CPU_NOT_SAMPLED_STACK : state.on_cpu_locations)
         if no_stack?(stack)
           stack = UNSAMPLED_STACK
           @counts[:unsampled_thread_cpu_ns] += carried

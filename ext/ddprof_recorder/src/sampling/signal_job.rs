@@ -46,6 +46,8 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_refuse_perf_events",
         function!(native_refuse_perf_events, 1),
     )?;
+    // The most threads armed at once (`signal_sampler::slots`).
+    class.const_set("SIGNAL_SLOTS", signal_sampler::MAX_SLOTS)?;
     // Whether the handler reads stacks with YJIT on, on this Ruby (see `vm`).
     class.const_set("HANDLER_READS_UNDER_YJIT", crate::vm::HANDLER_READS_UNDER_YJIT)?;
     // Whether a tick inside the GC is read at the GC step's end on this Ruby (see `gc_ticks`).

@@ -252,7 +252,7 @@ pub use looks::{look, take_masked, watch_masks};
 pub use perf_ticks::REFUSED_FOR_TESTS as PERF_REFUSED_FOR_TESTS;
 pub use rt_signal::{signal, signal_name, BlockedHere};
 pub use samples::{drain, key, KEYS_PER_THREAD};
-pub use slots::{armed, set_in_job, SlotsRoot, BATCH};
+pub use slots::{armed, set_in_job, SlotsRoot, BATCH, MAX_SLOTS};
 pub use timers::{arm, disarm};
 
 use rt_signal::install;

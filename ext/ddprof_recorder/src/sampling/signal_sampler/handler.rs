@@ -8,8 +8,8 @@ use std::sync::atomic::{
 };
 
 use super::counters::COUNTERS;
-use super::draw::{drawn, owes, pay};
-use super::perf_ticks::refresh;
+use super::draw::{drawn, owes, pay, period_ns};
+use super::perf_ticks::{refresh, set_period};
 use super::rt_signal::{poll_fd, INDEX_MASK};
 use super::slots::{
     used_slots, BATCH, DEPTH, EMPTY, FREE, FULL, READ_AT_GC_EXIT, READ_AT_JOB, SLOTS, WRITING,
@@ -64,7 +64,11 @@ fn handle(info: *mut libc::siginfo_t) {
             COUNTERS.stale.fetch_add(1, Relaxed);
             return;
         };
-        // Enabled again for one overflow (`perf_ticks`): first, whatever becomes of this one.
+        // After its first overflow, its whole period (`timers::arm`); then enabled again for
+        // one overflow (`perf_ticks`): first, whatever becomes of this one.
+        if !slot.perf_phased.swap(true, AcqRel) {
+            set_period(fd, period_ns() as u64);
+        }
         refresh(fd);
         COUNTERS.perf_ticks.fetch_add(1, Relaxed);
         (slot, true)

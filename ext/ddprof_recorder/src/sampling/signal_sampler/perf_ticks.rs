@@ -44,6 +44,8 @@ const REMOVE_ON_EXEC: u64 = 1 << 36;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 /// `_IO('$', 2)`: adds to the event's overflow limit and enables it.
 const PERF_EVENT_IOC_REFRESH: libc::c_ulong = 0x2402;
+/// `_IOW('$', 4, __u64)`.
+const PERF_EVENT_IOC_PERIOD: libc::c_ulong = 0x4008_2404;
 /// `fcntl` commands and `f_owner_ex` types (Linux's `include/uapi/asm-generic/fcntl.h`).
 const F_SETSIG: libc::c_int = 10;
 const F_SETOWN_EX: libc::c_int = 15;
@@ -70,14 +72,15 @@ struct OwnerEx {
     pid: libc::pid_t,
 }
 
-/// Opens the event for thread `tid` of this process, its overflows every `1e9 / hz` ns of the
-/// thread's user-mode CPU signalling `signo` to it; disabled until the first [`refresh`].
+/// Opens the event for thread `tid` of this process, its first overflow after `first_ns` of
+/// the thread's user-mode CPU signalling `signo` to it (the handler then sets the period,
+/// [`set_period`]); disabled until the first [`refresh`].
 ///
 /// # Errors
 ///
 /// The `errno` of the call the kernel refused.
-pub(super) fn open(tid: i32, hz: u32, signo: i32) -> Result<i32, std::io::Error> {
-    let mut attr = cpu_clock_attr(hz, DISABLED | EXCLUDE_KERNEL | EXCLUDE_HV | REMOVE_ON_EXEC);
+pub(super) fn open(tid: i32, first_ns: u64, signo: i32) -> Result<i32, std::io::Error> {
+    let mut attr = cpu_clock_attr(first_ns, DISABLED | EXCLUDE_KERNEL | EXCLUDE_HV | REMOVE_ON_EXEC);
     let mut fd = open_attr(&attr, tid);
     if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
         attr.flags &= !REMOVE_ON_EXEC; // before Linux 5.13
@@ -102,13 +105,13 @@ pub(super) fn open(tid: i32, hz: u32, signo: i32) -> Result<i32, std::io::Error>
     Ok(fd)
 }
 
-/// The software cpu-clock event that overflows every `1e9 / hz` ns, with `flags`.
-fn cpu_clock_attr(hz: u32, flags: u64) -> Attr {
+/// The software cpu-clock event that overflows every `period_ns`, with `flags`.
+fn cpu_clock_attr(period_ns: u64, flags: u64) -> Attr {
     Attr {
         kind: PERF_TYPE_SOFTWARE,
         size: std::mem::size_of::<Attr>() as u32,
         config: PERF_COUNT_SW_CPU_CLOCK,
-        sample_period: 1_000_000_000 / u64::from(hz.max(1)),
+        sample_period: period_ns.max(1),
         sample_type: 0,
         read_format: 0,
         flags,
@@ -140,6 +143,15 @@ pub(super) fn refresh(fd: i32) {
     unsafe { libc::ioctl(fd, PERF_EVENT_IOC_REFRESH, 1) };
 }
 
+/// Sets the event's period to `period_ns` of CPU, from now (Linux 3.14 on; before, from its
+/// next overflow). Async-signal-safe (one `ioctl`).
+pub(super) fn set_period(fd: i32, period_ns: u64) {
+    let period = period_ns.max(1);
+    // SAFETY: an ioctl that reads one u64 from a live local; a stale descriptor fails
+    // harmlessly.
+    unsafe { libc::ioctl(fd, PERF_EVENT_IOC_PERIOD, &period as *const u64) };
+}
+
 /// Points the event's signal at `signo` (the signal moved, `signal_sampler`, "Our signal").
 pub(super) fn retarget(fd: i32, signo: i32) -> bool {
     // SAFETY: fcntl on a descriptor number with an integer argument.
@@ -167,7 +179,8 @@ pub(super) fn probe(hz: u32) -> Result<(), String> {
     }
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
-    let fd = open_attr(&cpu_clock_attr(hz, DISABLED | EXCLUDE_KERNEL | EXCLUDE_HV), tid);
+    let period_ns = 1_000_000_000 / u64::from(hz.max(1));
+    let fd = open_attr(&cpu_clock_attr(period_ns, DISABLED | EXCLUDE_KERNEL | EXCLUDE_HV), tid);
     if fd < 0 {
         let e = std::io::Error::last_os_error();
         let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")

@@ -11,8 +11,11 @@ use magnus::{gc, rb_sys::FromRawValue, DataTypeFunctions, TypedData, Value};
 /// [`Slot::timer`] when the slot has no timer.
 pub(super) const NO_TIMER: usize = usize::MAX;
 
-/// Most threads armed at once; past it, a thread is sampled at safepoints (counted).
-const MAX_SLOTS: usize = 256;
+/// Most threads armed at once; past it, a thread is sampled at the passes and its own jobs
+/// (counted, and said in the profile: `Profiler#note_unarmed_threads`). Each armed thread's
+/// slot holds [`BATCH`] buffers of [`DEPTH`] frames and lines, 64 KiB, kept for the process's
+/// life: 16 MiB at most.
+pub const MAX_SLOTS: usize = 256;
 /// Deepest stack read in the handler (the root-most frames of deeper ones are left out).
 pub(super) const DEPTH: usize = 1024;
 
@@ -81,6 +84,9 @@ pub(super) struct Slot {
     pub(super) timer: AtomicUsize,
     /// The descriptor of its perf event (`perf_ticks`), or -1.
     pub(super) perf_fd: AtomicI32,
+    /// Its perf event overflowed once, and has its whole period since: the first overflow
+    /// comes after a random part of one (`timers::arm`).
+    pub(super) perf_phased: AtomicBool,
     /// Its samples, written in turn: the handler writes `buffers[written % BATCH]`, the job
     /// reads `buffers[read % BATCH]` (both with the GVL, so never at once; each buffer's state
     /// keeps them apart all the same).
@@ -125,6 +131,7 @@ impl Slot {
             tid: AtomicI32::new(0),
             timer: AtomicUsize::new(NO_TIMER),
             perf_fd: AtomicI32::new(-1),
+            perf_phased: AtomicBool::new(false),
             buffers: [const { Buffer::new() }; BATCH],
             written: AtomicU32::new(0),
             read: AtomicU32::new(0),

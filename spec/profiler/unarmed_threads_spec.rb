@@ -4,11 +4,13 @@ require "json"
 require "open3"
 require "rbconfig"
 
-# A thread that blocks our signal (signal_sampler.rs, "Threads that block our signal") takes no
-# tick: it is left to the wall passes, counted and said, and its CPU goes to its own stacks.
-# Before, a thread that blocked it once armed and burned 2 s had all of it charged to the stack
-# of its last sample before (`burn`, not `blocked_burn`), and `signal_blocked_threads` said 0.
-RSpec.describe DdprofRecorder::Profiler, "a thread that blocks our signal" do
+# Threads with no ticks of their own, left to the wall passes and their own jobs: those that
+# block our signal (signal_sampler.rs, "Threads that block our signal"), and those past the
+# slots (Profiler::SIGNAL_SLOTS). Each is counted and said, and its CPU goes to its own stacks.
+# Before, a thread that blocked it once armed and burned 1.5 s had all of it charged to the
+# stack of its last sample before (`burn`, not `blocked_burn`), `signal_blocked_threads` said 0,
+# and nothing in the profile said that threads had no slot.
+RSpec.describe DdprofRecorder::Profiler, "threads with no ticks" do
   lib = File.expand_path("../../lib", __dir__)
 
   # ARGV: "after" (the thread blocks the signal once armed) or "before" (it blocks every
@@ -79,6 +81,49 @@ RSpec.describe DdprofRecorder::Profiler, "a thread that blocks our signal" do
     names.to_h do |name|
       [name, samples.select { |s| s[:frames].any? { |f| f[0].end_with?(name) } }.sum { |s| s[:values]["cpu-time"] }]
     end
+  end
+
+  # 300 threads (past the 256 slots) and main each burn 30 ms of CPU, all alive at once.
+  many_threads = <<~'RUBY'
+    require "json"
+    require "tmpdir"
+    require "ddprof_recorder"
+    def burn(seconds)
+      from = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+      x = 0
+      x += 1 while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) - from < seconds
+    end
+    profiler = DdprofRecorder::Profiler.new(hz: 99, compression: :none)
+    profiler.start
+    go = Queue.new
+    cpu = {}
+    threads = Array.new(300) do
+      Thread.new do
+        go.pop
+        burn(0.03)
+        cpu[Thread.current.native_thread_id] = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID, :nanosecond)
+      end
+    end
+    sleep 0.3
+    300.times { go << true }
+    threads.each(&:join)
+    pprof = profiler.stop.last
+    path = File.join(Dir.mktmpdir, "profile.pprof")
+    File.binwrite(path, pprof)
+    puts JSON.generate(path: path, cpu: cpu.values.sum, tids: cpu.keys, slots: DdprofRecorder::Profiler::SIGNAL_SLOTS)
+  RUBY
+
+  it "says how many threads had no slot, and charges their CPU to them" do
+    result, err = run_child(many_threads, lib)
+    pprof = File.binread(result["path"])
+    # main and the 300 take the slots in turn: 45 are left without, at most.
+    no_slot = pprof_comments(pprof).filter_map { |c| c[/\Asignal slots: (\d+) threads had none \(#{result['slots']} threads/, 1] }
+    expect(no_slot.size).to eq(1), pprof_comments(pprof).inspect
+    expect(Integer(no_slot.first)).to be_between(1, 301 - result["slots"]), err
+    tids = result["tids"].map(&:to_s)
+    samples = samples_from(decode_pprof(pprof)).select { |s| tids.include?(s[:labels]["thread id"].to_s[/\A\d+/]) }
+    # Their CPU in the profile against their own clocks: within 5%.
+    expect(samples.sum { |s| s[:values]["cpu-time"] }).to be_within(0.05 * result["cpu"]).of(result["cpu"])
   end
 
   ["after", "before"].each do |when_blocked|
