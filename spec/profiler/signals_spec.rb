@@ -54,7 +54,9 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
     expect(signals[:signals_read_in_handler] + signals[:signals_read_at_gc_exit]).to be >= stats[:signal_samples]
     expect(signals[:signals_read_at_job]).to eq(0)
     # Truth about 70%; at interrupt checks it came out 6% (issue "Samples where the CPU is").
-    expect(shares.fetch("work", 0)).to be > 0.45
+    # 0.41 once on 3.3.8 with YJIT, two busy loops and a suite beside it: the bound tells the
+    # two apart, not the load.
+    expect(shares.fetch("work", 0)).to be > 0.3
     expect(shares.fetch("is_a?", 0)).to be < 0.15
   end
 
