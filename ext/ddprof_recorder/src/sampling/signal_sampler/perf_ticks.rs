@@ -80,7 +80,8 @@ struct OwnerEx {
 ///
 /// The `errno` of the call the kernel refused.
 pub(super) fn open(tid: i32, first_ns: u64, signo: i32) -> Result<i32, std::io::Error> {
-    let mut attr = cpu_clock_attr(first_ns, DISABLED | EXCLUDE_KERNEL | EXCLUDE_HV | REMOVE_ON_EXEC);
+    let mut attr =
+        cpu_clock_attr(first_ns, DISABLED | EXCLUDE_KERNEL | EXCLUDE_HV | REMOVE_ON_EXEC);
     let mut fd = open_attr(&attr, tid);
     if fd < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL) {
         attr.flags &= !REMOVE_ON_EXEC; // before Linux 5.13
