@@ -125,10 +125,11 @@ module DdprofRecorder
       # `stack_key`, the key its passes keep its stack under natively (see #pass_stack); `slot`,
       # its application labels' Labels::Slot once it has one, `slots_seen` the count of slots
       # made when it was last looked for, and `app` the application labels its `labels` hold
-      # (see #app_labels).
+      # (see #app_labels); `unarmed_why`, :blocked or :no_slot once it could not be armed
+      # (counted once, see #blocks_signal and #no_slot).
       ThreadState = Struct.new(:thread, :wall_ns, :seen_cpu_ns, :native_id, :name, :labels, :locations,
                                :on_cpu_locations, :index, :sample_mark, :armed, :signal_pass, :signal_cpu_ns,
-                               :signal_average, :last_state, :stack_key, :slot, :slots_seen, :app)
+                               :signal_average, :last_state, :stack_key, :slot, :slots_seen, :app, :unarmed_why)
       private_constant :ThreadState
 
       # @return [Hash{Symbol => Integer}] counters: `:passes` (the sampling periods the wall
@@ -523,10 +524,10 @@ module DdprofRecorder
       # REARM_EVERY passes it is tried again. Counted once (`:signal_blocked_threads`), said
       # once in the log.
       def blocks_signal(state, tid)
-        unarmed = (@unarmed ||= {}.compare_by_identity)
-        return if unarmed.key?(state)
+        (@unarmed ||= {}.compare_by_identity)[state] = true
+        return if state.unarmed_why == :blocked
 
-        unarmed[state] = true
+        state.unarmed_why = :blocked
         @counts[:signal_blocked_threads] += 1
         return if @counts[:signal_blocked_threads] > 1
 
@@ -537,10 +538,9 @@ module DdprofRecorder
       # A thread that got no slot (Profiler::SIGNAL_SLOTS are armed already, or the kernel
       # refused its ticks): sampled at the passes. Counted once (`:signal_unarmed_threads`).
       def no_slot(state)
-        no_slot = (@no_slot ||= {}.compare_by_identity)
-        return if no_slot.key?(state)
+        return if state.unarmed_why
 
-        no_slot[state] = true
+        state.unarmed_why = :no_slot
         @counts[:signal_unarmed_threads] += 1
       end
 
@@ -1033,7 +1033,9 @@ module DdprofRecorder
         other = thread.alive? && !thread.equal?(Thread.current)
         # Never sampled on a CPU: its stack now if it is runnable (preempted where it ran),
         # else not where it waits.
-        stack = other && thread.status == "run" ? nil : CPU_NOT_SAMPLED_STACK if no_stack?(stack) && carried.positive?
+        if no_stack?(stack) && carried.positive?
+          stack = other && thread.status == "run" ? nil : CPU_NOT_SAMPLED_STACK
+        end
         stack ||= other ? FrameNames.thread_stack(thread) : nil
         stack = state.locations if no_stack?(stack)
         return if no_stack?(stack)
