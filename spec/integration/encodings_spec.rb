@@ -112,9 +112,12 @@ RSpec.describe "ddprof-recorder under other default encodings" do
   end
 
   rubyopts.each do |rubyopt|
+    # Each process burns 0.5 s of CPU, so that its life holds a 0.2 s window even when the
+    # sampler thread waits out a whole 100 ms time slice for the GVL at the window's end (a
+    # child that burnt 0.25 s exited first, with one file, on 3.3.8 and 3.4.5 in CI).
     it "records a program that sets default_internal, its forked child and their windows (RUBYOPT=#{rubyopt.inspect})" do
       program = 'Encoding.default_internal = "UTF-8"; ' \
-                "def burn = (t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.25; nil while " \
+                "def burn = (t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.5; nil while " \
                 "Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < t); pid = fork { burn }; burn; Process.wait(pid)"
       name = "r#{rubyopts.index(rubyopt)}"
       [[], ["--interval", "0.2"]].each do |interval|
