@@ -167,10 +167,25 @@ RSpec.describe DdprofRecorder::Profiler, "thread states" do
   end
 
   # Two threads that share the GVL for `ns` each, under a timeline profiler: its profile.
+  # The two threads start their work together: each waits in a Queue until both exist. Made
+  # one after the other, the second could become ready to run only after the first had done
+  # most of its work (a thread's creation took that long once under load: in CI on 3.3.8, one
+  # thread of the forked child's pair had waited 0.2 ms for the GVL).
   def two_busy_threads(ns, **options)
     profiler = described_class.new(hz: 99, compression: :none, timeline: true, **options)
     profiler.start
-    Array.new(2) { |i| Thread.new { busy_for(ns) }.tap { |t| t.name = "pair-#{i}" } }.each(&:join)
+    ready = Queue.new
+    go = Queue.new
+    threads = Array.new(2) do |i|
+      Thread.new do
+        ready << i
+        go.pop
+        busy_for(ns)
+      end.tap { |t| t.name = "pair-#{i}" }
+    end
+    2.times { ready.pop }
+    2.times { go << true }
+    threads.each(&:join)
     profiler.stop.last
   end
 
