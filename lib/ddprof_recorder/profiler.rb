@@ -31,7 +31,7 @@ module DdprofRecorder
   # rate decides only how finely time is split between stacks. How CPU is charged, how a
   # late job is handled and why, and how idle threads are added up: {ThreadSampler}. The
   # native half: ext/ddprof_recorder/src/sampling/trigger.rs (the trigger thread),
-  # job.rs (the job) and thread_cpu.rs (per-thread CPU clocks), in the same folder.
+  # job.rs (the job) and clocks/thread_cpu.rs (per-thread CPU clocks), in the same folder.
   #
   # Memory, on request (docs/profiler.md, "Memory"):
   #

@@ -410,7 +410,7 @@ fn run_job() {
     }
     // What the samples cost is the hook's too: the duty cycle lengthens the on-slots by it.
     // This thread's CPU, not the clock: time it is switched out is no cost of ours.
-    let started = crate::sampling::thread_cpu::own_cpu_ns();
+    let started = crate::sampling::clocks::thread_cpu::own_cpu_ns();
     // The handler is Ruby code: the program's Thread#raise, Thread#kill and Timeout wait
     // until the job is over, so that they reach the program, not the handler.
     // SAFETY: in a postponed job with the GVL; dropped at the end of this function.
@@ -439,7 +439,8 @@ fn run_job() {
         }
         crate::sampling::stack_capture::forget(key);
     }
-    let spent = crate::sampling::thread_cpu::own_cpu_ns().saturating_sub(started).max(0) as u64;
+    let spent =
+        crate::sampling::clocks::thread_cpu::own_cpu_ns().saturating_sub(started).max(0) as u64;
     JOB_NS.fetch_add(spent, Ordering::Relaxed);
     JOB_HERE.with(|here| here.set(false));
     drop(deferred);

@@ -43,7 +43,7 @@ use std::sync::Once;
 
 use magnus::{function, prelude::*, Error, RArray, RModule, Ruby};
 
-use crate::sampling::thread_cpu::own_cpu_ns;
+use crate::sampling::clocks::thread_cpu::own_cpu_ns;
 use crate::vm::gvl_cell::GvlCell;
 use crate::vm::internal_hook::InternalHook;
 
@@ -214,7 +214,7 @@ fn gc_event(event: rb_sys::rb_event_flag_t) {
 }
 
 fn on_event(state: &mut GcState, event: rb_sys::rb_event_flag_t) {
-    let (cpu, wall) = (own_cpu_ns(), crate::sampling::trigger::monotonic_ns());
+    let (cpu, wall) = (own_cpu_ns(), crate::sampling::clocks::monotonic_ns());
     if event == rb_sys::RUBY_INTERNAL_EVENT_GC_ENTER {
         state.inside = true;
         state.counted = !crate::sampling::job::in_job_here();

@@ -20,7 +20,7 @@
 //! the sampler takes them at the thread's end (the take leaves a [`TOMB`], so that the threads
 //! that probed past the slot are still found), or, with no slot free, a new thread reclaims it.
 //! A slot is a cache line of its own: a thread's events come from both cores, and two threads'
-//! slots never share a line. Times are the ticks of `tick_clock` (the CPU's counter where the
+//! slots never share a line. Times are the ticks of `clocks::tsc` (the CPU's counter where the
 //! kernel keeps time with it), turned into ns by the take only.
 //!
 //! The hook makes no read-modify-write either (each is a locked instruction): a slot's wait
@@ -55,7 +55,7 @@ use std::sync::Once;
 use magnus::{function, prelude::*, rb_sys::AsRawValue, Error, RModule, Ruby, Value};
 
 use crate::recorder::errors::entry;
-use crate::sampling::tick_clock;
+use crate::sampling::clocks::tsc;
 
 /// Whether this Ruby has the thread event API with the event's thread (3.3 and later).
 pub const AVAILABLE: bool = cfg!(ruby_gte_3_3);
@@ -69,7 +69,7 @@ const SLOTS: usize = 1024;
 #[repr(align(64))]
 struct Slot {
     owner: AtomicUsize,
-    /// Ticks (`tick_clock`) when the thread became ready, 0 while it is not waiting.
+    /// Ticks (`clocks::tsc`) when the thread became ready, 0 while it is not waiting.
     ready_at: AtomicU64,
     /// Ticks waited in the waits that ended since the slot was claimed. Written by the thread's
     /// events only.
@@ -220,7 +220,7 @@ fn native_start(ruby: &Ruby) -> Result<bool, Error> {
                 clear(slot);
             }
         }
-        tick_clock::init();
+        tsc::init();
         if !HOOKED.swap(true, Ordering::AcqRel) {
             imp::add_hook();
         }
@@ -250,7 +250,7 @@ fn native_take(ruby: &Ruby, thread: Value) -> Result<Option<u64>, Error> {
         // An ended thread's last take: its slot is free again.
         let _ =
             slot.owner.compare_exchange(thread | ENDED, TOMB, Ordering::AcqRel, Ordering::Relaxed);
-        Ok(Some(tick_clock::to_ns(new)))
+        Ok(Some(tsc::to_ns(new)))
     })
 }
 
@@ -261,7 +261,7 @@ fn take(slot: &Slot) -> u64 {
     let mut total = slot.waited.load(Ordering::Acquire);
     let ready = slot.ready_at.load(Ordering::Acquire);
     if ready > 0 {
-        total += tick_clock::now().saturating_sub(ready);
+        total += tsc::now().saturating_sub(ready);
     }
     let new = total.saturating_sub(slot.taken.load(Ordering::Relaxed));
     if new > 0 {
@@ -315,13 +315,13 @@ fn on_event(event: u32, thread: usize) {
         imp::READY => {
             // A READY with a wait under way keeps the wait's start.
             if slot.ready_at.load(Ordering::Relaxed) == 0 {
-                slot.ready_at.store(tick_clock::now(), Ordering::Release);
+                slot.ready_at.store(tsc::now(), Ordering::Release);
             }
         }
         imp::RESUMED => {
             let ready = slot.ready_at.load(Ordering::Relaxed);
             if ready > 0 {
-                let waited = tick_clock::now().saturating_sub(ready);
+                let waited = tsc::now().saturating_sub(ready);
                 // Cleared before the wait is added, so that a take sees it in one place only.
                 slot.ready_at.store(0, Ordering::Relaxed);
                 let total = slot.waited.load(Ordering::Relaxed) + waited;
@@ -487,14 +487,14 @@ mod tests {
 
     #[test]
     fn a_wait_is_taken_once_whether_taken_during_it_or_after() {
-        tick_clock::init();
+        tsc::init();
         // The ticks' rate is measured since `init`: let it settle before timing with it.
         std::thread::sleep(std::time::Duration::from_millis(20));
         let thread = 0x7f20_0000_1000;
         let slot = slot(thread, true).unwrap();
         let spin = |ns: u64| {
-            let start = tick_clock::now();
-            while tick_clock::to_ns(tick_clock::now() - start) < ns {}
+            let start = tsc::now();
+            while tsc::to_ns(tsc::now() - start) < ns {}
         };
         on_event(imp::READY, thread);
         spin(200_000);
@@ -506,7 +506,7 @@ mod tests {
         let whole = slot.waited.load(Ordering::Relaxed);
         assert_eq!(during + after, whole, "the wait, in two parts");
         // Not 400,000 exactly: the ticks' rate may have moved a little since the spins.
-        assert!(tick_clock::to_ns(whole) >= 396_000);
+        assert!(tsc::to_ns(whole) >= 396_000);
         assert_eq!(take(slot), 0, "nothing twice");
         // A second wait: the next take is it, and only it.
         on_event(imp::READY, thread);
@@ -514,7 +514,7 @@ mod tests {
         on_event(imp::RESUMED, thread);
         let second = take(slot);
         assert_eq!(second, slot.waited.load(Ordering::Relaxed) - whole);
-        assert!(tick_clock::to_ns(second) >= 98_000);
+        assert!(tsc::to_ns(second) >= 98_000);
         on_event(imp::EXITED, thread);
     }
 

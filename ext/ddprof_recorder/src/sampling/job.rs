@@ -27,9 +27,9 @@ use magnus::{
 };
 
 use crate::recorder::errors::{arg_error, entry, gem_error};
+use crate::sampling::clocks::thread_cpu::own_cpu_ns;
 use crate::sampling::signal_job::signal_job;
 use crate::sampling::signal_sampler;
-use crate::sampling::thread_cpu::own_cpu_ns;
 use crate::sampling::trigger::{self, Tick};
 
 /// A job that runs more than this after its tick may have waited for a blocked thread.
@@ -299,7 +299,7 @@ fn run_job() {
         return;
     }
     let cpu_ns = own_cpu_ns();
-    let now_ns = trigger::monotonic_ns();
+    let now_ns = crate::sampling::clocks::monotonic_ns();
     let tid = own_tid();
     let timely = on_time(trigger::TICK.read(), tid, now_ns, cpu_ns);
     if let Ok(ruby) = Ruby::get() {

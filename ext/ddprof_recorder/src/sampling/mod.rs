@@ -7,27 +7,26 @@
 //!   (and [`gc_ticks`] at the end of the GC step a tick came in), and asks for
 //!   [`signal_job`], which hands those samples to the profiler;
 //! - [`stack_capture`] reads and names stacks without making Ruby objects;
-//! - [`thread_cpu`], [`native_clock`] and [`thread_end`] are the clocks: each thread's CPU,
-//!   and the CPU of the threads that end between two passes;
+//! - [`clocks`] are the clocks: the monotonic one, each thread's CPU, the GVL hook's counter,
+//!   and `Profiler::NativeClock`; [`thread_end`] keeps the CPU of the threads that end
+//!   between two passes;
 //! - [`gvl_events`] measures GVL waits (Ruby 3.3+);
 //! - [`interrupt_mask`] keeps `Thread#raise` out of the job's Ruby handler;
 //! - [`random`] is the random generator (the trigger's, the handler's draw, and `memory`'s);
 //! - [`stats`] gathers what they all counted for `Profiler#stats`.
 
+pub mod clocks;
 pub mod gc_ticks;
 pub mod gvl_events;
 pub mod interrupt_mask;
 pub mod job;
-pub mod native_clock;
 pub mod native_thread;
 pub mod random;
 pub mod signal_job;
 pub mod signal_sampler;
 pub mod stack_capture;
 pub mod stats;
-pub mod thread_cpu;
 pub mod thread_end;
-pub mod tick_clock;
 pub mod trigger;
 
 use magnus::{Error, RModule, Ruby};
@@ -35,12 +34,12 @@ use magnus::{Error, RModule, Ruby};
 /// Defines the sampler's native methods and constants (on `Profiler` and
 /// `Profiler::NativeClock`), and registers its GC roots, postponed jobs and end procs. At load.
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
-    thread_cpu::init(ruby, module)?;
+    clocks::thread_cpu::init(ruby, module)?;
     job::init(ruby, module)?;
     signal_job::init(ruby, module)?;
     stats::init(ruby, module)?;
     thread_end::init(ruby)?;
-    native_clock::init(ruby, module)?;
+    clocks::ruby_module::init(ruby, module)?;
     stack_capture::init(ruby, module)?;
     gc_ticks::init();
     gvl_events::init(ruby, module)

@@ -10,9 +10,9 @@ use std::sync::Once;
 use magnus::{function, prelude::*, value::LazyId, Error, RModule, Ruby};
 
 use crate::recorder::errors::entry;
+use crate::sampling::clocks::thread_cpu::own_cpu_ns;
 use crate::sampling::job::{call_handler, own_tid, ENABLED, JOBS, JOB_HERE};
 use crate::sampling::signal_sampler;
-use crate::sampling::thread_cpu::own_cpu_ns;
 use crate::sampling::trigger;
 
 static SIGNAL_SAMPLES: LazyId = LazyId::new("signal_samples");
@@ -188,7 +188,7 @@ fn hand_over_signal_samples(job_cpu_ns: i64) {
     }
     signal_sampler::COUNTERS.jobs.fetch_add(1, Ordering::Relaxed);
     let Ok(ruby) = Ruby::get() else { return };
-    let now_ns = trigger::monotonic_ns();
+    let now_ns = crate::sampling::clocks::monotonic_ns();
     let passed = call_handler(|handler| {
         let samples = ruby.ary_from_vec(flat);
         handler.funcall::<_, _, bool>(

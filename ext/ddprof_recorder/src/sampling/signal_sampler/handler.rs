@@ -8,14 +8,15 @@ use std::sync::atomic::{
 };
 
 use super::counters::COUNTERS;
-use super::draw::{drawn, owes, pay, period_ns};
 use super::perf_ticks::{refresh, set_period};
 use super::rt_signal::{poll_fd, INDEX_MASK};
 use super::slots::{
     used_slots, BATCH, DEPTH, EMPTY, FREE, FULL, READ_AT_GC_EXIT, READ_AT_JOB, SLOTS, WRITING,
 };
+use super::tick_choice::{drawn, owes, pay, period_ns};
 use super::{ENABLED, IN_HANDLER, JOB};
-use crate::sampling::thread_cpu::{clock_ns, own_cpu_ns};
+use crate::sampling::clocks::clock_ns;
+use crate::sampling::clocks::thread_cpu::own_cpu_ns;
 
 /// Some slot has a sample [`READ_AT_GC_EXIT`].
 static GC_TICKS_WAITING: AtomicBool = AtomicBool::new(false);
@@ -84,7 +85,8 @@ fn handle(info: *mut libc::siginfo_t) {
     let cpu = own_cpu_ns();
     slot.heard_cpu_ns.store(cpu, Release);
     // A perf-event tick is a sample at its own rate. Beside one, a CPU timer's tick is a
-    // sample when the event's fell behind the thread's CPU (`draw::owes`); alone, it is drawn.
+    // sample when the event's fell behind the thread's CPU (`tick_choice::owes`); alone, it is
+    // drawn.
     let taken = if perf {
         true
     } else if slot.perf_fd.load(Acquire) >= 0 {

@@ -10,6 +10,8 @@
 //! was reused by another process cannot be read by mistake.
 use magnus::{function, prelude::*, Error, RArray, RModule, Ruby};
 
+use super::clock_ns;
+
 /// Per-thread clock (as opposed to the whole thread group's).
 #[cfg(target_os = "linux")]
 const CPUCLOCK_PERTHREAD_MASK: libc::clockid_t = 4;
@@ -55,21 +57,6 @@ pub fn native_moved_threads(ruby: &Ruby, tids: RArray, seen: RArray) -> Result<R
         }
         Ok(moved)
     })
-}
-
-/// `clock`'s reading in nanoseconds, or None if the clock cannot be read (a dead thread's).
-pub fn clock_ns(clock: libc::clockid_t) -> Option<i64> {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec that outlives the call; clock_gettime only
-    // writes into it and reports a bad or dead clock id through its return value.
-    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
-    if rc != 0 {
-        return None;
-    }
-    // `time_t` and `c_long` are i64 here but i32 on 32-bit Linux targets.
-    #[allow(clippy::useless_conversion)]
-    let (sec, nsec) = (i64::from(ts.tv_sec), i64::from(ts.tv_nsec));
-    sec.checked_mul(1_000_000_000)?.checked_add(nsec)
 }
 
 /// The calling thread's CPU clock, in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`, a vDSO read).

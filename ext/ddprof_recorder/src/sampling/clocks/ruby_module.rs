@@ -19,7 +19,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     // `thread_cpu_ns(tid)`: thread `tid`'s CPU clock, or nil.
     clock.define_singleton_method(
         "thread_cpu_ns",
-        function!(crate::sampling::thread_cpu::native_thread_cpu_time_ns, 1),
+        function!(crate::sampling::clocks::thread_cpu::native_thread_cpu_time_ns, 1),
     )?;
     // `current_cpu_ns`: the calling thread's CPU clock.
     clock.define_singleton_method(
@@ -29,7 +29,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     // `moved(tids, seen)`: the indices whose thread's CPU clock does not read `seen[i]`.
     clock.define_singleton_method(
         "moved",
-        function!(crate::sampling::thread_cpu::native_moved_threads, 2),
+        function!(crate::sampling::clocks::thread_cpu::native_moved_threads, 2),
     )?;
     // `thread_ends`: nil, or what the thread-end hook and the exit watches queued.
     clock.define_singleton_method(
@@ -45,5 +45,5 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
 }
 
 fn now_ns(ruby: &Ruby) -> Result<i64, Error> {
-    entry(ruby, || Ok(crate::sampling::trigger::monotonic_ns()))
+    entry(ruby, || Ok(crate::sampling::clocks::monotonic_ns()))
 }
