@@ -964,7 +964,8 @@ module DdprofRecorder
       "sampling: #{how}, #{@hz} Hz#{deferral}"
     end
 
-    # What becomes of a tick that comes inside the GC (ext/ddprof_recorder/src/sampling/gc_ticks.rs):
+    # What becomes of a tick that comes inside the GC
+    # (ext/ddprof_recorder/src/sampling/signal_sampler/gc_ticks.rs):
     # nothing to say with gc: true, whose GC frames measure the GC's time.
     def gc_ticks_note
       return "" if @gc

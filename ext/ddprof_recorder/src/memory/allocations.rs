@@ -46,7 +46,7 @@
 //! # Reentrancy, fork and exit
 //!
 //! The job's own allocations, and those of the sampling job, are not sampled: each job marks
-//! the thread it runs on ([`JOB_HERE`], `job::in_job_here`), so that a job switched
+//! the thread it runs on ([`JOB_HERE`], `ruby_handler::in_job_here`), so that a job switched
 //! out in its Ruby handler does not hide the other threads' allocations. Nor are those of
 //! Profiler#start and #stop, on the thread that calls them ([`OWN_HERE`]). Any thread's job
 //! records the pending samples of every thread (`pending`). A forked child inherits the
@@ -354,7 +354,7 @@ fn newobj(tracepoint: rb_sys::VALUE) {
     if !live()
         || JOB_HERE.with(Cell::get)
         || OWN_HERE.with(Cell::get)
-        || crate::sampling::job::in_job_here()
+        || crate::sampling::ruby_handler::in_job_here()
     {
         return;
     }
@@ -418,13 +418,13 @@ fn run_job() {
     if let Ok(ruby) = Ruby::get() {
         // This thread's key for the stacks it names (another thread's job may run while
         // this one is switched out in its handler).
-        let tid = crate::sampling::job::own_tid();
+        let tid = crate::sampling::clocks::thread_cpu::own_tid();
         let key = ALLOCATION_KEY + i64::from(tid.max(0));
         // A CPU tick in here is no sample: its stack would be the handler's, in the gem
         // (seen at interval 1: AllocationRecorder#call frames with the program's CPU). Its
         // CPU stays to be charged at the thread's next sample, as the hook's own cost is.
         // Not when the sampling job runs here (its handler's end clears the mark).
-        let mark = !crate::sampling::job::in_job_here();
+        let mark = !crate::sampling::ruby_handler::in_job_here();
         if mark {
             crate::sampling::signal_sampler::set_in_job(tid, true);
         }

@@ -32,18 +32,20 @@
 //! its start to its stop), and in that process only: a forked child inherits the enabled hook
 //! (Ruby's hook list is process memory), where it measures nothing (the fork generation) until
 //! the child starts measuring itself, and [`enabled`] says false; `ForkHook` removes it there
-//! (`lib/ddprof_recorder/fork_hook.rb`). While it measures, the
-//! GC_EXIT hook that reads ticks inside the GC (`sampling::gc_ticks`) is off: the handler drops
-//! those ticks then (their time is this module's), so that hook would only cost a call at
-//! every GC step; each start and stop here tells `gc_ticks` to re-check.
+//! (`lib/ddprof_recorder/fork_hook.rb`). While it measures, the GC_EXIT hook that reads ticks
+//! inside the GC (`sampling::signal_sampler::gc_ticks`) is off: the handler drops those ticks
+//! then (their time is this module's), so that hook would only cost a call at every GC step;
+//! each start and stop here sets `gc_ticks`' flag of it and tells `gc_ticks` to re-check (the
+//! flag is kept there so that the capture never asks `memory/`).
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
 use magnus::{function, prelude::*, Error, RArray, RModule, Ruby};
 
 use crate::sampling::clocks::thread_cpu::own_cpu_ns;
+use crate::sampling::signal_sampler::gc_ticks;
 use crate::vm::gvl_cell::GvlCell;
 use crate::vm::internal_hook::InternalHook;
 
@@ -92,9 +94,6 @@ static STATE: GvlCell<GcState> = GvlCell::new(
         last_wall: 0,
     },
 );
-static ENABLED: AtomicBool = AtomicBool::new(false);
-/// The fork generation that enabled it (a forked child's inherited hook measures nothing).
-static GENERATION: AtomicU64 = AtomicU64::new(u64::MAX);
 static HOOK: InternalHook = InternalHook::new(
     rb_sys::RUBY_INTERNAL_EVENT_GC_ENTER
         | rb_sys::RUBY_INTERNAL_EVENT_GC_EXIT
@@ -107,10 +106,10 @@ static HOOK: InternalHook = InternalHook::new(
 static MAJOR_BY: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
 static LOST_NS: AtomicU64 = AtomicU64::new(0);
 
-/// Whether the GC's time is being measured (`gc: true`), in this process.
+/// Whether the GC's time is being measured (`gc: true`), in this process. The flag lives in
+/// `signal_sampler::gc_ticks`, whose hook must not run while this one measures.
 pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Acquire)
-        && GENERATION.load(Ordering::Acquire) == crate::recorder::fork::fork_generation()
+    gc_ticks::gc_measured()
 }
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
@@ -136,7 +135,7 @@ unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
 /// Off. Also the end proc's: at exit the sampling's own end proc turns `gc_ticks`' hook off,
 /// so this one does not ask it to re-check (which could turn it on while Ruby tears down).
 fn stop() {
-    ENABLED.store(false, Ordering::Release);
+    gc_ticks::set_gc_measured(false);
     HOOK.disable();
 }
 
@@ -155,10 +154,9 @@ fn native_start(ruby: &Ruby) -> Result<(), Error> {
             MAJOR_BY.store(sym as usize, Ordering::Release);
             rb_sys::rb_gc_latest_gc_info(sym);
         }
-        GENERATION.store(crate::recorder::fork::fork_generation(), Ordering::Release);
-        ENABLED.store(true, Ordering::Release);
+        gc_ticks::set_gc_measured(true);
         HOOK.enable();
-        crate::sampling::gc_ticks::update();
+        gc_ticks::update();
         Ok(())
     })
 }
@@ -166,7 +164,7 @@ fn native_start(ruby: &Ruby) -> Result<(), Error> {
 fn native_stop(ruby: &Ruby) -> Result<(), Error> {
     crate::recorder::errors::entry(ruby, || {
         stop();
-        crate::sampling::gc_ticks::update();
+        gc_ticks::update();
         Ok(())
     })
 }
@@ -217,8 +215,8 @@ fn on_event(state: &mut GcState, event: rb_sys::rb_event_flag_t) {
     let (cpu, wall) = (own_cpu_ns(), crate::sampling::clocks::monotonic_ns());
     if event == rb_sys::RUBY_INTERNAL_EVENT_GC_ENTER {
         state.inside = true;
-        state.counted = !crate::sampling::job::in_job_here();
-        state.tid = crate::sampling::job::own_tid();
+        state.counted = !crate::sampling::ruby_handler::in_job_here();
+        state.tid = crate::sampling::clocks::thread_cpu::own_tid();
         state.last_cpu = cpu;
         state.last_wall = wall;
         return;

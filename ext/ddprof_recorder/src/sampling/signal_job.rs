@@ -10,8 +10,8 @@ use std::sync::Once;
 use magnus::{function, prelude::*, value::LazyId, Error, RModule, Ruby};
 
 use crate::recorder::errors::entry;
-use crate::sampling::clocks::thread_cpu::own_cpu_ns;
-use crate::sampling::job::{call_handler, own_tid, ENABLED, JOBS, JOB_HERE};
+use crate::sampling::clocks::thread_cpu::{own_cpu_ns, own_tid};
+use crate::sampling::ruby_handler::{call_handler, ENABLED, JOBS, JOB_HERE};
 use crate::sampling::signal_sampler;
 use crate::sampling::trigger;
 

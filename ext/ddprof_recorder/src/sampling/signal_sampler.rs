@@ -216,9 +216,15 @@
 //! and drains the signal; [`handler`] is the handler, with the end of a GC step that reads the
 //! stacks of its ticks in the GC; [`tick_choice`] says which CPU ticks are samples; [`samples`]
 //! takes them out of the slots with the GVL; [`armed_watch`] is the trigger's look at the
-//! threads' clocks; [`counters`] counts for `stats`. This file holds the run's settings, [`start`] and
-//! [`stop`], [`keep_signal`] and [`prepare_exec`], and re-exports what the rest of the crate
-//! calls.
+//! threads' clocks; [`gc_ticks`] reads, at the end of a GC step, the ticks that came inside it
+//! (Ruby 3.3+); [`counters`] counts for `stats`. This file holds the run's settings, [`start`]
+//! and [`stop`], [`keep_signal`] and [`prepare_exec`], and re-exports what the rest of the
+//! crate calls.
+//!
+//! The capture is the bottom of the sampler's jobs' side: nothing here uses the trigger or
+//! the jobs (`trigger`, `job`, `signal_job`, `ruby_handler`), which use it; it reads only
+//! `clocks`, `random`, `stack_capture`, `vm` and `recorder`. `memory::gc_events` tells
+//! [`gc_ticks`] when it measures the GC rather than being asked.
 //!
 //! [`Slot`]: slots::Slot
 //! [`watch_masks`]: armed_watch::watch_masks
@@ -230,6 +236,7 @@
 
 mod armed_watch;
 mod counters;
+pub mod gc_ticks;
 mod handler;
 mod perf_ticks;
 mod rt_signal;

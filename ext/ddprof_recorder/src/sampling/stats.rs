@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use magnus::{function, prelude::*, Error, RHash, RModule, Ruby};
 
 use crate::recorder::errors::entry;
-use crate::sampling::{job, signal_sampler, trigger};
+use crate::sampling::{job, ruby_handler, signal_sampler, trigger};
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("Profiler", ruby.class_object())?;
@@ -21,7 +21,7 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
             ruby.to_symbol("quiet_stretches"),
             trigger::QUIET_STRETCHES.load(Ordering::Relaxed),
         )?;
-        hash.aset(ruby.to_symbol("jobs"), job::JOBS.load(Ordering::Relaxed))?;
+        hash.aset(ruby.to_symbol("jobs"), ruby_handler::JOBS.load(Ordering::Relaxed))?;
         hash.aset(ruby.to_symbol("late_jobs"), job::LATE_JOBS.load(Ordering::Relaxed))?;
         hash.aset(ruby.to_symbol("trigger_running"), trigger::is_running())?;
         hash.aset(ruby.to_symbol("trigger_cpu_ns"), trigger::thread_cpu_ns())?;

@@ -441,7 +441,7 @@ unsafe extern "C" fn on_thread_event(
         }
         let ended = Ended {
             thread,
-            tid: crate::sampling::job::own_tid(),
+            tid: crate::sampling::clocks::thread_cpu::own_tid(),
             cpu_ns: own_cpu_ns(),
             at_ns: crate::sampling::clocks::monotonic_ns(),
         };

@@ -9,7 +9,8 @@
 //! - [`ruby_module`]: `DdprofRecorder::Profiler::NativeClock`, the clocks as Ruby module
 //!   functions for the Ruby sampler.
 //!
-//! Nothing here depends on the rest of `sampling`: every other part reads its clocks from here.
+//! Nothing here but `ruby_module` (which names readings kept elsewhere too) uses the rest of
+//! `sampling`: every other part reads its clocks from here.
 
 pub mod ruby_module;
 pub mod thread_cpu;

@@ -24,7 +24,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     // `current_cpu_ns`: the calling thread's CPU clock.
     clock.define_singleton_method(
         "current_cpu_ns",
-        function!(crate::sampling::job::native_current_thread_cpu_time_ns, 0),
+        function!(crate::sampling::clocks::thread_cpu::native_current_thread_cpu_time_ns, 0),
     )?;
     // `moved(tids, seen)`: the indices whose thread's CPU clock does not read `seen[i]`.
     clock.define_singleton_method(

@@ -7,10 +7,19 @@
 //! CPU clock of thread `tid`" as a clock id (`MAKE_THREAD_CPUCLOCK` in the kernel's
 //! `posix-timers.h`): `((!tid) << 3) | CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED`. The kernel
 //! answers only for threads of the calling process (`EINVAL` otherwise), so a thread id that
-//! was reused by another process cannot be read by mistake.
+//! was reused by another process cannot be read by mistake. The calling thread's own id is
+//! [`own_tid`] (cached per thread and fork generation).
+use std::cell::Cell;
+
 use magnus::{function, prelude::*, Error, RArray, RModule, Ruby};
 
 use super::clock_ns;
+
+thread_local! {
+    /// This thread's Linux id, read once per process (`gettid` is a system call), with the
+    /// fork generation it was read in: the thread that forks has a new id in the child.
+    static TID: Cell<(u64, i32)> = const { Cell::new((u64::MAX, 0)) };
+}
 
 /// Per-thread clock (as opposed to the whole thread group's).
 #[cfg(target_os = "linux")]
@@ -62,6 +71,26 @@ pub fn native_moved_threads(ruby: &Ruby, tids: RArray, seen: RArray) -> Result<R
 /// The calling thread's CPU clock, in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`, a vDSO read).
 pub fn own_cpu_ns() -> i64 {
     clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or(0)
+}
+
+/// `Profiler._native_current_thread_cpu_time_ns`: the calling thread's CPU clock.
+pub fn native_current_thread_cpu_time_ns(ruby: &Ruby) -> Result<i64, Error> {
+    crate::recorder::errors::entry(ruby, || Ok(own_cpu_ns()))
+}
+
+/// The calling thread's Linux id (cached per thread and fork generation).
+pub fn own_tid() -> i32 {
+    let generation = crate::recorder::fork::fork_generation();
+    TID.with(|cached| {
+        let (read_in, tid) = cached.get();
+        if read_in == generation {
+            return tid;
+        }
+        // SAFETY: gettid has no preconditions and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        cached.set((generation, tid));
+        tid
+    })
 }
 
 /// CPU time of thread `tid` of this process, in nanoseconds.

@@ -112,7 +112,7 @@ fn handle(info: *mut libc::siginfo_t) {
     // SAFETY: as above.
     let in_gc = unsafe { rb_sys::rb_during_gc() } != 0;
     // Read at the GC step's end if `gc_ticks` is on, else dropped.
-    if in_gc && !(in_handler && crate::sampling::gc_ticks::on()) {
+    if in_gc && !(in_handler && super::gc_ticks::on()) {
         COUNTERS.in_gc.fetch_add(1, Relaxed);
         return;
     }
@@ -188,7 +188,7 @@ pub fn read_gc_ticks() {
     if !GC_TICKS_WAITING.swap(false, AcqRel) {
         return;
     }
-    let own_tid = crate::sampling::job::own_tid();
+    let own_tid = crate::sampling::clocks::thread_cpu::own_tid();
     for slot in used_slots() {
         if slot.state.load(Acquire) == FREE {
             continue;

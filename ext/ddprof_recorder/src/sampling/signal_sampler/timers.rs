@@ -361,7 +361,9 @@ fn disarm_slot(slot: &Slot) {
     // Its samples are the profiler's still: kept for its next drain (with the GVL, as the
     // callers are).
     if let Ok(mut kept) = KEPT.lock() {
-        drain_slot(slot, crate::sampling::job::own_tid(), &mut |sample| kept.push(sample));
+        drain_slot(slot, crate::sampling::clocks::thread_cpu::own_tid(), &mut |sample| {
+            kept.push(sample)
+        });
     }
     // A handler on another thread may still be writing (`signal_sampler`, "The handler"): let
     // it finish.
