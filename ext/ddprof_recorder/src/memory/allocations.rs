@@ -66,8 +66,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
 use magnus::{
-    function, prelude::*, rb_sys::AsRawValue, rb_sys::FromRawValue, value::LazyId, Error, RHash,
-    RModule, RString, Ruby, Value,
+    prelude::*, rb_sys::AsRawValue, rb_sys::FromRawValue, value::LazyId, Error, RHash, RString,
+    Ruby, Value,
 };
 
 use crate::memory::{duty_cycle, pending, pending::Sample};
@@ -142,7 +142,7 @@ static RECORDED: AtomicU64 = AtomicU64::new(0);
 
 static CALL: LazyId = LazyId::new("call");
 
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+pub fn init(ruby: &Ruby) -> Result<(), Error> {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // SAFETY: a static, valid for the process; an AtomicUsize has a VALUE's layout. Once,
@@ -156,13 +156,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
     });
     pending::init(ruby)?;
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_allocations_start", function!(native_start, 5))?;
-    class.define_singleton_method("_native_allocations_stop", function!(native_stop, 0))?;
-    class.define_singleton_method("_native_own_allocations", function!(native_own, 1))?;
-    class.define_singleton_method("_native_allocations_stats", function!(native_stats, 0))?;
-    class.const_set("ALLOCATION_KEY", ALLOCATION_KEY)?;
-    class.const_set("MAX_ALLOCATION_INTERVAL", MAX_INTERVAL)?;
     Ok(())
 }
 
@@ -197,7 +190,7 @@ pub fn live() -> bool {
 /// the time, to cost about `overhead` of the program's time (`duty_cycle`), and
 /// `calibration.call` (Ruby code that allocates) first measures what the hook costs
 /// (`hook_cost`); else it is always on.
-fn native_start(
+pub(crate) fn native_start(
     ruby: &Ruby,
     interval: Value,
     handler: Value,
@@ -267,18 +260,18 @@ fn native_start(
 /// `Profiler._native_own_allocations(on)`: whether the allocations of this thread are the
 /// profiler's own from now on (none is sampled: the sample waits for the next allocation
 /// that is not); returns what it was, for nesting.
-fn native_own(on: bool) -> bool {
+pub(crate) fn native_own(on: bool) -> bool {
     OWN_HERE.with(|here| here.replace(on))
 }
 
-fn native_stop(ruby: &Ruby) -> Result<(), Error> {
+pub(crate) fn native_stop(ruby: &Ruby) -> Result<(), Error> {
     crate::recorder::errors::entry(ruby, || {
         stop();
         Ok(())
     })
 }
 
-fn native_stats(ruby: &Ruby) -> Result<RHash, Error> {
+pub(crate) fn native_stats(ruby: &Ruby) -> Result<RHash, Error> {
     crate::recorder::errors::entry(ruby, || {
         let hash = ruby.hash_new();
         hash.aset(ruby.to_symbol("sampled"), SAMPLED.load(Ordering::Relaxed))?;

@@ -42,7 +42,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
-use magnus::{function, prelude::*, Error, RArray, RModule, Ruby};
+use magnus::{Error, RArray, Ruby};
 
 use crate::sampling::clocks::thread_cpu::own_cpu_ns;
 use crate::sampling::signal_sampler::gc_ticks;
@@ -112,7 +112,7 @@ pub fn enabled() -> bool {
     gc_ticks::gc_measured()
 }
 
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+pub fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         HOOK.register();
@@ -120,12 +120,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         // (Ruby 3.1 `eval_jump.c`, `rb_ec_exec_end_proc`).
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
     });
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_gc_start", function!(native_start, 0))?;
-    class.define_singleton_method("_native_gc_stop", function!(native_stop, 0))?;
-    class.define_singleton_method("_native_take_gc", function!(native_take, 1))?;
-    class.define_singleton_method("_native_gc_lost_ns", function!(native_lost_ns, 0))?;
-    Ok(())
 }
 
 unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
@@ -139,7 +133,7 @@ fn stop() {
     HOOK.disable();
 }
 
-fn native_start(ruby: &Ruby) -> Result<(), Error> {
+pub(crate) fn native_start(ruby: &Ruby) -> Result<(), Error> {
     crate::recorder::errors::entry(ruby, || {
         stop();
         STATE.with(|state| {
@@ -161,7 +155,7 @@ fn native_start(ruby: &Ruby) -> Result<(), Error> {
     })
 }
 
-fn native_stop(ruby: &Ruby) -> Result<(), Error> {
+pub(crate) fn native_stop(ruby: &Ruby) -> Result<(), Error> {
     crate::recorder::errors::entry(ruby, || {
         stop();
         gc_ticks::update();
@@ -172,7 +166,7 @@ fn native_stop(ruby: &Ruby) -> Result<(), Error> {
 /// `Profiler._native_take_gc(tid)`: the GC time of thread `tid` since it was last taken, as
 /// `[cpu, wall]` ns for marking minor, marking major, sweeping minor, sweeping major (eight
 /// Integers), or nil if none; then forgets it.
-fn native_take(ruby: &Ruby, tid: i32) -> Result<Option<RArray>, Error> {
+pub(crate) fn native_take(ruby: &Ruby, tid: i32) -> Result<Option<RArray>, Error> {
     crate::recorder::errors::entry(ruby, || {
         let taken = STATE.with(|state| {
             let entry = state.threads.iter_mut().find(|t| t.tid == tid && tid != 0)?;
@@ -189,7 +183,7 @@ fn native_take(ruby: &Ruby, tid: i32) -> Result<Option<RArray>, Error> {
     })
 }
 
-fn native_lost_ns(ruby: &Ruby) -> Result<u64, Error> {
+pub(crate) fn native_lost_ns(ruby: &Ruby) -> Result<u64, Error> {
     crate::recorder::errors::entry(ruby, || Ok(LOST_NS.load(Ordering::Relaxed)))
 }
 

@@ -52,7 +52,7 @@ use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
-use magnus::{function, prelude::*, rb_sys::AsRawValue, Error, RModule, Ruby, Value};
+use magnus::{prelude::*, rb_sys::AsRawValue, Error, Ruby, Value};
 
 use crate::recorder::errors::entry;
 use crate::sampling::clocks::tsc;
@@ -104,7 +104,7 @@ static HOOK: AtomicUsize = AtomicUsize::new(0);
 /// `:gvl_untracked_events`.
 pub static UNTRACKED: AtomicU64 = AtomicU64::new(0);
 
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+pub fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // SAFETY: a plain function with no data, run with the GVL after every `at_exit` block
@@ -112,17 +112,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         // frees the Threads that its callback would look up.
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
     });
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    class.const_set("GVL_EVENTS", AVAILABLE)?;
-    class.define_singleton_method("_native_gvl_start", function!(native_start, 0))?;
-    class.define_singleton_method("_native_gvl_stop", function!(native_stop, 0))?;
-    class.define_singleton_method("_native_gvl_take", function!(native_take, 1))?;
-    class.define_singleton_method("_native_gvl_waiting", function!(native_waiting, 1))?;
-    class.define_singleton_method(
-        "_native_gvl_dispatch_probe",
-        function!(native_dispatch_probe, 1),
-    )?;
-    Ok(())
 }
 
 /// The slots `thread` (a VALUE) may be in, in probe order: from the one its hash names on.
@@ -206,7 +195,7 @@ fn clear(slot: &Slot) {
 /// `Profiler._native_gvl_start`: measures the GVL waits from now on; false on a Ruby without
 /// the API (or whose thread-specific keys are used up). In a forked child, the parent's hook
 /// and slots go first. With the GVL.
-fn native_start(ruby: &Ruby) -> Result<bool, Error> {
+pub(crate) fn native_start(ruby: &Ruby) -> Result<bool, Error> {
     entry(ruby, || {
         if !AVAILABLE {
             return Ok(false);
@@ -229,7 +218,7 @@ fn native_start(ruby: &Ruby) -> Result<bool, Error> {
 }
 
 /// `Profiler._native_gvl_stop`: removes the hook. With the GVL.
-fn native_stop(ruby: &Ruby) -> Result<(), Error> {
+pub(crate) fn native_stop(ruby: &Ruby) -> Result<(), Error> {
     entry(ruby, || {
         stop();
         Ok(())
@@ -239,7 +228,7 @@ fn native_stop(ruby: &Ruby) -> Result<(), Error> {
 /// `Profiler._native_gvl_take(thread)`: the ns `thread` waited for the GVL since the last
 /// take, counted up to now if it is waiting now; nil if its waits are not measured. After
 /// [`stop`] too: the sampler's last flush takes what the last waits left.
-fn native_take(ruby: &Ruby, thread: Value) -> Result<Option<u64>, Error> {
+pub(crate) fn native_take(ruby: &Ruby, thread: Value) -> Result<Option<u64>, Error> {
     entry(ruby, || {
         if !thread.is_kind_of(ruby.class_thread()) {
             return Err(Error::new(ruby.exception_type_error(), "expected a Thread"));
@@ -273,7 +262,7 @@ fn take(slot: &Slot) -> u64 {
 /// `Profiler._native_gvl_waiting(thread)`: whether `thread` is ready to run but without the
 /// GVL now (between its READY and its RESUMED); nil if its waits are not measured. With the
 /// GVL, so `thread` is not the caller.
-fn native_waiting(ruby: &Ruby, thread: Value) -> Result<Option<bool>, Error> {
+pub(crate) fn native_waiting(ruby: &Ruby, thread: Value) -> Result<Option<bool>, Error> {
     entry(ruby, || {
         if !thread.is_kind_of(ruby.class_thread()) {
             return Err(Error::new(ruby.exception_type_error(), "expected a Thread"));
@@ -291,7 +280,7 @@ fn native_waiting(ruby: &Ruby, thread: Value) -> Result<Option<bool>, Error> {
 /// its dispatch of every GVL event (its hooks' lock and list walk run for any event once a hook
 /// exists), and no callback runs while no thread starts: the part of the hook's cost that is
 /// Ruby's, measured apart from ours. False on a Ruby without the API. With the GVL.
-fn native_dispatch_probe(ruby: &Ruby, on: bool) -> Result<bool, Error> {
+pub(crate) fn native_dispatch_probe(ruby: &Ruby, on: bool) -> Result<bool, Error> {
     entry(ruby, || {
         if AVAILABLE {
             imp::dispatch_probe(on);

@@ -23,9 +23,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
-use magnus::{
-    function, prelude::*, rb_sys::AsRawValue, value::LazyId, Error, RModule, Ruby, Symbol, Value,
-};
+use magnus::{prelude::*, rb_sys::AsRawValue, value::LazyId, Error, Ruby, Symbol, Value};
 
 use crate::recorder::errors::{arg_error, entry, gem_error};
 use crate::sampling::clocks::thread_cpu::{own_cpu_ns, own_tid};
@@ -56,7 +54,7 @@ pub(super) static LATE_JOBS: AtomicU64 = AtomicU64::new(0);
 
 static CALL: LazyId = LazyId::new("call");
 
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+pub fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         crate::vm::postponed::prepare(job);
@@ -70,21 +68,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         // `rb_ec_exec_end_proc`), which is when the trigger thread must be gone.
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
     });
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_sampling_start", function!(native_sampling_start, 7))?;
-    class.define_singleton_method("_native_sampling_stop", function!(native_sampling_stop, 1))?;
-    class.define_singleton_method(
-        "_native_interrupt_deferral_checked?",
-        function!(native_interrupt_deferral_checked, 0),
-    )?;
-    class.const_set("MAX_HZ", MAX_HZ)?;
-    class.const_set("JOBLESS_TICKS", trigger::JOBLESS_TICKS)?;
-    class.define_singleton_method(
-        "_native_current_thread_cpu_time_ns",
-        function!(crate::sampling::clocks::thread_cpu::native_current_thread_cpu_time_ns, 0),
-    )?;
-    class.define_singleton_method("_native_task_ids", function!(native_task_ids, 0))?;
-    Ok(())
 }
 
 unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
@@ -139,7 +122,7 @@ fn ticks_kind(ruby: &Ruby, ticks: Symbol) -> Result<signal_sampler::Ticks, Error
 // One parameter per argument of the Ruby call, which magnus converts: a struct would only move
 // the list.
 #[allow(clippy::too_many_arguments)]
-fn native_sampling_start(
+pub(crate) fn native_sampling_start(
     ruby: &Ruby,
     hz: u32,
     handler: Value,
@@ -205,7 +188,7 @@ fn native_sampling_start(
 
 /// `Profiler._native_sampling_stop(owner)`: stops sampling if `owner` started it (nil: in
 /// any case). Returns whether it stopped.
-fn native_sampling_stop(ruby: &Ruby, owner: Value) -> Result<bool, Error> {
+pub(crate) fn native_sampling_stop(ruby: &Ruby, owner: Value) -> Result<bool, Error> {
     entry(ruby, || {
         let current = OWNER.load(Ordering::Acquire);
         if !owner.is_nil() && current != rb_sys::Qnil as usize && current != owner.as_raw() as usize
@@ -219,7 +202,7 @@ fn native_sampling_stop(ruby: &Ruby, owner: Value) -> Result<bool, Error> {
 
 /// `Profiler._native_interrupt_deferral_checked?`: whether the jobs can defer the program's
 /// interrupts on this Ruby (`interrupt_mask`'s layout guards pass on the calling thread).
-fn native_interrupt_deferral_checked(ruby: &Ruby) -> Result<bool, Error> {
+pub(crate) fn native_interrupt_deferral_checked(ruby: &Ruby) -> Result<bool, Error> {
     // SAFETY: a Ruby method, so on a Ruby thread with the GVL.
     entry(ruby, || Ok(unsafe { crate::sampling::interrupt_mask::layout_checks() }))
 }
@@ -227,7 +210,7 @@ fn native_interrupt_deferral_checked(ruby: &Ruby) -> Result<bool, Error> {
 /// `Profiler._native_task_ids`: the Linux ids of this process's threads (`/proc/self/task`),
 /// read without letting go of the GVL: `Dir.children` would, and then wait for a busy thread
 /// to hand it back (up to 100 ms, measured in `Profiler#start`). Empty if unreadable.
-fn native_task_ids(ruby: &Ruby) -> Result<Vec<i64>, Error> {
+pub(crate) fn native_task_ids(ruby: &Ruby) -> Result<Vec<i64>, Error> {
     entry(ruby, || {
         Ok(std::fs::read_dir("/proc/self/task")
             .map(|dir| dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())

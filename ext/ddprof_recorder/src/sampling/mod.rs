@@ -38,16 +38,14 @@ pub mod trigger;
 
 use magnus::{Error, RModule, Ruby};
 
-/// Defines the sampler's native methods and constants (on `Profiler` and
-/// `Profiler::NativeClock`), and registers its GC roots, postponed jobs and end procs. At load.
+/// Registers the sampler's GC roots, postponed jobs and end procs, and `Profiler::SignalSlotsRoot`
+/// (its native methods and constants are `ruby_api::profiler`'s). At load.
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
-    clocks::thread_cpu::init(ruby, module)?;
-    job::init(ruby, module)?;
+    job::init();
     signal_job::init(ruby, module)?;
-    stats::init(ruby, module)?;
     thread_end::init(ruby)?;
-    clocks::ruby_module::init(ruby, module)?;
-    stack_capture::init(ruby, module)?;
+    stack_capture::init(ruby)?;
     signal_sampler::gc_ticks::init();
-    gvl_events::init(ruby, module)
+    gvl_events::init();
+    Ok(())
 }

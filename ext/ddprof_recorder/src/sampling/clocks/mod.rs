@@ -6,13 +6,10 @@
 //!   by its Linux id;
 //! - [`tsc`]: the GVL hook's clock, the CPU's time-stamp counter where the kernel keeps time
 //!   with it (ticks, turned into ns only when read);
-//! - [`ruby_module`]: `DdprofRecorder::Profiler::NativeClock`, the clocks as Ruby module
-//!   functions for the Ruby sampler.
 //!
-//! Nothing here but `ruby_module` (which names readings kept elsewhere too) uses the rest of
-//! `sampling`: every other part reads its clocks from here.
+//! `Profiler::NativeClock` gives them to the Ruby sampler (registered in `ruby_api::profiler`).
+//! Nothing here uses the rest of `sampling`: every other part reads its clocks from here.
 
-pub mod ruby_module;
 pub mod thread_cpu;
 pub mod tsc;
 
@@ -35,4 +32,9 @@ pub fn clock_ns(clock: libc::clockid_t) -> Option<i64> {
 /// Process::CLOCK_MONOTONIC, :nanosecond)`, which the Ruby side compares with.
 pub fn monotonic_ns() -> i64 {
     clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0)
+}
+
+/// `Profiler::NativeClock.now_ns`: the monotonic clock, in ns.
+pub(crate) fn native_now_ns(ruby: &magnus::Ruby) -> Result<i64, magnus::Error> {
+    crate::recorder::errors::entry(ruby, || Ok(monotonic_ns()))
 }

@@ -11,7 +11,7 @@
 //! [`own_tid`] (cached per thread and fork generation).
 use std::cell::Cell;
 
-use magnus::{function, prelude::*, Error, RArray, RModule, Ruby};
+use magnus::{Error, RArray, Ruby};
 
 use super::clock_ns;
 
@@ -27,15 +27,6 @@ const CPUCLOCK_PERTHREAD_MASK: libc::clockid_t = 4;
 /// Scheduler CPU time (user + system, ns resolution), what `CLOCK_THREAD_CPUTIME_ID` reads.
 #[cfg(target_os = "linux")]
 const CPUCLOCK_SCHED: libc::clockid_t = 2;
-
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method(
-        "_native_thread_cpu_time_ns",
-        function!(native_thread_cpu_time_ns, 1),
-    )?;
-    Ok(())
-}
 
 /// `Profiler._native_thread_cpu_time_ns(tid)`: the CPU time in nanoseconds that the thread
 /// with Linux id `tid` has used since it started, or nil when it cannot be read (the thread
