@@ -62,7 +62,8 @@
 #   `kramdown`). Ours does the same: on Ruby 3.1 a tick that comes inside the GC is no
 #   sample (its CPU goes to the next, so the GC is spread like the rest, as stackprof's
 #   renormalized rest), and from 3.3 it is one, on the allocating code under a
-#   `(garbage collection)` leaf (ext/ddprof_recorder/src/sampling/gc_ticks.rs), left out here. With
+#   `(garbage collection)` leaf (ext/ddprof_recorder/src/sampling/signal_sampler/gc_ticks.rs), left
+#   out here. With
 #   rbspy, which charges GC to the frame that allocated, that leaf's CPU goes to the frame
 #   under it instead (`to_caller`). `--gc-apart`: ours is recorded with `record --gc` (GC time on
 #   `(garbage collection)` -> `(marking)`/`(sweeping)`, out of the code that triggered it) and

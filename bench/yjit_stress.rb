@@ -7,7 +7,7 @@
 # with GC.compact now and then (moving the iseqs the frames point at). Each process must exit
 # 0 with its stacks read in the handler; a crash prints Ruby's `[BUG]` report. A tick that
 # lands in the GC (a compaction among them) has its stack read at that GC step's end
-# (`read_at_gc_exit`, ext/ddprof_recorder/src/sampling/gc_ticks.rs).
+# (`read_at_gc_exit`, ext/ddprof_recorder/src/sampling/signal_sampler/gc_ticks.rs).
 #
 #   ruby bench/yjit_stress.rb [--runs 20] [--seconds 3] [--hz 999]
 #

@@ -31,7 +31,7 @@ module DdprofRecorder
   # rate decides only how finely time is split between stacks. How CPU is charged, how a
   # late job is handled and why, and how idle threads are added up: {ThreadSampler}. The
   # native half: ext/ddprof_recorder/src/sampling/trigger.rs (the trigger thread),
-  # job.rs (the job) and thread_cpu.rs (per-thread CPU clocks), in the same folder.
+  # job.rs (the job) and clocks/thread_cpu.rs (per-thread CPU clocks), in the same folder.
   #
   # Memory, on request (docs/profiler.md, "Memory"):
   #
@@ -964,7 +964,8 @@ module DdprofRecorder
       "sampling: #{how}, #{@hz} Hz#{deferral}"
     end
 
-    # What becomes of a tick that comes inside the GC (ext/ddprof_recorder/src/sampling/gc_ticks.rs):
+    # What becomes of a tick that comes inside the GC
+    # (ext/ddprof_recorder/src/sampling/signal_sampler/gc_ticks.rs):
     # nothing to say with gc: true, whose GC frames measure the GC's time.
     def gc_ticks_note
       return "" if @gc

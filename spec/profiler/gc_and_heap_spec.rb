@@ -59,7 +59,8 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
       expect(100.0 * in_gc / total).to be_within(5).of(100.0 * gc_ms * 1e6 / cpu)
       # The GC's CPU is taken out of the thread's, not added to it.
       expect(total).to be_within(cpu / 10).of(cpu)
-      # Not also as the leaf over the allocating code (gc_ticks.rs): that would count it twice.
+      # Not also as the leaf over the allocating code (signal_sampler/gc_ticks.rs): that would
+      # count it twice.
       expect(main.count { |s| s[:frames].first.first == "(garbage collection)" }).to eq(0)
     end
 
@@ -85,7 +86,8 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
 
     # TracePoint.stat counts the VM's event hooks ([active, deleted]), ours among them. With
     # gc: true the handler drops a tick inside the GC (its time is on the GC's own frames), so
-    # the GC_EXIT hook that would read it (gc_ticks.rs, 3.3+ in handler mode) must not be on:
+    # the GC_EXIT hook that would read it (signal_sampler/gc_ticks.rs, 3.3+ in handler mode) must
+    # not be on:
     # it stayed on, called for nothing at every GC step. And a stopped profiler leaves no hook.
     it "adds no hook whose ticks it drops, and leaves none after stop" do
       active = -> { TracePoint.stat.values.sum(&:first) }
@@ -104,7 +106,8 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
     end
   end
 
-  # ext/ddprof_recorder/src/sampling/gc_ticks.rs: a CPU tick inside the GC, read at the GC step's end.
+  # ext/ddprof_recorder/src/sampling/signal_sampler/gc_ticks.rs: a CPU tick inside the GC, read at
+  # the GC step's end.
   describe "without gc: true, a tick inside the GC" do
     def churn_profile
       GC.start
@@ -137,7 +140,8 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
         expect(in_gc.map { |s| s[:frames].first }.uniq).to eq([["(garbage collection)", "", 0]])
       end
 
-      # The stack is read at the end of the step that compacted (gc_ticks.rs): in a child, so
+      # The stack is read at the end of the step that compacted (signal_sampler/gc_ticks.rs): in a
+      # child, so
       # that a crash is a failure and not the end of the suite.
       it "reads stacks right through GC.compact and GC.auto_compact (999 Hz, 2 s, a child process)" do
         program = <<~RUBY

@@ -49,7 +49,7 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
     expect(stats[:signal_samples]).to be > [cpu_seconds * 199 * 0.2, 20].max
     expect(stats[:signals][:signal]).to match(/\ASIGRTMIN\+\d+\z/)
     # Every stack read at its tick: in the handler, or, for a tick inside the GC, at the end of
-    # its step (3.3+, gc_ticks.rs); none at a job.
+    # its step (3.3+, signal_sampler/gc_ticks.rs); none at a job.
     signals = stats[:signals]
     expect(signals[:signals_read_in_handler] + signals[:signals_read_at_gc_exit]).to be >= stats[:signal_samples]
     expect(signals[:signals_read_at_job]).to eq(0)
@@ -258,7 +258,7 @@ RSpec.describe DdprofRecorder::Profiler, "signals" do
       summary = "sort: #{(100 * sort_share).round(1)}% of the profile, truth #{(100 * stats['sort_truth']).round(1)}%; #{stats}"
       if DdprofRecorder::Profiler::HANDLER_READS_UNDER_YJIT
         expect(stats["sampling_mode"]).to eq("handler"), summary
-        # A tick inside the GC is read at the end of its step (gc_ticks.rs).
+        # A tick inside the GC is read at the end of its step (signal_sampler/gc_ticks.rs).
         expect(stats["signals_read_in_handler"] + stats["signals_read_at_gc_exit"]).to be >= stats["signal_samples"]
         expect(stats["signals_read_at_job"]).to eq(0)
         # Truth about half; at the next interrupt check it was near 0.

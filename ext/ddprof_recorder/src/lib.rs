@@ -6,6 +6,7 @@ mod directory_exporter;
 mod labels;
 mod memory;
 mod recorder;
+mod ruby_api;
 mod sampling;
 mod views;
 mod vm;
@@ -18,7 +19,8 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     recorder::stack_recorder::init(ruby, module)?;
     views::pprof_views::init(ruby, module)?;
     sampling::init(ruby, module)?;
-    memory::init(ruby, module)?;
+    memory::init(ruby)?;
+    ruby_api::profiler::init(ruby, module)?;
     labels::init(ruby, module)?;
     directory_exporter::init(ruby, module)
 }

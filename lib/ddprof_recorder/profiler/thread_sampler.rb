@@ -100,8 +100,9 @@ module DdprofRecorder
         [[[phase, "", 0].freeze, GC_FRAME].freeze, [GC_KIND_LABEL, kind].freeze].freeze
       end.freeze
 
-      # The real clocks, native functions (ext/ddprof_recorder/src/sampling/native_clock.rs), called
-      # with no Ruby method in between (the jobs read them with cold caches):
+      # The real clocks, native functions (ext/ddprof_recorder/src/sampling/clocks/, registered in
+      # ext/ddprof_recorder/src/ruby_api/profiler.rs), called with no Ruby method in between (the
+      # jobs read them with cold caches):
       # - `now_ns`: the monotonic clock;
       # - `thread_cpu_ns(tid)`: thread `tid`'s CPU clock, nil if it cannot be read;
       # - `current_cpu_ns`: the calling thread's CPU clock;

@@ -46,7 +46,7 @@
 //! # Reentrancy, fork and exit
 //!
 //! The job's own allocations, and those of the sampling job, are not sampled: each job marks
-//! the thread it runs on ([`JOB_HERE`], `job::in_job_here`), so that a job switched
+//! the thread it runs on ([`JOB_HERE`], `ruby_handler::in_job_here`), so that a job switched
 //! out in its Ruby handler does not hide the other threads' allocations. Nor are those of
 //! Profiler#start and #stop, on the thread that calls them ([`OWN_HERE`]). Any thread's job
 //! records the pending samples of every thread (`pending`). A forked child inherits the
@@ -66,8 +66,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
 use magnus::{
-    function, prelude::*, rb_sys::AsRawValue, rb_sys::FromRawValue, value::LazyId, Error, RHash,
-    RModule, RString, Ruby, Value,
+    prelude::*, rb_sys::AsRawValue, rb_sys::FromRawValue, value::LazyId, Error, RHash, RString,
+    Ruby, Value,
 };
 
 use crate::memory::{duty_cycle, pending, pending::Sample};
@@ -142,7 +142,7 @@ static RECORDED: AtomicU64 = AtomicU64::new(0);
 
 static CALL: LazyId = LazyId::new("call");
 
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+pub fn init(ruby: &Ruby) -> Result<(), Error> {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // SAFETY: a static, valid for the process; an AtomicUsize has a VALUE's layout. Once,
@@ -156,13 +156,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
     });
     pending::init(ruby)?;
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_allocations_start", function!(native_start, 5))?;
-    class.define_singleton_method("_native_allocations_stop", function!(native_stop, 0))?;
-    class.define_singleton_method("_native_own_allocations", function!(native_own, 1))?;
-    class.define_singleton_method("_native_allocations_stats", function!(native_stats, 0))?;
-    class.const_set("ALLOCATION_KEY", ALLOCATION_KEY)?;
-    class.const_set("MAX_ALLOCATION_INTERVAL", MAX_INTERVAL)?;
     Ok(())
 }
 
@@ -197,7 +190,7 @@ pub fn live() -> bool {
 /// the time, to cost about `overhead` of the program's time (`duty_cycle`), and
 /// `calibration.call` (Ruby code that allocates) first measures what the hook costs
 /// (`hook_cost`); else it is always on.
-fn native_start(
+pub(crate) fn native_start(
     ruby: &Ruby,
     interval: Value,
     handler: Value,
@@ -267,18 +260,18 @@ fn native_start(
 /// `Profiler._native_own_allocations(on)`: whether the allocations of this thread are the
 /// profiler's own from now on (none is sampled: the sample waits for the next allocation
 /// that is not); returns what it was, for nesting.
-fn native_own(on: bool) -> bool {
+pub(crate) fn native_own(on: bool) -> bool {
     OWN_HERE.with(|here| here.replace(on))
 }
 
-fn native_stop(ruby: &Ruby) -> Result<(), Error> {
+pub(crate) fn native_stop(ruby: &Ruby) -> Result<(), Error> {
     crate::recorder::errors::entry(ruby, || {
         stop();
         Ok(())
     })
 }
 
-fn native_stats(ruby: &Ruby) -> Result<RHash, Error> {
+pub(crate) fn native_stats(ruby: &Ruby) -> Result<RHash, Error> {
     crate::recorder::errors::entry(ruby, || {
         let hash = ruby.hash_new();
         hash.aset(ruby.to_symbol("sampled"), SAMPLED.load(Ordering::Relaxed))?;
@@ -354,7 +347,7 @@ fn newobj(tracepoint: rb_sys::VALUE) {
     if !live()
         || JOB_HERE.with(Cell::get)
         || OWN_HERE.with(Cell::get)
-        || crate::sampling::job::in_job_here()
+        || crate::sampling::ruby_handler::in_job_here()
     {
         return;
     }
@@ -410,7 +403,7 @@ fn run_job() {
     }
     // What the samples cost is the hook's too: the duty cycle lengthens the on-slots by it.
     // This thread's CPU, not the clock: time it is switched out is no cost of ours.
-    let started = crate::sampling::thread_cpu::own_cpu_ns();
+    let started = crate::sampling::clocks::thread_cpu::own_cpu_ns();
     // The handler is Ruby code: the program's Thread#raise, Thread#kill and Timeout wait
     // until the job is over, so that they reach the program, not the handler.
     // SAFETY: in a postponed job with the GVL; dropped at the end of this function.
@@ -418,13 +411,13 @@ fn run_job() {
     if let Ok(ruby) = Ruby::get() {
         // This thread's key for the stacks it names (another thread's job may run while
         // this one is switched out in its handler).
-        let tid = crate::sampling::job::own_tid();
+        let tid = crate::sampling::clocks::thread_cpu::own_tid();
         let key = ALLOCATION_KEY + i64::from(tid.max(0));
         // A CPU tick in here is no sample: its stack would be the handler's, in the gem
         // (seen at interval 1: AllocationRecorder#call frames with the program's CPU). Its
         // CPU stays to be charged at the thread's next sample, as the hook's own cost is.
         // Not when the sampling job runs here (its handler's end clears the mark).
-        let mark = !crate::sampling::job::in_job_here();
+        let mark = !crate::sampling::ruby_handler::in_job_here();
         if mark {
             crate::sampling::signal_sampler::set_in_job(tid, true);
         }
@@ -439,7 +432,8 @@ fn run_job() {
         }
         crate::sampling::stack_capture::forget(key);
     }
-    let spent = crate::sampling::thread_cpu::own_cpu_ns().saturating_sub(started).max(0) as u64;
+    let spent =
+        crate::sampling::clocks::thread_cpu::own_cpu_ns().saturating_sub(started).max(0) as u64;
     JOB_NS.fetch_add(spent, Ordering::Relaxed);
     JOB_HERE.with(|here| here.set(false));
     drop(deferred);

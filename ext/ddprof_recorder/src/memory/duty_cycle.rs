@@ -244,11 +244,10 @@ fn sleep_until(deadline: Instant, stop: &AtomicBool) -> bool {
 /// This thread's own wake-ups fall mostly in the on-slots: counted, they made the hook look
 /// dearer and the count high (bench/RESULTS.md).
 fn program_cpu_ns() -> u64 {
-    let process =
-        crate::sampling::thread_cpu::clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0);
+    let process = crate::sampling::clocks::clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID).unwrap_or(0);
     let own = match THREAD_TID.load(Ordering::Acquire) {
         0 => 0,
-        tid => crate::sampling::thread_cpu::cpu_time_ns(tid).unwrap_or(0),
+        tid => crate::sampling::clocks::thread_cpu::cpu_time_ns(tid).unwrap_or(0),
     };
     (process - own).max(0) as u64
 }
@@ -333,7 +332,7 @@ fn run(setup: &Setup, stop: &AtomicBool) {
 }
 
 fn monotonic_ns() -> u64 {
-    crate::sampling::trigger::monotonic_ns().max(0) as u64
+    crate::sampling::clocks::monotonic_ns().max(0) as u64
 }
 
 fn run_blocks(setup: &Setup, stop: &AtomicBool) {

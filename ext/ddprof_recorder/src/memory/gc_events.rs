@@ -32,18 +32,20 @@
 //! its start to its stop), and in that process only: a forked child inherits the enabled hook
 //! (Ruby's hook list is process memory), where it measures nothing (the fork generation) until
 //! the child starts measuring itself, and [`enabled`] says false; `ForkHook` removes it there
-//! (`lib/ddprof_recorder/fork_hook.rb`). While it measures, the
-//! GC_EXIT hook that reads ticks inside the GC (`sampling::gc_ticks`) is off: the handler drops
-//! those ticks then (their time is this module's), so that hook would only cost a call at
-//! every GC step; each start and stop here tells `gc_ticks` to re-check.
+//! (`lib/ddprof_recorder/fork_hook.rb`). While it measures, the GC_EXIT hook that reads ticks
+//! inside the GC (`sampling::signal_sampler::gc_ticks`) is off: the handler drops those ticks
+//! then (their time is this module's), so that hook would only cost a call at every GC step;
+//! each start and stop here sets `gc_ticks`' flag of it and tells `gc_ticks` to re-check (the
+//! flag is kept there so that the capture never asks `memory/`).
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
-use magnus::{function, prelude::*, Error, RArray, RModule, Ruby};
+use magnus::{Error, RArray, Ruby};
 
-use crate::sampling::thread_cpu::own_cpu_ns;
+use crate::sampling::clocks::thread_cpu::own_cpu_ns;
+use crate::sampling::signal_sampler::gc_ticks;
 use crate::vm::gvl_cell::GvlCell;
 use crate::vm::internal_hook::InternalHook;
 
@@ -92,9 +94,6 @@ static STATE: GvlCell<GcState> = GvlCell::new(
         last_wall: 0,
     },
 );
-static ENABLED: AtomicBool = AtomicBool::new(false);
-/// The fork generation that enabled it (a forked child's inherited hook measures nothing).
-static GENERATION: AtomicU64 = AtomicU64::new(u64::MAX);
 static HOOK: InternalHook = InternalHook::new(
     rb_sys::RUBY_INTERNAL_EVENT_GC_ENTER
         | rb_sys::RUBY_INTERNAL_EVENT_GC_EXIT
@@ -107,13 +106,13 @@ static HOOK: InternalHook = InternalHook::new(
 static MAJOR_BY: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
 static LOST_NS: AtomicU64 = AtomicU64::new(0);
 
-/// Whether the GC's time is being measured (`gc: true`), in this process.
+/// Whether the GC's time is being measured (`gc: true`), in this process. The flag lives in
+/// `signal_sampler::gc_ticks`, whose hook must not run while this one measures.
 pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Acquire)
-        && GENERATION.load(Ordering::Acquire) == crate::recorder::fork::fork_generation()
+    gc_ticks::gc_measured()
 }
 
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+pub fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         HOOK.register();
@@ -121,12 +120,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         // (Ruby 3.1 `eval_jump.c`, `rb_ec_exec_end_proc`).
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
     });
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_gc_start", function!(native_start, 0))?;
-    class.define_singleton_method("_native_gc_stop", function!(native_stop, 0))?;
-    class.define_singleton_method("_native_take_gc", function!(native_take, 1))?;
-    class.define_singleton_method("_native_gc_lost_ns", function!(native_lost_ns, 0))?;
-    Ok(())
 }
 
 unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
@@ -136,11 +129,11 @@ unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
 /// Off. Also the end proc's: at exit the sampling's own end proc turns `gc_ticks`' hook off,
 /// so this one does not ask it to re-check (which could turn it on while Ruby tears down).
 fn stop() {
-    ENABLED.store(false, Ordering::Release);
+    gc_ticks::set_gc_measured(false);
     HOOK.disable();
 }
 
-fn native_start(ruby: &Ruby) -> Result<(), Error> {
+pub(crate) fn native_start(ruby: &Ruby) -> Result<(), Error> {
     crate::recorder::errors::entry(ruby, || {
         stop();
         STATE.with(|state| {
@@ -155,18 +148,17 @@ fn native_start(ruby: &Ruby) -> Result<(), Error> {
             MAJOR_BY.store(sym as usize, Ordering::Release);
             rb_sys::rb_gc_latest_gc_info(sym);
         }
-        GENERATION.store(crate::recorder::fork::fork_generation(), Ordering::Release);
-        ENABLED.store(true, Ordering::Release);
+        gc_ticks::set_gc_measured(true);
         HOOK.enable();
-        crate::sampling::gc_ticks::update();
+        gc_ticks::update();
         Ok(())
     })
 }
 
-fn native_stop(ruby: &Ruby) -> Result<(), Error> {
+pub(crate) fn native_stop(ruby: &Ruby) -> Result<(), Error> {
     crate::recorder::errors::entry(ruby, || {
         stop();
-        crate::sampling::gc_ticks::update();
+        gc_ticks::update();
         Ok(())
     })
 }
@@ -174,7 +166,7 @@ fn native_stop(ruby: &Ruby) -> Result<(), Error> {
 /// `Profiler._native_take_gc(tid)`: the GC time of thread `tid` since it was last taken, as
 /// `[cpu, wall]` ns for marking minor, marking major, sweeping minor, sweeping major (eight
 /// Integers), or nil if none; then forgets it.
-fn native_take(ruby: &Ruby, tid: i32) -> Result<Option<RArray>, Error> {
+pub(crate) fn native_take(ruby: &Ruby, tid: i32) -> Result<Option<RArray>, Error> {
     crate::recorder::errors::entry(ruby, || {
         let taken = STATE.with(|state| {
             let entry = state.threads.iter_mut().find(|t| t.tid == tid && tid != 0)?;
@@ -191,7 +183,7 @@ fn native_take(ruby: &Ruby, tid: i32) -> Result<Option<RArray>, Error> {
     })
 }
 
-fn native_lost_ns(ruby: &Ruby) -> Result<u64, Error> {
+pub(crate) fn native_lost_ns(ruby: &Ruby) -> Result<u64, Error> {
     crate::recorder::errors::entry(ruby, || Ok(LOST_NS.load(Ordering::Relaxed)))
 }
 
@@ -214,11 +206,11 @@ fn gc_event(event: rb_sys::rb_event_flag_t) {
 }
 
 fn on_event(state: &mut GcState, event: rb_sys::rb_event_flag_t) {
-    let (cpu, wall) = (own_cpu_ns(), crate::sampling::trigger::monotonic_ns());
+    let (cpu, wall) = (own_cpu_ns(), crate::sampling::clocks::monotonic_ns());
     if event == rb_sys::RUBY_INTERNAL_EVENT_GC_ENTER {
         state.inside = true;
-        state.counted = !crate::sampling::job::in_job_here();
-        state.tid = crate::sampling::job::own_tid();
+        state.counted = !crate::sampling::ruby_handler::in_job_here();
+        state.tid = crate::sampling::clocks::thread_cpu::own_tid();
         state.last_cpu = cpu;
         state.last_wall = wall;
         return;

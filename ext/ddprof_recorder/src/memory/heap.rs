@@ -24,7 +24,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Once};
 
-use magnus::{function, prelude::*, Error, RArray, RHash, RModule, RString, Ruby};
+use magnus::{Error, RArray, RHash, RString, Ruby};
 use rustc_hash::{FxHashMap, FxHasher};
 
 use crate::vm::gvl_cell::{GcRoot, GvlCell};
@@ -94,14 +94,10 @@ extern "C" {
     fn rb_obj_memsize_of(obj: rb_sys::VALUE) -> usize;
 }
 
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+pub fn init(ruby: &Ruby) -> Result<(), Error> {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| HOOK.register());
     GcRoot { mark: None, compact: Some(compact) }.register(ruby)?;
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_heap_live", function!(native_live, 0))?;
-    class.define_singleton_method("_native_heap_stop", function!(native_stop, 0))?;
-    class.const_set("MAX_HEAP_TRACKED", MAX_TRACKED)?;
     Ok(())
 }
 
@@ -123,7 +119,7 @@ pub fn stop() {
     HOOK.disable();
 }
 
-fn native_stop(ruby: &Ruby) -> Result<(), Error> {
+pub(crate) fn native_stop(ruby: &Ruby) -> Result<(), Error> {
     crate::recorder::errors::entry(ruby, || {
         stop();
         Ok(())
@@ -207,7 +203,7 @@ struct Live {
 /// samples, size], ...]` (`frames` as `[name, file, line]`, leaf first; `size`: each
 /// object's `ObjectSpace.memsize_of` times its sample's weight, an estimate of the bytes
 /// that stack's live objects hold).
-fn native_live(ruby: &Ruby) -> Result<RArray, Error> {
+pub(crate) fn native_live(ruby: &Ruby) -> Result<RArray, Error> {
     crate::recorder::errors::entry(ruby, || {
         let lines = HEAP.with(|heap| {
             let heap = heap.as_mut()?;

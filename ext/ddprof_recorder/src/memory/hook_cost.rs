@@ -33,9 +33,9 @@ pub fn calibrate(ruby: &Ruby, calibration: Value) -> Result<f64, Error> {
             crate::memory::allocations::count_only(true);
         }
         let seen = SEEN.load(Ordering::Relaxed);
-        let started = crate::sampling::thread_cpu::own_cpu_ns();
+        let started = crate::sampling::clocks::thread_cpu::own_cpu_ns();
         let called = calibration.funcall::<_, _, Value>("call", ());
-        let spent = crate::sampling::thread_cpu::own_cpu_ns() - started;
+        let spent = crate::sampling::clocks::thread_cpu::own_cpu_ns() - started;
         crate::memory::allocations::count_only(false);
         called?;
         Ok((spent, SEEN.load(Ordering::Relaxed).wrapping_sub(seen)))

@@ -12,12 +12,13 @@ pub mod heap;
 pub mod hook_cost;
 pub mod pending;
 
-use magnus::{Error, RModule, Ruby};
+use magnus::{Error, Ruby};
 
-/// Defines the folder's native methods on `Profiler` and registers its GC roots, postponed
-/// jobs and end procs. At load.
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
-    allocations::init(ruby, module)?;
-    heap::init(ruby, module)?;
-    gc_events::init(ruby, module)
+/// Registers the folder's GC roots, postponed jobs and end procs (its native methods on
+/// `Profiler` are `ruby_api::profiler`'s). At load.
+pub fn init(ruby: &Ruby) -> Result<(), Error> {
+    allocations::init(ruby)?;
+    heap::init(ruby)?;
+    gc_events::init();
+    Ok(())
 }

@@ -20,7 +20,7 @@
 //! the sampler takes them at the thread's end (the take leaves a [`TOMB`], so that the threads
 //! that probed past the slot are still found), or, with no slot free, a new thread reclaims it.
 //! A slot is a cache line of its own: a thread's events come from both cores, and two threads'
-//! slots never share a line. Times are the ticks of `tick_clock` (the CPU's counter where the
+//! slots never share a line. Times are the ticks of `clocks::tsc` (the CPU's counter where the
 //! kernel keeps time with it), turned into ns by the take only.
 //!
 //! The hook makes no read-modify-write either (each is a locked instruction): a slot's wait
@@ -52,10 +52,10 @@ use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
-use magnus::{function, prelude::*, rb_sys::AsRawValue, Error, RModule, Ruby, Value};
+use magnus::{prelude::*, rb_sys::AsRawValue, Error, Ruby, Value};
 
 use crate::recorder::errors::entry;
-use crate::sampling::tick_clock;
+use crate::sampling::clocks::tsc;
 
 /// Whether this Ruby has the thread event API with the event's thread (3.3 and later).
 pub const AVAILABLE: bool = cfg!(ruby_gte_3_3);
@@ -69,7 +69,7 @@ const SLOTS: usize = 1024;
 #[repr(align(64))]
 struct Slot {
     owner: AtomicUsize,
-    /// Ticks (`tick_clock`) when the thread became ready, 0 while it is not waiting.
+    /// Ticks (`clocks::tsc`) when the thread became ready, 0 while it is not waiting.
     ready_at: AtomicU64,
     /// Ticks waited in the waits that ended since the slot was claimed. Written by the thread's
     /// events only.
@@ -104,7 +104,7 @@ static HOOK: AtomicUsize = AtomicUsize::new(0);
 /// `:gvl_untracked_events`.
 pub static UNTRACKED: AtomicU64 = AtomicU64::new(0);
 
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+pub fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         // SAFETY: a plain function with no data, run with the GVL after every `at_exit` block
@@ -112,17 +112,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         // frees the Threads that its callback would look up.
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
     });
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    class.const_set("GVL_EVENTS", AVAILABLE)?;
-    class.define_singleton_method("_native_gvl_start", function!(native_start, 0))?;
-    class.define_singleton_method("_native_gvl_stop", function!(native_stop, 0))?;
-    class.define_singleton_method("_native_gvl_take", function!(native_take, 1))?;
-    class.define_singleton_method("_native_gvl_waiting", function!(native_waiting, 1))?;
-    class.define_singleton_method(
-        "_native_gvl_dispatch_probe",
-        function!(native_dispatch_probe, 1),
-    )?;
-    Ok(())
 }
 
 /// The slots `thread` (a VALUE) may be in, in probe order: from the one its hash names on.
@@ -206,7 +195,7 @@ fn clear(slot: &Slot) {
 /// `Profiler._native_gvl_start`: measures the GVL waits from now on; false on a Ruby without
 /// the API (or whose thread-specific keys are used up). In a forked child, the parent's hook
 /// and slots go first. With the GVL.
-fn native_start(ruby: &Ruby) -> Result<bool, Error> {
+pub(crate) fn native_start(ruby: &Ruby) -> Result<bool, Error> {
     entry(ruby, || {
         if !AVAILABLE {
             return Ok(false);
@@ -220,7 +209,7 @@ fn native_start(ruby: &Ruby) -> Result<bool, Error> {
                 clear(slot);
             }
         }
-        tick_clock::init();
+        tsc::init();
         if !HOOKED.swap(true, Ordering::AcqRel) {
             imp::add_hook();
         }
@@ -229,7 +218,7 @@ fn native_start(ruby: &Ruby) -> Result<bool, Error> {
 }
 
 /// `Profiler._native_gvl_stop`: removes the hook. With the GVL.
-fn native_stop(ruby: &Ruby) -> Result<(), Error> {
+pub(crate) fn native_stop(ruby: &Ruby) -> Result<(), Error> {
     entry(ruby, || {
         stop();
         Ok(())
@@ -239,7 +228,7 @@ fn native_stop(ruby: &Ruby) -> Result<(), Error> {
 /// `Profiler._native_gvl_take(thread)`: the ns `thread` waited for the GVL since the last
 /// take, counted up to now if it is waiting now; nil if its waits are not measured. After
 /// [`stop`] too: the sampler's last flush takes what the last waits left.
-fn native_take(ruby: &Ruby, thread: Value) -> Result<Option<u64>, Error> {
+pub(crate) fn native_take(ruby: &Ruby, thread: Value) -> Result<Option<u64>, Error> {
     entry(ruby, || {
         if !thread.is_kind_of(ruby.class_thread()) {
             return Err(Error::new(ruby.exception_type_error(), "expected a Thread"));
@@ -250,7 +239,7 @@ fn native_take(ruby: &Ruby, thread: Value) -> Result<Option<u64>, Error> {
         // An ended thread's last take: its slot is free again.
         let _ =
             slot.owner.compare_exchange(thread | ENDED, TOMB, Ordering::AcqRel, Ordering::Relaxed);
-        Ok(Some(tick_clock::to_ns(new)))
+        Ok(Some(tsc::to_ns(new)))
     })
 }
 
@@ -261,7 +250,7 @@ fn take(slot: &Slot) -> u64 {
     let mut total = slot.waited.load(Ordering::Acquire);
     let ready = slot.ready_at.load(Ordering::Acquire);
     if ready > 0 {
-        total += tick_clock::now().saturating_sub(ready);
+        total += tsc::now().saturating_sub(ready);
     }
     let new = total.saturating_sub(slot.taken.load(Ordering::Relaxed));
     if new > 0 {
@@ -273,7 +262,7 @@ fn take(slot: &Slot) -> u64 {
 /// `Profiler._native_gvl_waiting(thread)`: whether `thread` is ready to run but without the
 /// GVL now (between its READY and its RESUMED); nil if its waits are not measured. With the
 /// GVL, so `thread` is not the caller.
-fn native_waiting(ruby: &Ruby, thread: Value) -> Result<Option<bool>, Error> {
+pub(crate) fn native_waiting(ruby: &Ruby, thread: Value) -> Result<Option<bool>, Error> {
     entry(ruby, || {
         if !thread.is_kind_of(ruby.class_thread()) {
             return Err(Error::new(ruby.exception_type_error(), "expected a Thread"));
@@ -291,7 +280,7 @@ fn native_waiting(ruby: &Ruby, thread: Value) -> Result<Option<bool>, Error> {
 /// its dispatch of every GVL event (its hooks' lock and list walk run for any event once a hook
 /// exists), and no callback runs while no thread starts: the part of the hook's cost that is
 /// Ruby's, measured apart from ours. False on a Ruby without the API. With the GVL.
-fn native_dispatch_probe(ruby: &Ruby, on: bool) -> Result<bool, Error> {
+pub(crate) fn native_dispatch_probe(ruby: &Ruby, on: bool) -> Result<bool, Error> {
     entry(ruby, || {
         if AVAILABLE {
             imp::dispatch_probe(on);
@@ -315,13 +304,13 @@ fn on_event(event: u32, thread: usize) {
         imp::READY => {
             // A READY with a wait under way keeps the wait's start.
             if slot.ready_at.load(Ordering::Relaxed) == 0 {
-                slot.ready_at.store(tick_clock::now(), Ordering::Release);
+                slot.ready_at.store(tsc::now(), Ordering::Release);
             }
         }
         imp::RESUMED => {
             let ready = slot.ready_at.load(Ordering::Relaxed);
             if ready > 0 {
-                let waited = tick_clock::now().saturating_sub(ready);
+                let waited = tsc::now().saturating_sub(ready);
                 // Cleared before the wait is added, so that a take sees it in one place only.
                 slot.ready_at.store(0, Ordering::Relaxed);
                 let total = slot.waited.load(Ordering::Relaxed) + waited;
@@ -487,14 +476,14 @@ mod tests {
 
     #[test]
     fn a_wait_is_taken_once_whether_taken_during_it_or_after() {
-        tick_clock::init();
+        tsc::init();
         // The ticks' rate is measured since `init`: let it settle before timing with it.
         std::thread::sleep(std::time::Duration::from_millis(20));
         let thread = 0x7f20_0000_1000;
         let slot = slot(thread, true).unwrap();
         let spin = |ns: u64| {
-            let start = tick_clock::now();
-            while tick_clock::to_ns(tick_clock::now() - start) < ns {}
+            let start = tsc::now();
+            while tsc::to_ns(tsc::now() - start) < ns {}
         };
         on_event(imp::READY, thread);
         spin(200_000);
@@ -506,7 +495,7 @@ mod tests {
         let whole = slot.waited.load(Ordering::Relaxed);
         assert_eq!(during + after, whole, "the wait, in two parts");
         // Not 400,000 exactly: the ticks' rate may have moved a little since the spins.
-        assert!(tick_clock::to_ns(whole) >= 396_000);
+        assert!(tsc::to_ns(whole) >= 396_000);
         assert_eq!(take(slot), 0, "nothing twice");
         // A second wait: the next take is it, and only it.
         on_event(imp::READY, thread);
@@ -514,7 +503,7 @@ mod tests {
         on_event(imp::RESUMED, thread);
         let second = take(slot);
         assert_eq!(second, slot.waited.load(Ordering::Relaxed) - whole);
-        assert!(tick_clock::to_ns(second) >= 98_000);
+        assert!(tsc::to_ns(second) >= 98_000);
         on_event(imp::EXITED, thread);
     }
 

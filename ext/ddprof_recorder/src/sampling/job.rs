@@ -12,24 +12,24 @@
 //! exception escapes into the flush (which would drop the other queued jobs), and no panic
 //! crosses into C (`catch_unwind`).
 //!
-//! The handler is kept in [`HANDLER`], a GC root (`rb_gc_register_address`, which also pins
-//! it against compaction). It is only read and written with the GVL held. The job the signal
-//! handler asks for calls it too ([`call_handler`]), from `signal_job`.
-use std::cell::Cell;
+//! The handler is kept in `ruby_handler::HANDLER`, a GC root that [`init`] registers
+//! (`rb_gc_register_address`, which also pins it against compaction). It is only read and
+//! written with the GVL held. The job the signal handler asks for calls it too
+//! (`ruby_handler::call_handler`), from `signal_job`. This file is the top of the jobs' side:
+//! it starts and stops the capture (`signal_sampler`), the schedule (`trigger`) and the other
+//! job (`signal_job`), and nothing of them uses it (see `ruby_handler`).
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
-use magnus::{
-    function, prelude::*, rb_sys::AsRawValue, rb_sys::FromRawValue, value::LazyId, Error, RModule,
-    Ruby, Symbol, Value,
-};
+use magnus::{prelude::*, rb_sys::AsRawValue, value::LazyId, Error, Ruby, Symbol, Value};
 
 use crate::recorder::errors::{arg_error, entry, gem_error};
+use crate::sampling::clocks::thread_cpu::{own_cpu_ns, own_tid};
+use crate::sampling::ruby_handler;
 use crate::sampling::signal_job::signal_job;
 use crate::sampling::signal_sampler;
-use crate::sampling::thread_cpu::own_cpu_ns;
 use crate::sampling::trigger::{self, Tick};
 
 /// A job that runs more than this after its tick may have waited for a blocked thread.
@@ -46,41 +46,21 @@ const LATE_AFTER_NS: i64 = 30_000;
 /// [`native_sampling_start`] checks it again only so that no bad rate reaches the trigger.
 pub const MAX_HZ: u32 = 1000;
 
-/// Whether sampling is on: jobs still queued when it is turned off do nothing.
-pub(super) static ENABLED: AtomicBool = AtomicBool::new(false);
 /// A job is running (possibly switched out inside the handler's Ruby code).
 static IN_JOB: AtomicBool = AtomicBool::new(false);
-/// The handler (a Ruby object with `call` and `signal_samples`), or Qnil. A GC root.
-static HANDLER: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
 /// The profiler that started sampling (one per process), or Qnil. A GC root.
 static OWNER: AtomicUsize = AtomicUsize::new(rb_sys::Qnil as usize);
-/// Jobs that sampled (the trigger watches it to know when to wake the Ruby sampler thread).
-pub(super) static JOBS: AtomicU64 = AtomicU64::new(0);
 pub(super) static LATE_JOBS: AtomicU64 = AtomicU64::new(0);
 
 static CALL: LazyId = LazyId::new("call");
 
-thread_local! {
-    /// This thread's Linux id, read once per process (`gettid` is a system call), with the
-    /// fork generation it was read in: the thread that forks has a new id in the child.
-    static TID: Cell<(u64, i32)> = const { Cell::new((u64::MAX, 0)) };
-    /// The job runs on this thread (possibly switched out in its handler).
-    pub(super) static JOB_HERE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Whether the calling thread is running the job: the memory hooks leave its allocations
-/// and GC out (see `allocations`, `gc_events`).
-pub fn in_job_here() -> bool {
-    JOB_HERE.with(Cell::get)
-}
-
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+pub fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         crate::vm::postponed::prepare(job);
         // SAFETY: `HANDLER` is a static, so the address stays valid for the process's life;
         // an AtomicUsize has the layout of a VALUE. Called once, with the GVL (at load).
-        unsafe { rb_sys::rb_gc_register_address(HANDLER.as_ptr().cast()) };
+        unsafe { rb_sys::rb_gc_register_address(ruby_handler::HANDLER.as_ptr().cast()) };
         // SAFETY: as above.
         unsafe { rb_sys::rb_gc_register_address(OWNER.as_ptr().cast()) };
         // SAFETY: registers a plain function with no data; Ruby calls it with the GVL after
@@ -88,21 +68,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         // `rb_ec_exec_end_proc`), which is when the trigger thread must be gone.
         unsafe { rb_sys::rb_set_end_proc(Some(stop_at_exit), rb_sys::Qnil as rb_sys::VALUE) };
     });
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_sampling_start", function!(native_sampling_start, 7))?;
-    class.define_singleton_method("_native_sampling_stop", function!(native_sampling_stop, 1))?;
-    class.define_singleton_method(
-        "_native_interrupt_deferral_checked?",
-        function!(native_interrupt_deferral_checked, 0),
-    )?;
-    class.const_set("MAX_HZ", MAX_HZ)?;
-    class.const_set("JOBLESS_TICKS", trigger::JOBLESS_TICKS)?;
-    class.define_singleton_method(
-        "_native_current_thread_cpu_time_ns",
-        function!(native_current_thread_cpu_time_ns, 0),
-    )?;
-    class.define_singleton_method("_native_task_ids", function!(native_task_ids, 0))?;
-    Ok(())
 }
 
 unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
@@ -110,12 +75,12 @@ unsafe extern "C" fn stop_at_exit(_: rb_sys::VALUE) {
 }
 
 fn stop() {
-    ENABLED.store(false, Ordering::Release);
+    ruby_handler::ENABLED.store(false, Ordering::Release);
     trigger::stop();
     signal_sampler::stop();
-    crate::sampling::gc_ticks::stop();
+    crate::sampling::signal_sampler::gc_ticks::stop();
     crate::sampling::thread_end::stop();
-    HANDLER.store(rb_sys::Qnil as usize, Ordering::Release);
+    ruby_handler::HANDLER.store(rb_sys::Qnil as usize, Ordering::Release);
     OWNER.store(rb_sys::Qnil as usize, Ordering::Release);
 }
 
@@ -157,7 +122,7 @@ fn ticks_kind(ruby: &Ruby, ticks: Symbol) -> Result<signal_sampler::Ticks, Error
 // One parameter per argument of the Ruby call, which magnus converts: a struct would only move
 // the list.
 #[allow(clippy::too_many_arguments)]
-fn native_sampling_start(
+pub(crate) fn native_sampling_start(
     ruby: &Ruby,
     hz: u32,
     handler: Value,
@@ -174,7 +139,7 @@ fn native_sampling_start(
         let mode = signal_mode(ruby, signals)?;
         let ticks = ticks_kind(ruby, ticks)?;
         let current = OWNER.load(Ordering::Acquire);
-        if ENABLED.load(Ordering::Acquire)
+        if ruby_handler::ENABLED.load(Ordering::Acquire)
             && trigger::is_running()
             && current != rb_sys::Qnil as usize
             && current != owner.as_raw() as usize
@@ -190,17 +155,17 @@ fn native_sampling_start(
                 let signo = signal_sampler::start(mode, hz, ticks, signal_job)
                     .map_err(|e| gem_error(ruby, e))?;
                 if mode == signal_sampler::Mode::Handler {
-                    crate::sampling::gc_ticks::start();
+                    crate::sampling::signal_sampler::gc_ticks::start();
                 }
                 signo
             }
             None => 0,
         };
-        HANDLER.store(handler.as_raw() as usize, Ordering::Release);
+        ruby_handler::HANDLER.store(handler.as_raw() as usize, Ordering::Release);
         OWNER.store(owner.as_raw() as usize, Ordering::Release);
         // A fork taken while a job was switched out leaves the flag set in the child.
         IN_JOB.store(false, Ordering::Release);
-        ENABLED.store(true, Ordering::Release);
+        ruby_handler::ENABLED.store(true, Ordering::Release);
         if wake_fd >= 0 {
             // SAFETY: fcntl on a descriptor number only reads and sets its flags; a bad one
             // fails with EBADF. Non-blocking: the trigger must never wait on a full pipe.
@@ -212,7 +177,7 @@ fn native_sampling_start(
             }
         }
         crate::sampling::thread_end::start(yjit);
-        let setup = trigger::Setup { hz, job, jobs_run: &JOBS, wake_fd };
+        let setup = trigger::Setup { hz, job, jobs_run: &ruby_handler::JOBS, wake_fd };
         trigger::start(setup).map_err(|e| {
             stop();
             gem_error(ruby, format!("could not start the sampling trigger thread: {e}"))
@@ -223,7 +188,7 @@ fn native_sampling_start(
 
 /// `Profiler._native_sampling_stop(owner)`: stops sampling if `owner` started it (nil: in
 /// any case). Returns whether it stopped.
-fn native_sampling_stop(ruby: &Ruby, owner: Value) -> Result<bool, Error> {
+pub(crate) fn native_sampling_stop(ruby: &Ruby, owner: Value) -> Result<bool, Error> {
     entry(ruby, || {
         let current = OWNER.load(Ordering::Acquire);
         if !owner.is_nil() && current != rb_sys::Qnil as usize && current != owner.as_raw() as usize
@@ -237,7 +202,7 @@ fn native_sampling_stop(ruby: &Ruby, owner: Value) -> Result<bool, Error> {
 
 /// `Profiler._native_interrupt_deferral_checked?`: whether the jobs can defer the program's
 /// interrupts on this Ruby (`interrupt_mask`'s layout guards pass on the calling thread).
-fn native_interrupt_deferral_checked(ruby: &Ruby) -> Result<bool, Error> {
+pub(crate) fn native_interrupt_deferral_checked(ruby: &Ruby) -> Result<bool, Error> {
     // SAFETY: a Ruby method, so on a Ruby thread with the GVL.
     entry(ruby, || Ok(unsafe { crate::sampling::interrupt_mask::layout_checks() }))
 }
@@ -245,31 +210,11 @@ fn native_interrupt_deferral_checked(ruby: &Ruby) -> Result<bool, Error> {
 /// `Profiler._native_task_ids`: the Linux ids of this process's threads (`/proc/self/task`),
 /// read without letting go of the GVL: `Dir.children` would, and then wait for a busy thread
 /// to hand it back (up to 100 ms, measured in `Profiler#start`). Empty if unreadable.
-fn native_task_ids(ruby: &Ruby) -> Result<Vec<i64>, Error> {
+pub(crate) fn native_task_ids(ruby: &Ruby) -> Result<Vec<i64>, Error> {
     entry(ruby, || {
         Ok(std::fs::read_dir("/proc/self/task")
             .map(|dir| dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
             .unwrap_or_default())
-    })
-}
-
-/// `Profiler._native_current_thread_cpu_time_ns`: the calling thread's CPU clock.
-pub fn native_current_thread_cpu_time_ns(ruby: &Ruby) -> Result<i64, Error> {
-    entry(ruby, || Ok(own_cpu_ns()))
-}
-
-/// The calling thread's Linux id (cached per thread and fork generation).
-pub fn own_tid() -> i32 {
-    let generation = crate::recorder::fork::fork_generation();
-    TID.with(|cached| {
-        let (read_in, tid) = cached.get();
-        if read_in == generation {
-            return tid;
-        }
-        // SAFETY: gettid has no preconditions and cannot fail.
-        let tid = unsafe { libc::gettid() };
-        cached.set((generation, tid));
-        tid
     })
 }
 
@@ -295,15 +240,15 @@ unsafe extern "C" fn job(_data: *mut c_void) {
 }
 
 fn run_job() {
-    if !ENABLED.load(Ordering::Acquire) || IN_JOB.swap(true, Ordering::AcqRel) {
+    if !ruby_handler::ENABLED.load(Ordering::Acquire) || IN_JOB.swap(true, Ordering::AcqRel) {
         return;
     }
     let cpu_ns = own_cpu_ns();
-    let now_ns = trigger::monotonic_ns();
+    let now_ns = crate::sampling::clocks::monotonic_ns();
     let tid = own_tid();
     let timely = on_time(trigger::TICK.read(), tid, now_ns, cpu_ns);
     if let Ok(ruby) = Ruby::get() {
-        let sampled = call_handler(|handler| {
+        let sampled = ruby_handler::call_handler(|handler| {
             handler.funcall::<_, _, bool>(
                 LazyId::get_inner_with(&CALL, &ruby),
                 (timely, cpu_ns, now_ns),
@@ -315,40 +260,13 @@ fn run_job() {
         if sampled {
             trigger::PASS_NS.store(now_ns, Ordering::Relaxed);
             trigger::LAST_JOB_TID.store(tid, Ordering::Relaxed);
-            JOBS.fetch_add(1, Ordering::Relaxed);
+            ruby_handler::JOBS.fetch_add(1, Ordering::Relaxed);
             if !timely {
                 LATE_JOBS.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
     IN_JOB.store(false, Ordering::Release);
-}
-
-/// Calls the handler (if any) with the program's asynchronous interrupts deferred and the
-/// memory hooks told to leave the job out. With the GVL, in a job.
-pub(super) fn call_handler<T>(call: impl FnOnce(Value) -> Result<T, Error>) -> Option<T> {
-    let raw = HANDLER.load(Ordering::Acquire);
-    // SAFETY: HANDLER holds Qnil or a live object kept by the GC root; we hold the GVL.
-    let handler = unsafe { Value::from_raw(raw as rb_sys::VALUE) };
-    if handler.is_nil() {
-        return None;
-    }
-    // The program's Thread#raise / Thread#kill / Timeout wait until the job is over, so
-    // that they reach the program's code, not the handler (see `interrupt_mask`).
-    // SAFETY: in a postponed job with the GVL; dropped before the job returns.
-    let deferred = unsafe { crate::sampling::interrupt_mask::defer_async_interrupts() };
-    let was_here = JOB_HERE.with(|here| here.replace(true));
-    let tid = own_tid();
-    // Jobs do not nest on a thread (the flush masks the postponed-job interrupt), so the
-    // handler's end is the end of the thread's time in a job.
-    signal_sampler::set_in_job(tid, true);
-    // magnus calls through `rb_protect` and clears `$!`: an exception comes back as an
-    // `Err`, which the handler (it rescues everything) should never produce anyway.
-    let result = call(handler).ok();
-    signal_sampler::set_in_job(tid, false);
-    JOB_HERE.with(|here| here.set(was_here));
-    drop(deferred);
-    result
 }
 
 #[cfg(test)]

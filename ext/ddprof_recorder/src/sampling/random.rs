@@ -21,7 +21,7 @@ pub struct Jitter(u64);
 
 impl Jitter {
     pub fn new() -> Self {
-        Self((crate::sampling::trigger::monotonic_ns() as u64) | 1)
+        Self((crate::sampling::clocks::monotonic_ns() as u64) | 1)
     }
 
     /// A number uniformly drawn from [0, 1).

@@ -7,12 +7,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Once;
 
-use magnus::{function, prelude::*, value::LazyId, Error, RModule, Ruby};
+use magnus::{prelude::*, value::LazyId, Error, RModule, Ruby};
 
 use crate::recorder::errors::entry;
-use crate::sampling::job::{call_handler, own_tid, ENABLED, JOBS, JOB_HERE};
+use crate::sampling::clocks::thread_cpu::{own_cpu_ns, own_tid};
+use crate::sampling::ruby_handler::{call_handler, ENABLED, JOBS, JOB_HERE};
 use crate::sampling::signal_sampler;
-use crate::sampling::thread_cpu::own_cpu_ns;
 use crate::sampling::trigger;
 
 static SIGNAL_SAMPLES: LazyId = LazyId::new("signal_samples");
@@ -21,37 +21,6 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| crate::vm::postponed::prepare(signal_job));
     let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_signal_arm", function!(native_signal_arm, 1))?;
-    class.define_singleton_method(
-        "_native_take_signal_samples",
-        function!(native_take_signal_samples, 0),
-    )?;
-    class.define_singleton_method("_native_signal_disarm", function!(native_signal_disarm, 1))?;
-    class.define_singleton_method("_native_signal_masked", function!(native_signal_masked, 0))?;
-    class.define_singleton_method(
-        "_native_handler_can_read_stacks?",
-        function!(native_handler_can_read_stacks, 0),
-    )?;
-    class.define_singleton_method(
-        "_native_forget_thread_stacks",
-        function!(native_forget_thread_stacks, 1),
-    )?;
-    class.define_singleton_method("_native_prepare_exec", function!(native_prepare_exec, 0))?;
-    class.define_singleton_method(
-        "_native_resume_after_exec",
-        function!(native_resume_after_exec, 0),
-    )?;
-    class.define_singleton_method("_native_keep_signal", function!(native_keep_signal, 1))?;
-    class.define_singleton_method(
-        "_native_refuse_perf_events",
-        function!(native_refuse_perf_events, 1),
-    )?;
-    // The most threads armed at once (`signal_sampler::slots`).
-    class.const_set("SIGNAL_SLOTS", signal_sampler::MAX_SLOTS)?;
-    // Whether the handler reads stacks with YJIT on, on this Ruby (see `vm`).
-    class.const_set("HANDLER_READS_UNDER_YJIT", crate::vm::HANDLER_READS_UNDER_YJIT)?;
-    // Whether a tick inside the GC is read at the GC step's end on this Ruby (see `gc_ticks`).
-    class.const_set("GC_TICKS_READ", crate::vm::GC_EXIT_HOOK_KEEPS_ALLOCATION_FAST)?;
     let root_class = class.define_class("SignalSlotsRoot", ruby.class_object())?;
     root_class.undef_default_alloc_func();
     // One object for the process's life: marks the frames waiting in the signal slots.
@@ -61,12 +30,12 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
 
 /// `Profiler._native_prepare_exec`: before an `exec` on this thread, no signal of ours left
 /// to reach the new image (`signal_sampler`, "Exec"). Returns how many pending ones it took.
-fn native_prepare_exec(ruby: &Ruby) -> Result<u64, Error> {
+pub(crate) fn native_prepare_exec(ruby: &Ruby) -> Result<u64, Error> {
     entry(ruby, || Ok(signal_sampler::prepare_exec()))
 }
 
 /// `Profiler._native_resume_after_exec`: the `exec` failed; the threads are armed again.
-fn native_resume_after_exec(ruby: &Ruby) -> Result<(), Error> {
+pub(crate) fn native_resume_after_exec(ruby: &Ruby) -> Result<(), Error> {
     entry(ruby, || {
         signal_sampler::resume_after_exec();
         Ok(())
@@ -77,7 +46,7 @@ fn native_resume_after_exec(ruby: &Ruby) -> Result<(), Error> {
 /// only check that our handler is still installed); moves our ticks to another signal if it
 /// is ours (`signal_sampler`, "Our signal"). Returns `[what became of our signal in this run
 /// (nil: nothing), whether signals still sample]`.
-fn native_keep_signal(ruby: &Ruby, taken: i32) -> Result<(Option<String>, bool), Error> {
+pub(crate) fn native_keep_signal(ruby: &Ruby, taken: i32) -> Result<(Option<String>, bool), Error> {
     entry(ruby, || {
         signal_sampler::keep_signal(taken);
         Ok((signal_sampler::signal_taken(), signal_sampler::sampling()))
@@ -86,7 +55,7 @@ fn native_keep_signal(ruby: &Ruby, taken: i32) -> Result<(Option<String>, bool),
 
 /// `Profiler::Testing.refuse_perf_events(refuse)` (tests only): the next starts find perf
 /// events refused, as a kernel with `perf_event_paranoid` 3 refuses them.
-fn native_refuse_perf_events(ruby: &Ruby, refuse: bool) -> Result<(), Error> {
+pub(crate) fn native_refuse_perf_events(ruby: &Ruby, refuse: bool) -> Result<(), Error> {
     entry(ruby, || {
         signal_sampler::PERF_REFUSED_FOR_TESTS.store(refuse, Ordering::Relaxed);
         Ok(())
@@ -97,12 +66,12 @@ fn native_refuse_perf_events(ruby: &Ruby, refuse: bool) -> Result<(), Error> {
 /// CPU-time timer that ticks with the kernel's scheduler while the thread runs). Returns true
 /// if it is armed, false if not (no slot, or the kernel refused), nil if the thread blocks our
 /// signal; each counted in stats.
-fn native_signal_arm(ruby: &Ruby, tid: i32) -> Result<Option<bool>, Error> {
+pub(crate) fn native_signal_arm(ruby: &Ruby, tid: i32) -> Result<Option<bool>, Error> {
     entry(ruby, || Ok(signal_sampler::arm(tid)))
 }
 
 /// `Profiler._native_signal_disarm(tid)`: disarms thread `tid` (a no-op if it is not armed).
-fn native_signal_disarm(ruby: &Ruby, tid: i32) -> Result<(), Error> {
+pub(crate) fn native_signal_disarm(ruby: &Ruby, tid: i32) -> Result<(), Error> {
     entry(ruby, || {
         signal_sampler::disarm(tid);
         Ok(())
@@ -112,20 +81,20 @@ fn native_signal_disarm(ruby: &Ruby, tid: i32) -> Result<(), Error> {
 /// `Profiler._native_signal_masked`: the native ids of the armed threads found blocking our
 /// signal since the last call (`signal_sampler`, "Threads that block our signal"), for the
 /// profiler to disarm; nil if none.
-fn native_signal_masked(ruby: &Ruby) -> Result<Option<Vec<i32>>, Error> {
+pub(crate) fn native_signal_masked(ruby: &Ruby) -> Result<Option<Vec<i32>>, Error> {
     entry(ruby, || Ok(signal_sampler::take_masked()))
 }
 
 /// `Profiler._native_handler_can_read_stacks?`: whether the signal handler can check that a
 /// thread's stack is walkable on this Ruby (`vm::current_stack_walkable`); if not, stacks are
 /// read at the job (`:safepoint`).
-fn native_handler_can_read_stacks(ruby: &Ruby) -> Result<bool, Error> {
+pub(crate) fn native_handler_can_read_stacks(ruby: &Ruby) -> Result<bool, Error> {
     entry(ruby, || Ok(crate::vm::THREAD_EC_OFFSET.is_some()))
 }
 
 /// `Profiler._native_forget_thread_stacks(tid)`: forgets every stack kept for native thread
 /// `tid`: its jobs' (`tid`, `-tid`) and its signal samples' (`signal_sampler::key`).
-fn native_forget_thread_stacks(ruby: &Ruby, tid: i32) -> Result<(), Error> {
+pub(crate) fn native_forget_thread_stacks(ruby: &Ruby, tid: i32) -> Result<(), Error> {
     entry(ruby, || {
         crate::sampling::stack_capture::forget(i64::from(tid));
         crate::sampling::stack_capture::forget(-i64::from(tid));
@@ -167,7 +136,7 @@ fn take_signal_samples(own: i32) -> Vec<i64> {
 /// `Profiler._native_take_signal_samples`: the samples waiting in the signal slots (the
 /// batches a pass or a window's end records first, see `signal_sampler`, "Batches"), flat as
 /// `ThreadSampler#signal_samples` takes them, or nil if none.
-fn native_take_signal_samples(ruby: &Ruby) -> Result<Option<magnus::RArray>, Error> {
+pub(crate) fn native_take_signal_samples(ruby: &Ruby) -> Result<Option<magnus::RArray>, Error> {
     entry(ruby, || {
         // Naming frames allocates (a method name's String on first use): not the program's.
         let was_here = JOB_HERE.with(|here| here.replace(true));
@@ -188,7 +157,7 @@ fn hand_over_signal_samples(job_cpu_ns: i64) {
     }
     signal_sampler::COUNTERS.jobs.fetch_add(1, Ordering::Relaxed);
     let Ok(ruby) = Ruby::get() else { return };
-    let now_ns = trigger::monotonic_ns();
+    let now_ns = crate::sampling::clocks::monotonic_ns();
     let passed = call_handler(|handler| {
         let samples = ruby.ary_from_vec(flat);
         handler.funcall::<_, _, bool>(

@@ -15,7 +15,7 @@
 //! *wall ticks* (`rt_tgsigqueueinfo` to each thread whose CPU clock it saw moving), which had
 //! that race: a C `poll(2)` in a loop at 999 Hz returned `EINTR` 44 times in 5 s
 //! (spec/profiler/ticks_spec.rb has the repros). They are gone; the trigger only looks at the
-//! threads' clocks ([`look`]) to time the wall passes ("Batches").
+//! threads' clocks ([`watch_stops`]) to time the wall passes ("Batches").
 //!
 //! # Perf-event ticks (`ticks: :auto`, where the kernel allows them)
 //!
@@ -46,7 +46,7 @@
 //!
 //! Each armed thread gets a POSIX timer on its own
 //! CPU clock (`timer_create` on the clock id `MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`, see
-//! `thread_cpu`), whose signal goes to that thread only (`SIGEV_THREAD_ID`). A CPU-clock timer
+//! `clocks::thread_cpu`), whose signal goes to that thread only (`SIGEV_THREAD_ID`). A CPU-clock timer
 //! expires at a scheduler tick while its thread is on a CPU, and Linux sends the signal from
 //! the tick's task work, on the thread's return to user mode. The handler is installed with
 //! `SA_RESTART` all the same.
@@ -214,28 +214,35 @@
 //! disarms threads, moves their ticks to another signal and takes them away for an exec;
 //! [`perf_ticks`] opens and refreshes the perf events; [`rt_signal`] installs, checks, blocks
 //! and drains the signal; [`handler`] is the handler, with the end of a GC step that reads the
-//! stacks of its ticks in the GC; [`draw`] says which CPU ticks are samples; [`samples`] takes
-//! them out of the slots with the GVL; [`looks`] is the trigger's look at the threads' clocks;
-//! [`counters`] counts for `stats`. This file holds the run's settings, [`start`] and
-//! [`stop`], [`keep_signal`] and [`prepare_exec`], and re-exports what the rest of the crate
-//! calls.
+//! stacks of its ticks in the GC; [`tick_choice`] says which CPU ticks are samples; [`samples`]
+//! takes them out of the slots with the GVL; [`armed_watch`] is the trigger's look at the
+//! threads' clocks; [`gc_ticks`] reads, at the end of a GC step, the ticks that came inside it
+//! (Ruby 3.3+); [`counters`] counts for `stats`. This file holds the run's settings, [`start`]
+//! and [`stop`], [`keep_signal`] and [`prepare_exec`], and re-exports what the rest of the
+//! crate calls.
+//!
+//! The capture is the bottom of the sampler's jobs' side: nothing here uses the trigger or
+//! the jobs (`trigger`, `job`, `signal_job`, `ruby_handler`), which use it; it reads only
+//! `clocks`, `random`, `stack_capture`, `vm` and `recorder`. `memory::gc_events` tells
+//! [`gc_ticks`] when it measures the GC rather than being asked.
 //!
 //! [`Slot`]: slots::Slot
-//! [`watch_masks`]: looks::watch_masks
-//! [`drawn`]: draw::drawn
-//! [`owes`]: draw::owes
-//! [`pay`]: draw::pay
-//! [`TICK_NS`]: draw::TICK_NS
+//! [`watch_masks`]: armed_watch::watch_masks
+//! [`drawn`]: tick_choice::drawn
+//! [`owes`]: tick_choice::owes
+//! [`pay`]: tick_choice::pay
+//! [`TICK_NS`]: tick_choice::TICK_NS
 //! [`PROBE_PERIOD_NS`]: timers::PROBE_PERIOD_NS
 
+mod armed_watch;
 mod counters;
-mod draw;
+pub mod gc_ticks;
 mod handler;
-mod looks;
 mod perf_ticks;
 mod rt_signal;
 mod samples;
 mod slots;
+mod tick_choice;
 mod timers;
 
 use std::ffi::c_void;
@@ -245,14 +252,14 @@ use std::sync::atomic::{
 };
 use std::sync::Mutex;
 
+pub use armed_watch::{take_masked, watch_masks, watch_stops};
 pub use counters::COUNTERS;
-pub use draw::tick_ns;
 pub use handler::read_gc_ticks;
-pub use looks::{look, take_masked, watch_masks};
 pub use perf_ticks::REFUSED_FOR_TESTS as PERF_REFUSED_FOR_TESTS;
 pub use rt_signal::{signal, signal_name, BlockedHere};
 pub use samples::{drain, key, KEYS_PER_THREAD};
 pub use slots::{armed, set_in_job, SlotsRoot, BATCH, MAX_SLOTS};
+pub use tick_choice::tick_ns;
 pub use timers::{arm, disarm};
 
 use rt_signal::install;

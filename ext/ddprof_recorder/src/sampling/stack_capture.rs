@@ -79,9 +79,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
 use ddprof_recorder_core::Frame;
-use magnus::{
-    function, prelude::*, rb_sys::AsRawValue, Error, RArray, RModule, RString, Ruby, Value,
-};
+use magnus::{prelude::*, rb_sys::AsRawValue, Error, RArray, RString, Ruby, Value};
 use rustc_hash::FxHasher;
 
 use crate::vm::gvl_cell::{GcRoot, GvlCell};
@@ -159,31 +157,15 @@ fn mark_cache() {
     });
 }
 
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+pub fn init(ruby: &Ruby) -> Result<(), Error> {
     GcRoot { mark: Some(mark_cache), compact: None }.register(ruby)?;
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_capture_stack", function!(native_capture_stack, 1))?;
-    class.define_singleton_method("_native_thread_frames", function!(native_thread_frames, 1))?;
-    class.define_singleton_method(
-        "_native_capture_thread_stack",
-        function!(native_capture_thread_stack, 2),
-    )?;
-    class.define_singleton_method("_native_forget_stack", function!(native_forget_stack, 1))?;
-    class.define_singleton_method("_native_check_frames", function!(native_check_frames, 1))?;
-    class.define_singleton_method(
-        "_native_frame_names_checked",
-        function!(native_frame_names_checked, 1),
-    )?;
-    class.define_singleton_method("_native_qualified_names?", function!(native_qualified, 0))?;
-    class.define_singleton_method("_native_frame_reader?", function!(native_frame_reader, 0))?;
-    class.define_singleton_method("_native_frame_name", function!(native_frame_name, 2))?;
     Ok(())
 }
 
 /// `Profiler._native_capture_stack(key)`: reads the stack of the Ruby method that called it
 /// (its caller's frame and this C method's own are left out) and keeps it under `key`.
 /// Returns its depth (0: nothing to record).
-fn native_capture_stack(ruby: &Ruby, key: i64) -> Result<usize, Error> {
+pub(crate) fn native_capture_stack(ruby: &Ruby, key: i64) -> Result<usize, Error> {
     crate::recorder::errors::entry(ruby, || Ok(capture(key)))
 }
 
@@ -383,7 +365,7 @@ pub const GC_LEAF: rb_sys::VALUE = rb_sys::Qfalse as rb_sys::VALUE;
 /// are named the weaker way (then `Thread#backtrace_locations` reads it: module doc). Empty
 /// for a thread that has no stack (not started, or finished). With the GVL, for a thread that
 /// is alive (`thread.status` not false or nil): see `vm::frames`' module doc.
-fn native_thread_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Error> {
+pub(crate) fn native_thread_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Error> {
     crate::recorder::errors::entry(ruby, || {
         if !thread.is_kind_of(ruby.class_thread()) {
             return Err(crate::recorder::errors::type_error(ruby, "thread must be a Thread"));
@@ -401,7 +383,7 @@ fn native_thread_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Er
 /// the key's next capture or [`native_forget_stack`]). Returns its depth (0: no stack, and
 /// what `key` kept stays), or nil when frames are named the weaker way. With the GVL, for a
 /// thread that is alive.
-fn native_capture_thread_stack(
+pub(crate) fn native_capture_thread_stack(
     ruby: &Ruby,
     thread: Value,
     key: i64,
@@ -429,7 +411,7 @@ fn native_capture_thread_stack(
 }
 
 /// `Profiler._native_forget_stack(key)`: drops the stack kept under `key`.
-fn native_forget_stack(ruby: &Ruby, key: i64) -> Result<(), Error> {
+pub(crate) fn native_forget_stack(ruby: &Ruby, key: i64) -> Result<(), Error> {
     crate::recorder::errors::entry(ruby, || {
         forget(key);
         Ok(())
@@ -474,7 +456,7 @@ fn thread_frames(ruby: &Ruby, thread: rb_sys::VALUE) -> RArray {
 /// failed (frames are then named the weaker way), else `thread`'s triples, for the caller to
 /// compare with `thread.backtrace_locations` and end the check with
 /// `_native_frame_names_checked`.
-fn native_check_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Error> {
+pub(crate) fn native_check_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Error> {
     crate::recorder::errors::entry(ruby, || {
         if !thread.is_kind_of(ruby.class_thread()) {
             return Err(crate::recorder::errors::type_error(ruby, "thread must be a Thread"));
@@ -490,7 +472,7 @@ fn native_check_frames(ruby: &Ruby, thread: Value) -> Result<Option<RArray>, Err
 
 /// `Profiler._native_frame_names_checked(passed)`: ends the self-check. Names made meanwhile
 /// are dropped, so that every name comes from one way of naming.
-fn native_frame_names_checked(ruby: &Ruby, passed: bool) -> Result<bool, Error> {
+pub(crate) fn native_frame_names_checked(ruby: &Ruby, passed: bool) -> Result<bool, Error> {
     crate::recorder::errors::entry(ruby, || {
         crate::vm::frames::finish_check(passed);
         CACHE.with(|cache| *cache = None);
@@ -499,19 +481,23 @@ fn native_frame_names_checked(ruby: &Ruby, passed: bool) -> Result<bool, Error> 
 }
 
 /// `Profiler._native_qualified_names?`: whether frames get qualified names (module doc).
-fn native_qualified(ruby: &Ruby) -> Result<bool, Error> {
+pub(crate) fn native_qualified(ruby: &Ruby) -> Result<bool, Error> {
     crate::recorder::errors::entry(ruby, || Ok(qualified()))
 }
 
 /// `Profiler._native_frame_reader?`: whether this build has the VM frame reader at all
 /// (`vm::frames`: Ruby 3.1), so whether its self-check is worth running.
-fn native_frame_reader(ruby: &Ruby) -> Result<bool, Error> {
+pub(crate) fn native_frame_reader(ruby: &Ruby) -> Result<bool, Error> {
     crate::recorder::errors::entry(ruby, || Ok(crate::vm::frames::BUILT))
 }
 
 /// `Profiler._native_frame_name(base_label, path)`: a Location's `base_label` as the profiler
 /// names frames (`names::label_name`: spelled, or a compiled template's name).
-fn native_frame_name(ruby: &Ruby, label: RString, path: RString) -> Result<String, Error> {
+pub(crate) fn native_frame_name(
+    ruby: &Ruby,
+    label: RString,
+    path: RString,
+) -> Result<String, Error> {
     crate::recorder::errors::entry(ruby, || {
         // SAFETY: copied at once, before any Ruby code runs.
         let (label, path) = unsafe {

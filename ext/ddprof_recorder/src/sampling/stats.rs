@@ -2,18 +2,12 @@
 //! `Profiler#stats` (the signal handler's own under `:signals`).
 use std::sync::atomic::Ordering;
 
-use magnus::{function, prelude::*, Error, RHash, RModule, Ruby};
+use magnus::{Error, RHash, Ruby};
 
 use crate::recorder::errors::entry;
-use crate::sampling::{job, signal_sampler, trigger};
+use crate::sampling::{job, ruby_handler, signal_sampler, trigger};
 
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method("_native_sampling_stats", function!(native_sampling_stats, 0))?;
-    Ok(())
-}
-
-fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
+pub(crate) fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
     entry(ruby, || {
         let hash = ruby.hash_new();
         hash.aset(ruby.to_symbol("ticks"), trigger::TICKS.load(Ordering::Relaxed))?;
@@ -21,7 +15,7 @@ fn native_sampling_stats(ruby: &Ruby) -> Result<RHash, Error> {
             ruby.to_symbol("quiet_stretches"),
             trigger::QUIET_STRETCHES.load(Ordering::Relaxed),
         )?;
-        hash.aset(ruby.to_symbol("jobs"), job::JOBS.load(Ordering::Relaxed))?;
+        hash.aset(ruby.to_symbol("jobs"), ruby_handler::JOBS.load(Ordering::Relaxed))?;
         hash.aset(ruby.to_symbol("late_jobs"), job::LATE_JOBS.load(Ordering::Relaxed))?;
         hash.aset(ruby.to_symbol("trigger_running"), trigger::is_running())?;
         hash.aset(ruby.to_symbol("trigger_cpu_ns"), trigger::thread_cpu_ns())?;

@@ -82,7 +82,7 @@ use magnus::{rb_sys::FromRawValue, Error, RArray, Ruby, Value};
 
 use crate::recorder::errors::entry;
 use crate::recorder::fork::fork_generation;
-use crate::sampling::thread_cpu::own_cpu_ns;
+use crate::sampling::clocks::thread_cpu::own_cpu_ns;
 use crate::vm::gvl_cell::{GcRoot, GvlCell};
 
 /// Records kept until the sampler's next pass takes them; past this, records are counted in
@@ -441,9 +441,9 @@ unsafe extern "C" fn on_thread_event(
         }
         let ended = Ended {
             thread,
-            tid: crate::sampling::job::own_tid(),
+            tid: crate::sampling::clocks::thread_cpu::own_tid(),
             cpu_ns: own_cpu_ns(),
-            at_ns: crate::sampling::trigger::monotonic_ns(),
+            at_ns: crate::sampling::clocks::monotonic_ns(),
         };
         // With the GVL, as every user of ENDS.
         let queued = ENDS.with(|ends| {

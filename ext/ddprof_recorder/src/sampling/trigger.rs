@@ -68,7 +68,7 @@
 //! ran: an idle thread's passes are only counted, and a pass later counts the periods since
 //! the last (`ThreadSampler#pass_periods`). So a tick asks for no job while the last pass is
 //! less than [`BATCH_PASS_PERIODS`] periods old and its look at the threads
-//! (`signal_sampler::look`) found none that ran and stopped since the previous look, no
+//! (`signal_sampler::watch_stops`) found none that ran and stopped since the previous look, no
 //! thread began or ended since the trigger last asked for the job (`thread_end::events`), and
 //! every thread the profiler samples takes its signals (`signal_sampler::all_armed`). Any of
 //! those brings the pass back at once (a thread begun or ended, at the first tick not spared
@@ -86,9 +86,10 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::sampling::clocks::monotonic_ns;
+use crate::sampling::clocks::thread_cpu::{cpu_time_ns, own_cpu_ns};
 use crate::sampling::native_thread::{NativeThread, Stopped};
 use crate::sampling::random::Jitter;
-use crate::sampling::thread_cpu::{cpu_time_ns, own_cpu_ns};
 
 /// What the trigger saw at its latest tick, for the job to judge how late it runs. A seqlock:
 /// `seq` is odd while the trigger writes.
@@ -193,12 +194,6 @@ impl TickInfo {
     }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of Ruby's `Process.clock_gettime(
-/// Process::CLOCK_MONOTONIC, :nanosecond)`, which the Ruby side compares with.
-pub fn monotonic_ns() -> i64 {
-    crate::sampling::thread_cpu::clock_ns(libc::CLOCK_MONOTONIC).unwrap_or(0)
-}
-
 static THREAD: NativeThread = NativeThread::new();
 
 /// Starts ticking at `setup.hz` (stopping a trigger already running first).
@@ -297,7 +292,7 @@ fn tick(
     period: Duration,
     events: &mut Option<u64>,
 ) -> Done {
-    let look = crate::sampling::signal_sampler::look();
+    let stops = crate::sampling::signal_sampler::watch_stops();
     let tid = LAST_JOB_TID.load(Ordering::Relaxed);
     let cpu_ns = if tid > 0 { cpu_time_ns(tid).unwrap_or(-1) } else { -1 };
     let at_ns = monotonic_ns();
@@ -307,7 +302,7 @@ fn tick(
     let events_now = crate::sampling::thread_end::events();
     let skip = at_ns.saturating_sub(SIGNAL_PASS_NS.load(Ordering::Relaxed)) < period_ns
         || (crate::sampling::signal_sampler::batching()
-            && !look.stopped
+            && !stops.stopped
             && crate::sampling::signal_sampler::all_armed()
             && events_now.is_some()
             && events_now == *events

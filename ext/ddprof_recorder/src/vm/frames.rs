@@ -31,10 +31,10 @@
 //! against the machine code of `rb_profile_frames` and `rb_profile_frame_classpath` in
 //! Debian's `libruby-3.1.so.3.1.2`):
 //!
-//! - `rb_thread_t`: `self` at 0x10 and `ec` at 0x28 (`struct list_node` of two pointers,
-//!   then `self`, `ractor`, `vm`, `ec`); the Thread object's typed data is its `rb_thread_t`.
-//! - `rb_execution_context_t`: `vm_stack` 0x00, `vm_stack_size` 0x08 (in VALUEs), `cfp`
-//!   0x10, `thread_ptr` 0x30.
+//! - `rb_thread_t`: `self` and `ec`, at `vm::THREAD_SELF_OFFSET` and `vm::THREAD_EC_OFFSET`
+//!   (whose docs give them by version); the Thread object's typed data is its `rb_thread_t`.
+//! - `rb_execution_context_t`: `vm_stack`, `vm_stack_size` (in VALUEs), `cfp` and
+//!   `thread_ptr`, at `vm::EC_VM_STACK_OFFSET` and the three after it.
 //! - `rb_control_frame_t` (64 bytes): `pc` 0x00, `iseq` 0x10, `ep` 0x20. `ep[0]` holds the
 //!   frame flags (`VM_FRAME_FLAG_BMETHOD` 0x40, `VM_FRAME_FLAG_CFRAME` 0x80,
 //!   `VM_ENV_FLAG_LOCAL` 0x2) and the frame's magic (`& 0x7fff0001`: `METHOD` 0x11110001,
@@ -92,10 +92,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use rb_sys::VALUE;
 
-const EC_VM_STACK: usize = 0x00;
-const EC_VM_STACK_SIZE: usize = 0x08;
-const EC_CFP: usize = 0x10;
-const EC_THREAD_PTR: usize = 0x30;
+use crate::vm::{EC_CFP_OFFSET as EC_CFP, EC_THREAD_PTR_OFFSET as EC_THREAD_PTR};
+use crate::vm::{EC_VM_STACK_OFFSET as EC_VM_STACK, EC_VM_STACK_SIZE_OFFSET as EC_VM_STACK_SIZE};
 const CFP_SIZE: usize = crate::vm::CFP_SIZE;
 const CFP_PC: usize = 0x00;
 const CFP_ISEQ: usize = 0x10;

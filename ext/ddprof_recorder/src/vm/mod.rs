@@ -111,10 +111,12 @@ pub const PROFILE_FRAMES_SKIP_DUMMY_AND_PCLESS: bool = !cfg!(ruby_eq_3_1);
 /// itself, which lets a caller check that it holds a `rb_thread_t` of the layout above.
 pub const THREAD_SELF_OFFSET: usize = 0x10;
 /// The stack fields at the start of `rb_execution_context_t` (`vm_core.h`, the same in 3.1,
-/// 3.3 and 3.4): `vm_stack`, `vm_stack_size` (in VALUEs) and `cfp`.
-const EC_VM_STACK_OFFSET: usize = 0x0;
-const EC_VM_STACK_SIZE_OFFSET: usize = 0x8;
-const EC_CFP_OFFSET: usize = 0x10;
+/// 3.3 and 3.4): `vm_stack`, `vm_stack_size` (in VALUEs) and `cfp`; and `thread_ptr`, back to
+/// its `rb_thread_t`. The one statement of them: `frames` reads them from here.
+pub const EC_VM_STACK_OFFSET: usize = 0x0;
+pub const EC_VM_STACK_SIZE_OFFSET: usize = 0x8;
+pub const EC_CFP_OFFSET: usize = 0x10;
+pub const EC_THREAD_PTR_OFFSET: usize = 0x30;
 
 /// Whether the calling thread's VM stack can be walked now, in a signal handler that
 /// interrupted it: its execution context has a stack and its `cfp` lies in it. A thread

@@ -8,14 +8,15 @@ use std::sync::atomic::{
 };
 
 use super::counters::COUNTERS;
-use super::draw::{drawn, owes, pay, period_ns};
 use super::perf_ticks::{refresh, set_period};
 use super::rt_signal::{poll_fd, INDEX_MASK};
 use super::slots::{
     used_slots, BATCH, DEPTH, EMPTY, FREE, FULL, READ_AT_GC_EXIT, READ_AT_JOB, SLOTS, WRITING,
 };
+use super::tick_choice::{drawn, owes, pay, period_ns};
 use super::{ENABLED, IN_HANDLER, JOB};
-use crate::sampling::thread_cpu::{clock_ns, own_cpu_ns};
+use crate::sampling::clocks::clock_ns;
+use crate::sampling::clocks::thread_cpu::own_cpu_ns;
 
 /// Some slot has a sample [`READ_AT_GC_EXIT`].
 static GC_TICKS_WAITING: AtomicBool = AtomicBool::new(false);
@@ -84,7 +85,8 @@ fn handle(info: *mut libc::siginfo_t) {
     let cpu = own_cpu_ns();
     slot.heard_cpu_ns.store(cpu, Release);
     // A perf-event tick is a sample at its own rate. Beside one, a CPU timer's tick is a
-    // sample when the event's fell behind the thread's CPU (`draw::owes`); alone, it is drawn.
+    // sample when the event's fell behind the thread's CPU (`tick_choice::owes`); alone, it is
+    // drawn.
     let taken = if perf {
         true
     } else if slot.perf_fd.load(Acquire) >= 0 {
@@ -110,7 +112,7 @@ fn handle(info: *mut libc::siginfo_t) {
     // SAFETY: as above.
     let in_gc = unsafe { rb_sys::rb_during_gc() } != 0;
     // Read at the GC step's end if `gc_ticks` is on, else dropped.
-    if in_gc && !(in_handler && crate::sampling::gc_ticks::on()) {
+    if in_gc && !(in_handler && super::gc_ticks::on()) {
         COUNTERS.in_gc.fetch_add(1, Relaxed);
         return;
     }
@@ -186,7 +188,7 @@ pub fn read_gc_ticks() {
     if !GC_TICKS_WAITING.swap(false, AcqRel) {
         return;
     }
-    let own_tid = crate::sampling::job::own_tid();
+    let own_tid = crate::sampling::clocks::thread_cpu::own_tid();
     for slot in used_slots() {
         if slot.state.load(Acquire) == FREE {
             continue;

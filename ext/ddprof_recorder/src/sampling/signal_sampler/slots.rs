@@ -102,24 +102,25 @@ pub(super) struct Slot {
     /// This thread's xorshift state for the ticks' draw (`random::step`; only its own handler
     /// uses it).
     pub(super) random: AtomicU64,
-    /// The thread's CPU clock when the trigger last looked at it ([`look`](super::look)).
+    /// The thread's CPU clock when the trigger last looked at it
+    /// ([`watch_stops`](super::watch_stops)).
     pub(super) look_cpu_ns: AtomicI64,
     /// With a perf event: the thread's CPU clock up to which its samples pay for its CPU, one
     /// period each ([`pay`]); its CPU timer's tick is a sample only past that.
     ///
-    /// [`pay`]: super::draw::pay
+    /// [`pay`]: super::tick_choice::pay
     pub(super) paid_cpu_ns: AtomicI64,
     /// The thread's CPU clock when its handler last ran for one of its ticks (or when it was
     /// armed): far behind its clock now, its ticks do not reach it ([`watch_masks`]).
     ///
-    /// [`watch_masks`]: super::looks::watch_masks
+    /// [`watch_masks`]: super::armed_watch::watch_masks
     pub(super) heard_cpu_ns: AtomicI64,
     /// The thread's CPU clock when the trigger last read its signal mask.
     pub(super) mask_read_cpu_ns: AtomicI64,
     /// The thread blocks our signal: found by [`watch_masks`], for the profiler to disarm it
     /// (`Profiler._native_signal_masked`).
     ///
-    /// [`watch_masks`]: super::looks::watch_masks
+    /// [`watch_masks`]: super::armed_watch::watch_masks
     pub(super) masked: AtomicBool,
 }
 

@@ -12,7 +12,6 @@ use std::sync::atomic::{
 use std::sync::Mutex;
 
 use super::counters::COUNTERS;
-use super::draw::period_ns;
 use super::perf_ticks;
 use super::rt_signal::{blocks_signal, drain_pending, signal_value, BlockedHere, SIGNO};
 use super::samples::{drain_slot, KEPT};
@@ -20,8 +19,10 @@ use super::slots::{
     armed, used_slots, Frames, Slot, ARMED, DEPTH, EMPTY, FREE, FULL, NO_TIMER, SLOTS, SLOTS_USED,
     WRITING,
 };
+use super::tick_choice::period_ns;
 use super::PERF;
-use crate::sampling::thread_cpu::{clock_ns, cpu_clock_id};
+use crate::sampling::clocks::clock_ns;
+use crate::sampling::clocks::thread_cpu::cpu_clock_id;
 
 /// The CPU timers' period: far below any scheduler tick (1 to 10 ms), so that a timer has
 /// expired at every tick its thread runs through (`signal_sampler`, "Which CPU ticks are
@@ -36,7 +37,7 @@ pub(super) static ARMING: Mutex<()> = Mutex::new(());
 /// asked for meanwhile, to arm again if the `exec` fails (None: no `exec` under way).
 static PAUSED: Mutex<Option<Vec<i32>>> = Mutex::new(None);
 
-/// The threads found blocking our signal (at [`arm`], or armed: `looks::take_masked`), each
+/// The threads found blocking our signal (at [`arm`], or armed: `armed_watch::take_masked`), each
 /// counted once in `signal_blocked_threads` however often it is tried again while it blocks
 /// it. At most [`MAX_BLOCKED`] kept.
 static BLOCKED: Mutex<Vec<i32>> = Mutex::new(Vec::new());
@@ -155,7 +156,7 @@ fn arm_locked(tid: i32) -> bool {
     // proportion to it, where a first overflow after a whole period never sampled it (100
     // threads that each waited on a Queue, then burned 10 ms at 99 Hz: 78% of the profile's
     // CPU on Queue#pop, at their ends). Its CPU timer has the same phase: its samples are
-    // paid as if the last one came a period before the event's first (`draw::pay`), so a
+    // paid as if the last one came a period before the event's first (`tick_choice::pay`), so a
     // thread that burns its CPU in the kernel is drawn the same way.
     let period = period_ns();
     let mut random = slot.random.load(Relaxed);
@@ -360,7 +361,9 @@ fn disarm_slot(slot: &Slot) {
     // Its samples are the profiler's still: kept for its next drain (with the GVL, as the
     // callers are).
     if let Ok(mut kept) = KEPT.lock() {
-        drain_slot(slot, crate::sampling::job::own_tid(), &mut |sample| kept.push(sample));
+        drain_slot(slot, crate::sampling::clocks::thread_cpu::own_tid(), &mut |sample| {
+            kept.push(sample)
+        });
     }
     // A handler on another thread may still be writing (`signal_sampler`, "The handler"): let
     // it finish.

@@ -7,8 +7,19 @@
 //! CPU clock of thread `tid`" as a clock id (`MAKE_THREAD_CPUCLOCK` in the kernel's
 //! `posix-timers.h`): `((!tid) << 3) | CPUCLOCK_PERTHREAD_MASK | CPUCLOCK_SCHED`. The kernel
 //! answers only for threads of the calling process (`EINVAL` otherwise), so a thread id that
-//! was reused by another process cannot be read by mistake.
-use magnus::{function, prelude::*, Error, RArray, RModule, Ruby};
+//! was reused by another process cannot be read by mistake. The calling thread's own id is
+//! [`own_tid`] (cached per thread and fork generation).
+use std::cell::Cell;
+
+use magnus::{Error, RArray, Ruby};
+
+use super::clock_ns;
+
+thread_local! {
+    /// This thread's Linux id, read once per process (`gettid` is a system call), with the
+    /// fork generation it was read in: the thread that forks has a new id in the child.
+    static TID: Cell<(u64, i32)> = const { Cell::new((u64::MAX, 0)) };
+}
 
 /// Per-thread clock (as opposed to the whole thread group's).
 #[cfg(target_os = "linux")]
@@ -16,15 +27,6 @@ const CPUCLOCK_PERTHREAD_MASK: libc::clockid_t = 4;
 /// Scheduler CPU time (user + system, ns resolution), what `CLOCK_THREAD_CPUTIME_ID` reads.
 #[cfg(target_os = "linux")]
 const CPUCLOCK_SCHED: libc::clockid_t = 2;
-
-pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
-    let class = module.define_class("Profiler", ruby.class_object())?;
-    class.define_singleton_method(
-        "_native_thread_cpu_time_ns",
-        function!(native_thread_cpu_time_ns, 1),
-    )?;
-    Ok(())
-}
 
 /// `Profiler._native_thread_cpu_time_ns(tid)`: the CPU time in nanoseconds that the thread
 /// with Linux id `tid` has used since it started, or nil when it cannot be read (the thread
@@ -57,24 +59,29 @@ pub fn native_moved_threads(ruby: &Ruby, tids: RArray, seen: RArray) -> Result<R
     })
 }
 
-/// `clock`'s reading in nanoseconds, or None if the clock cannot be read (a dead thread's).
-pub fn clock_ns(clock: libc::clockid_t) -> Option<i64> {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec that outlives the call; clock_gettime only
-    // writes into it and reports a bad or dead clock id through its return value.
-    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
-    if rc != 0 {
-        return None;
-    }
-    // `time_t` and `c_long` are i64 here but i32 on 32-bit Linux targets.
-    #[allow(clippy::useless_conversion)]
-    let (sec, nsec) = (i64::from(ts.tv_sec), i64::from(ts.tv_nsec));
-    sec.checked_mul(1_000_000_000)?.checked_add(nsec)
-}
-
 /// The calling thread's CPU clock, in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`, a vDSO read).
 pub fn own_cpu_ns() -> i64 {
     clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).unwrap_or(0)
+}
+
+/// `Profiler._native_current_thread_cpu_time_ns`: the calling thread's CPU clock.
+pub fn native_current_thread_cpu_time_ns(ruby: &Ruby) -> Result<i64, Error> {
+    crate::recorder::errors::entry(ruby, || Ok(own_cpu_ns()))
+}
+
+/// The calling thread's Linux id (cached per thread and fork generation).
+pub fn own_tid() -> i32 {
+    let generation = crate::recorder::fork::fork_generation();
+    TID.with(|cached| {
+        let (read_in, tid) = cached.get();
+        if read_in == generation {
+            return tid;
+        }
+        // SAFETY: gettid has no preconditions and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        cached.set((generation, tid));
+        tid
+    })
 }
 
 /// CPU time of thread `tid` of this process, in nanoseconds.

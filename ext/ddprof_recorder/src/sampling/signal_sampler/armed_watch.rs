@@ -1,9 +1,9 @@
 //! The trigger thread's looks at the armed threads: at each of its ticks while the handler
 //! keeps samples in batches (`signal_sampler`, "Batches"; `trigger`, "Batches"), whether a
 //! thread stopped running since the last look, so that a wall pass has something new to
-//! record of it ([`look`]); and a few times a second, whether a thread that runs has blocked
-//! our signal ([`watch_masks`]; `signal_sampler`, "Threads that block our signal"). They read
-//! CPU clocks and `/proc`, and send nothing. No GVL, no Ruby.
+//! record of it ([`watch_stops`]); and a few times a second, whether a thread that runs has
+//! blocked our signal ([`watch_masks`]; `signal_sampler`, "Threads that block our signal").
+//! They read CPU clocks and `/proc`, and send nothing. No GVL, no Ruby.
 use std::sync::atomic::{
     AtomicBool, AtomicI64,
     Ordering::{AcqRel, Acquire, Relaxed, Release},
@@ -13,7 +13,8 @@ use super::rt_signal::{blocks_signal, SIGNO};
 use super::slots::{used_slots, FREE};
 use super::timers::count_blocked;
 use super::{batching, ENABLED};
-use crate::sampling::thread_cpu::{clock_ns, cpu_clock_id};
+use crate::sampling::clocks::clock_ns;
+use crate::sampling::clocks::thread_cpu::cpu_clock_id;
 
 /// How often [`watch_masks`] looks (monotonic ns).
 const MASK_WATCH_NS: i64 = 50_000_000;
@@ -73,9 +74,9 @@ pub fn take_masked() -> Option<Vec<i32>> {
     Some(tids)
 }
 
-/// What the trigger's look at the armed threads found ([`look`]).
+/// What the trigger's look at the armed threads found ([`watch_stops`]).
 #[derive(Clone, Copy, Default, Debug)]
-pub struct Look {
+pub struct Stops {
     /// A thread ran since the previous look and is not on a CPU now: it went to wait (or was
     /// displaced), so a wall pass has something new to record of it.
     pub stopped: bool,
@@ -83,9 +84,9 @@ pub struct Look {
 
 /// Called by the trigger thread at each of its ticks (no GVL, no Ruby), while [`batching`]:
 /// looks at each armed thread's CPU clock, twice a moment apart.
-pub fn look() -> Look {
+pub fn watch_stops() -> Stops {
     if !ENABLED.load(Acquire) || !batching() {
-        return Look::default();
+        return Stops::default();
     }
     let mut stopped = false;
     for slot in used_slots() {
@@ -108,5 +109,5 @@ pub fn look() -> Look {
         // thread has its CPU.
         stopped |= second <= first;
     }
-    Look { stopped }
+    Stops { stopped }
 }

@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Once;
 
-use crate::sampling::trigger::monotonic_ns;
+use crate::sampling::clocks::monotonic_ns;
 
 /// Whether ticks are the time-stamp counter's (set once, by [`init`]).
 static TSC: AtomicBool = AtomicBool::new(false);

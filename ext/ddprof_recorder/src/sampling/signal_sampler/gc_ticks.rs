@@ -17,7 +17,7 @@
 //!
 //! The handler keeps such a tick as a sample whose stack is still to be read
 //! (`signal_sampler`, `READ_AT_GC_EXIT`), and this module's internal hook on
-//! `RUBY_INTERNAL_EVENT_GC_EXIT` reads it ([`crate::sampling::signal_sampler::read_gc_ticks`]). The event
+//! `RUBY_INTERNAL_EVENT_GC_EXIT` reads it ([`super::read_gc_ticks`]). The event
 //! fires in `gc_exit` at the end of every GC step (a whole GC, or a slice of incremental
 //! marking or lazy sweeping), on the thread that ran it, with the GVL and the VM lock held,
 //! before `during_gc` is cleared (Ruby 3.3.8 `gc.c`, 3.4.5 `gc/default/default.c`): still
@@ -45,7 +45,7 @@
 //! before (both counted in `signals_in_gc`).
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Once;
 
 use crate::vm::internal_hook::InternalHook;
@@ -53,6 +53,28 @@ use crate::vm::internal_hook::InternalHook;
 static HOOK: InternalHook = InternalHook::new(rb_sys::RUBY_INTERNAL_EVENT_GC_EXIT, on_gc_exit);
 /// Whether a sampling run whose handler reads stacks is on (changed with the GVL only).
 static WANTED: AtomicBool = AtomicBool::new(false);
+/// Whether `memory::gc_events` measures the GC's time (`gc: true`), and the fork generation
+/// that turned it on (a forked child's inherited hook measures nothing). `gc_events` sets them
+/// ([`set_gc_measured`]) and both read them ([`gc_measured`]): kept here, below `gc_events`,
+/// so that the capture never asks `memory/`.
+static GC_MEASURED: AtomicBool = AtomicBool::new(false);
+static GC_MEASURED_GENERATION: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Whether `gc_events` measures the GC's time, in this process. Atomics only.
+pub fn gc_measured() -> bool {
+    GC_MEASURED.load(Ordering::Acquire)
+        && GC_MEASURED_GENERATION.load(Ordering::Acquire)
+            == crate::recorder::fork::fork_generation()
+}
+
+/// `gc_events` starts (in this fork generation) or stops measuring the GC's time. It calls
+/// [`update`] after, except at exit. GVL held.
+pub fn set_gc_measured(on: bool) {
+    if on {
+        GC_MEASURED_GENERATION.store(crate::recorder::fork::fork_generation(), Ordering::Release);
+    }
+    GC_MEASURED.store(on, Ordering::Release);
+}
 
 /// Makes the hook's TracePoint slot a GC root. Once, at load.
 pub fn init() {
@@ -78,7 +100,7 @@ pub fn stop() {
 pub fn update() {
     if WANTED.load(Ordering::Acquire)
         && crate::vm::GC_EXIT_HOOK_KEEPS_ALLOCATION_FAST
-        && !crate::memory::gc_events::enabled()
+        && !gc_measured()
     {
         HOOK.enable();
     } else {
@@ -89,10 +111,10 @@ pub fn update() {
 /// Whether a tick inside the GC is kept for the step's end: the hook is on, and `gc_events`
 /// does not measure the GC. Atomics only (the signal handler asks).
 pub fn on() -> bool {
-    HOOK.is_on() && !crate::memory::gc_events::enabled()
+    HOOK.is_on() && !gc_measured()
 }
 
 /// The hook: never unwinds, never allocates.
 unsafe extern "C" fn on_gc_exit(_tracepoint: rb_sys::VALUE, _data: *mut c_void) {
-    let _ = catch_unwind(AssertUnwindSafe(crate::sampling::signal_sampler::read_gc_ticks));
+    let _ = catch_unwind(AssertUnwindSafe(super::read_gc_ticks));
 }
