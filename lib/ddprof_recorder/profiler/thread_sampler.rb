@@ -35,6 +35,15 @@ module DdprofRecorder
     #
     # The job's own CPU is not charged to the program: the thread's account skips it.
     #
+    # Integers are compared with `equal?` wherever the other side may be nil, true or another
+    # object. The jobs run at the interrupted thread's interrupt checks, and `Integer#==` with
+    # an argument that is not a number calls it back through numeric.c's `num_funcall1`,
+    # under a recursion guard on the pair (seen on 3.1.2 and 3.4.5): if the interrupted code was in
+    # the same guard (its own `0 == nil`, or 3.4's `Queue#pop`, whose C code does
+    # `rb_equal(INT2FIX(0), timeout)`), our `0 == nil` raised `NameError: ==0`, and a program
+    # looping on `x == nil` stopped sampling (10 failed passes in a row) within a second at
+    # 999 Hz. Fixnums are immediates, so `equal?` is their `==` and calls nothing.
+    #
     # Idle threads: a thread whose CPU clock has not moved since it was last looked at has not
     # run, so its stack has not changed; its wall samples are added up and recorded as one
     # (`cpu-samples` = how many) when it runs again, ends, or the window closes.
@@ -641,9 +650,9 @@ module DdprofRecorder
       # ticks at 999 Hz under load: autostart.rb and recording.rb frames in the profile).
       def own_work?(tid, cpu_ns)
         stopping = @stopping
-        if stopping && (stopping == true || stopping == tid)
+        if stopping && (stopping.equal?(true) || stopping.equal?(tid))
           cut = @stopping_cpu
-          return true unless cut && stopping == tid && cpu_ns < cut - START_SLACK_NS
+          return true unless cut && stopping.equal?(tid) && cpu_ns < cut - START_SLACK_NS
         end
 
         start = @start_cut
@@ -758,7 +767,7 @@ module DdprofRecorder
       # fifth of a busy thread's sampling job).
       def list_threads(now_ns, except)
         begun = @clock_begun ? @clock.threads_begun : nil
-        return if begun && begun == @listed_begun && !(@passes_made % LIST_EVERY).zero?
+        return if begun&.equal?(@listed_begun) && !(@passes_made % LIST_EVERY).zero?
 
         @listed_begun = begun
         Thread.list.each do |thread|
@@ -1260,7 +1269,7 @@ module DdprofRecorder
         return false unless thread.name.equal?(state.name) && app.equal?(state.app)
 
         id = native_id(thread)
-        id == state.native_id || (id.nil? && !state.native_id.nil? && !thread.alive?)
+        id.equal?(state.native_id) || (id.nil? && !state.native_id.nil? && !thread.alive?)
       end
 
       # The `"thread id"` label of `thread`: `"<native id> (<object_id>)"`, or the object_id
@@ -1308,7 +1317,7 @@ module DdprofRecorder
         return slot.pairs if slot
 
         made = Labels::SLOTS_MADE[0]
-        return Labels::NONE if made == state.slots_seen
+        return Labels::NONE if made.equal?(state.slots_seen)
 
         state.slots_seen = made
         slot = state.slot = Labels.slot_of(state.thread)
