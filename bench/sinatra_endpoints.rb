@@ -7,11 +7,10 @@
 # server each round. Every run has the app's truth hook on (SINATRA_APP_TRUTH: each request's
 # thread CPU by route pattern, a Rack middleware in config.ru outside the app, and so outside
 # the profiler's: spec/fixtures/request_cpu.rb), and a second one inside the app's middleware
-# stack, after Sinatra's own middleware and the profiler's, from the app's call to its return
-# (SINATRA_APP_INNER_TRUTH): the profiler's span less the response's writing, which the
-# profiler's span holds (it ends at the body's close). The target is against the first; the
-# second tells the profiler's labelling from what lies outside its middleware (Sinatra's
-# Rack::Protection and the others).
+# stack, after the profiler's and Sinatra's own middleware, from the app's call to its return
+# (SINATRA_APP_INNER_TRUTH): the profiler's span less Sinatra's middleware (Rack::Protection
+# and the others) and the response's writing, which the profiler's span holds (it starts
+# before that middleware and ends at the body's close). The target is against the first.
 #
 # For each profiled run: each route's share of the profile's cpu-time (the workers' files
 # merged, by "trace endpoint", which Sinatra's routes get with nothing configured: `GET

@@ -6,8 +6,8 @@ module DdprofRecorder
   # Rack middleware that puts each request's endpoint on its samples, as the label
   # `"trace endpoint"`, so that a profile tells which endpoint costs what
   # (`ddprof-recorder top --by "trace endpoint"`). With nothing configured it is in every Rails
-  # app (a Railtie puts it first in the middleware stack) and every Sinatra app
-  # (`Sinatra::Base.use`) of a profiled process (see Integrations); any other Rack app adds one
+  # app (a Railtie puts it first in the middleware stack) and every Sinatra app (first too,
+  # before Sinatra's own middleware) of a profiled process (see Integrations); any other Rack app adds one
   # line to its config.ru:
   #
   #   use DdprofRecorder::Endpoints
