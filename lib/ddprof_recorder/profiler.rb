@@ -6,6 +6,7 @@ require_relative "profiler/exporter"
 require_relative "profiler/allocation_recorder"
 require_relative "profiler/ractor_guard"
 require_relative "profiler/trap_context"
+require_relative "profiler/auto_compact_guard"
 require_relative "directory_exporter"
 
 module DdprofRecorder
@@ -156,6 +157,10 @@ module DdprofRecorder
     TICKS_ENV = "DDPROF_RECORDER_TICKS"
     # What sends each thread its sampling signal (see {#initialize}).
     TICKS = %i[auto cpu].freeze
+    # Whether M:N threads are on (Ruby 3.3+ with `RUBY_MN_THREADS=1`), which {#start} refuses:
+    # Ruby's version string then says "+MN" (`ruby_mn_threads_enabled`, 3.3.8 and 3.4.5
+    # `version.c`), as no other API tells.
+    MN_THREADS = RUBY_DESCRIPTION.include?(" +MN")
 
     @current = nil
     @current_lock = Mutex.new
@@ -170,6 +175,13 @@ module DdprofRecorder
       # @return [void]
       def self.refuse_perf_events(refuse)
         Profiler._native_refuse_perf_events(refuse)
+      end
+
+      # @param thread [Thread]
+      # @return [Boolean, nil] whether `thread`'s Ractor names it as the GVL's owner, as the
+      #   signal handler checks for its own thread (nil where that is not known).
+      def self.holds_gvl?(thread)
+        Profiler._native_thread_holds_gvl(thread)
       end
     end
 
@@ -228,6 +240,13 @@ module DdprofRecorder
       # @api private
       # The profiler that samples now ({#start} sets it; Endpoints records to it).
       attr_writer :sampling_profiler
+
+      # @api private
+      # The program turns `GC.auto_compact` on (AutoCompactGuard): the sampling profiler, if
+      # its handler reads stacks, reads them at the jobs from now on.
+      def auto_compact_turned_on
+        @sampling_profiler&.read_stacks_at_jobs(AutoCompactGuard::REASON)
+      end
 
       # @return [Boolean] whether the process-wide profiler is running.
       def running?
@@ -391,6 +410,10 @@ module DdprofRecorder
           raise Error, "GC time cannot be measured while a Ractor other than the main one runs: " \
                        "Ruby's GC-event hooks are not safe with Ractors; start without gc:"
         end
+        if MN_THREADS
+          raise Error, "M:N threads are on (RUBY_MN_THREADS): a Ruby thread moves between native threads, " \
+                       "whose CPU clocks and ticks the profiler uses; run the program without RUBY_MN_THREADS"
+        end
 
         @recorder = new_recorder
         @pid = Process.pid
@@ -439,7 +462,8 @@ module DdprofRecorder
     #   interrupt check: on Ruby 3.1 with YJIT on (its machine code may leave a frame's pc
     #   unwritten, which a handler cannot tell there; from 3.3 on it can, and the handler
     #   reads stacks under YJIT too: `vm::HANDLER_READS_UNDER_YJIT`), or with
-    #   `GC.auto_compact` on (its read barrier);
+    #   `GC.auto_compact` on before Ruby 3.2 (its read barrier; turned on during the run, from
+    #   then on: AutoCompactGuard);
     # - `:off`: with `signals: false`, at the trigger's job (interrupt checks, no signal).
     #
     # @return [Symbol, nil] nil before the first start.
@@ -664,6 +688,22 @@ module DdprofRecorder
       }.merge(memory_stats).merge(exporter_stats)
     end
 
+    # @api private
+    # The handler reads no more stacks in this run: they are read at the jobs (`:safepoint`),
+    # for `reason` (AutoCompactGuard). Said once in the log and in the profile's comment.
+    #
+    # @return [void]
+    def read_stacks_at_jobs(reason)
+      return unless @running && @sampling_mode == :handler
+
+      Profiler._native_signal_read_at_jobs
+      @sampling_mode = :safepoint
+      @sampling_mode_reason = reason
+      DdprofRecorder.logger.warn("profiler: #{reason}: stacks are read at the next interrupt check from now on")
+      @comments = [sampling_comment(Profiler._native_sampling_stats[:signals]), *@comments.drop(1)]
+      @recorder.comments = @comments
+    end
+
     private
 
     def lifecycle_lock
@@ -849,6 +889,7 @@ module DdprofRecorder
         @sampler.pass(now) if woken && (last_job.nil? || now - last_job > JOBLESS_TICKS * period_ns)
         keep_signal
         note_unarmed_threads
+        read_stacks_at_jobs(AutoCompactGuard::REASON) if AutoCompactGuard::NEEDED && @sampling_mode == :handler && GC.auto_compact
         cut_window if @next_window_ns && now >= @next_window_ns
         @sampler.write_log
         give_up if @sampler.gave_up?
@@ -970,7 +1011,7 @@ module DdprofRecorder
     def gc_ticks_note
       return "" if @gc
 
-      GC_TICKS_READ ? " (in the GC: at its step's end)" : " (in the GC: not sampled, Ruby < 3.3)"
+      GC_TICKS_READ ? " (in the GC: at its step's end)" : " (in the GC: at the next interrupt check, Ruby < 3.3)"
     end
 
     def choose_sampling_mode
@@ -981,10 +1022,9 @@ module DdprofRecorder
       unless Profiler._native_handler_can_read_stacks?
         return [:safepoint, "Ruby #{RUBY_VERSION}'s thread layout is not checked (ext/ddprof_recorder/src/vm/mod.rs)"]
       end
-      if Gem::Version.new(RUBY_VERSION) < Gem::Version.new("3.2") && GC.respond_to?(:auto_compact) && GC.auto_compact
-        return [:safepoint, "GC.auto_compact is on (Ruby < 3.2)"]
-      end
+      return [:safepoint, AutoCompactGuard::REASON] if AutoCompactGuard::NEEDED && GC.auto_compact
 
+      AutoCompactGuard.install
       [:handler, nil]
     end
 

@@ -172,11 +172,17 @@ RSpec.describe "DdprofRecorder::Profiler GC time and live heap" do
         end
       end
     else
-      it "is no sample on Ruby 3.1 (a GC-event hook would slow every allocation down there)" do
-        main, _, signals = churn_profile
-        expect(leaf_gc(main)).to be_empty
-        expect(signals).to include(signals_read_at_gc_exit: 0)
-        expect(signals[:signals_in_gc]).to be_positive
+      # No GC-event hook on 3.1 (it would slow every allocation down there): the job after the
+      # GC reads the stack, at the thread's first interrupt check, near the allocating code.
+      it "is a sample read right after the GC under a (garbage collection) leaf, about GC.stat(:time)'s share" do
+        main, gc_share, signals = churn_profile
+        in_gc = leaf_gc(main)
+        share = in_gc.sum { |s| s[:values]["cpu-time"] }.fdiv(main.sum { |s| s[:values]["cpu-time"] })
+        expect(signals).to include(signals_read_at_gc_exit: 0, signals_in_gc: 0)
+        expect(signals[:signals_read_after_gc]).to be_positive
+        expect(100 * share).to be_within(15).of(100 * gc_share)
+        under = in_gc.count { |s| s[:frames].any? { |name, _, _| name == "MemoryShape.churn" } }
+        expect(under).to be >= in_gc.size * 0.8, in_gc.map { |s| s[:frames].first(3) }.tally.inspect
       end
     end
   end

@@ -59,6 +59,14 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         function!(signal_job::native_signal_masked, 0),
     )?;
     class.define_singleton_method(
+        "_native_thread_holds_gvl",
+        function!(signal_job::native_thread_holds_gvl, 1),
+    )?;
+    class.define_singleton_method(
+        "_native_signal_read_at_jobs",
+        function!(signal_job::native_signal_read_at_jobs, 0),
+    )?;
+    class.define_singleton_method(
         "_native_handler_can_read_stacks?",
         function!(signal_job::native_handler_can_read_stacks, 0),
     )?;

@@ -58,6 +58,8 @@ pub fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         crate::vm::postponed::prepare(job);
+        // With the GVL, at load: where the GVL's owner is (the signal handler's check).
+        crate::vm::check_gvl_owner();
         // SAFETY: `HANDLER` is a static, so the address stays valid for the process's life;
         // an AtomicUsize has the layout of a VALUE. Called once, with the GVL (at load).
         unsafe { rb_sys::rb_gc_register_address(ruby_handler::HANDLER.as_ptr().cast()) };

@@ -7,7 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Once;
 
-use magnus::{prelude::*, value::LazyId, Error, RModule, Ruby};
+use magnus::{prelude::*, rb_sys::AsRawValue, value::LazyId, Error, RModule, Ruby};
 
 use crate::recorder::errors::entry;
 use crate::sampling::clocks::thread_cpu::{own_cpu_ns, own_tid};
@@ -85,11 +85,36 @@ pub(crate) fn native_signal_masked(ruby: &Ruby) -> Result<Option<Vec<i32>>, Erro
     entry(ruby, || Ok(signal_sampler::take_masked()))
 }
 
-/// `Profiler._native_handler_can_read_stacks?`: whether the signal handler can check that a
-/// thread's stack is walkable on this Ruby (`vm::current_stack_walkable`); if not, stacks are
-/// read at the job (`:safepoint`).
+/// `Profiler._native_signal_read_at_jobs`: the handler reads no more stacks in this run
+/// (`signal_sampler::read_at_jobs`; `GC.auto_compact` turned on before Ruby 3.2).
+pub(crate) fn native_signal_read_at_jobs(ruby: &Ruby) -> Result<(), Error> {
+    entry(ruby, || {
+        signal_sampler::read_at_jobs();
+        Ok(())
+    })
+}
+
+/// `Profiler::Testing.holds_gvl?(thread)` (tests only): whether `thread`'s Ractor names it as
+/// the GVL's owner (`vm::thread_holds_gvl`), nil where that is not known.
+pub(crate) fn native_thread_holds_gvl(
+    ruby: &Ruby,
+    thread: magnus::Value,
+) -> Result<Option<bool>, Error> {
+    entry(ruby, || {
+        if !thread.is_kind_of(ruby.class_thread()) {
+            return Err(Error::new(ruby.exception_type_error(), "not a Thread"));
+        }
+        // SAFETY: a live Thread (checked above, and held by the caller's frame); GVL held.
+        Ok(unsafe { crate::vm::thread_holds_gvl(thread.as_raw()) })
+    })
+}
+
+/// `Profiler._native_handler_can_read_stacks?`: whether the signal handler can check, on this
+/// Ruby, that a thread's stack is walkable (`vm::current_stack_walkable`) and that the thread
+/// really holds the GVL (`vm::current_thread_holds_gvl`); if not, stacks are read at the job
+/// (`:safepoint`).
 pub(crate) fn native_handler_can_read_stacks(ruby: &Ruby) -> Result<bool, Error> {
-    entry(ruby, || Ok(crate::vm::THREAD_EC_OFFSET.is_some()))
+    entry(ruby, || Ok(crate::vm::THREAD_EC_OFFSET.is_some() && crate::vm::gvl_owner_checked()))
 }
 
 /// `Profiler._native_forget_thread_stacks(tid)`: forgets every stack kept for native thread

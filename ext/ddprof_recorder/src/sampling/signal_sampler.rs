@@ -127,14 +127,19 @@
 //! (`si_fd` of a `POLL_*` band), which the handler looks up among the slots together with its
 //! own thread id; so it finds its slot without thread-local storage (whose first use in a
 //! `dlopen`ed library can allocate), and a signal of neither kind (a `kill`) is not a tick.
+//! A timer's slot must be armed for the thread the signal landed on too (`gettid`), or the
+//! tick is stale.
 //! The handler does only async-signal-safe work: atomics, `clock_gettime`, `ioctl` (a perf
 //! event's refresh), `gettid`,
 //! `ruby_thread_has_gvl_p` and `rb_during_gc` (plain reads of the thread's and the VM's
-//! state, Ruby 3.1 `thread.c` and `gc.c`), `rb_profile_frames` and
-//! `rb_postponed_job_register_one`. It reads the frames only when
+//! state, Ruby 3.1 `thread.c` and `gc.c`), a read of the Ractor's GVL owner,
+//! `rb_profile_frames` and `rb_postponed_job_register_one`. It reads the frames only when
 //!
-//! - the thread holds the GVL (`ruby_thread_has_gvl_p`, which is "not inside a blocking
-//!   region"): then no other thread runs Ruby, so nothing moves or frees the objects it reads;
+//! - the thread holds the GVL: it is not inside a blocking region (`ruby_thread_has_gvl_p`)
+//!   and its Ractor names it as the GVL's owner (`vm::current_thread_holds_gvl`; the first
+//!   alone also says yes for a thread that a time slice took the GVL from and that waits to
+//!   get it back, while the real owner may start a GC or a compaction): then no other thread
+//!   runs Ruby, so nothing moves or frees the objects it reads;
 //! - no GC runs (`rb_during_gc`): the GC itself may be moving objects (compaction). From 3.3
 //!   such a tick is kept, and its stack read when the GC step ends (`gc_ticks`);
 //! - its slot is empty: a sample still waiting for its job is not overwritten.
@@ -164,11 +169,10 @@
 //!   (`vm::HANDLER_READS_UNDER_YJIT` has the sources), as stackprof does from 3.3;
 //! - with `GC.auto_compact` on, before Ruby 3.2: compaction then protects heap pages with a
 //!   read barrier (`mprotect`, whose fault handler is not async-signal-safe) between GC steps.
+//!   On at the start, or turned on later: the profiler sees `GC.auto_compact=` before Ruby
+//!   does, and [`read_at_jobs`] makes every later tick's stack read at its job.
 //!
-//! Known limits: `ruby_thread_has_gvl_p` also says yes for a thread that a time slice took the
-//! GVL from and that waits to get it back (it is not in a blocking region); such a thread
-//! uses no CPU while it waits, so its timer can expire only in the few microseconds of the
-//! hand-over itself. And rb_profile_frames walks environment pointers
+//! Known limits: rb_profile_frames walks environment pointers
 //! (`rb_vm_frame_method_entry`), which `vm_make_env_each` leaves inconsistent for a few
 //! instructions while it moves an environment to the heap (ruby/ruby PR #16615, open): a
 //! risk that stackprof and dd-trace-rb share.
@@ -367,6 +371,14 @@ pub fn signal_taken() -> Option<String> {
 /// Whether signals sample (false once [`keep_signal`] found no free signal).
 pub fn sampling() -> bool {
     ENABLED.load(Acquire)
+}
+
+/// From now on the handler reads no stack: each tick's is read at its job ([`Mode::Safepoint`]),
+/// for the rest of the run. With the GVL: a handler that reads stacks runs on the GVL's holder
+/// (see "The handler"), so none reads one after this returns. The samples already taken
+/// keep the stacks read then.
+pub fn read_at_jobs() {
+    IN_HANDLER.store(false, Release);
 }
 
 /// Whether the handler keeps its samples in batches (see "Batches"): it reads the stacks.

@@ -214,6 +214,23 @@ pub fn capture_here(key: i64) -> usize {
     read_stack(key, Skip::Nothing)
 }
 
+/// [`capture_here`] under a [`GC_LEAF`]: for a tick that came inside the GC, read at the job
+/// that follows it (`signal_sampler::gc_ticks`). Nothing kept if the stack is empty.
+pub fn capture_here_under_gc(key: i64) -> usize {
+    BUFFER.with(|buffer| {
+        let Ok(mut buffer) = buffer.try_borrow_mut() else { return 0 };
+        let Buffer { frames, lines, slots } = &mut *buffer;
+        frames[0] = GC_LEAF;
+        lines[0] = 0;
+        // SAFETY: we hold the GVL (a postponed job).
+        let n = unsafe { read_current(&mut frames[1..], &mut lines[1..]) };
+        if n == 0 {
+            return 0;
+        }
+        store_frames(key, &frames[..=n], &lines[..=n], slots, Skip::Nothing)
+    })
+}
+
 fn read_stack(key: i64, skip: Skip) -> usize {
     BUFFER.with(|buffer| {
         let Ok(mut buffer) = buffer.try_borrow_mut() else { return 0 };

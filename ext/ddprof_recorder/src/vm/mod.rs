@@ -152,19 +152,11 @@ pub unsafe fn current_stack_walkable() -> bool {
 /// handler, interrupted `thread` itself).
 pub unsafe fn stack_walkable(thread: rb_sys::VALUE) -> bool {
     let Some(ec_offset) = THREAD_EC_OFFSET else { return false };
-    // SAFETY: a Thread is a T_DATA object whose data is its rb_thread_t (`rb_thread_ptr`).
-    let th = unsafe { rb_sys::RTYPEDDATA_GET_DATA(thread) as *const u8 };
-    if th.is_null() {
-        return false;
-    }
-    // SAFETY: `th` is the live rb_thread_t, larger than these offsets (see above).
-    let (own, ec) = unsafe {
-        (
-            *(th.add(THREAD_SELF_OFFSET) as *const rb_sys::VALUE),
-            *(th.add(ec_offset) as *const *const u8),
-        )
-    };
-    if own != thread || ec.is_null() {
+    // SAFETY: `thread` is a live Thread (the caller's promise).
+    let Some(th) = (unsafe { thread_struct(thread) }) else { return false };
+    // SAFETY: `th` is the live rb_thread_t, larger than this offset (see above).
+    let ec = unsafe { *(th.add(ec_offset) as *const *const u8) };
+    if ec.is_null() {
         return false;
     }
     // SAFETY: `ec` is the thread's live execution context; these are its first fields.
@@ -177,6 +169,125 @@ pub unsafe fn stack_walkable(thread: rb_sys::VALUE) -> bool {
     };
     let end = stack.wrapping_add(size.wrapping_mul(8));
     stack != 0 && size != 0 && cfp >= stack && cfp < end
+}
+
+/// `rb_thread_t::ractor` (after `lt_node` and `self`, in 3.1, 3.3 and 3.4): the Ractor the
+/// thread runs in, whose GVL it takes.
+const THREAD_RACTOR_OFFSET: usize = 0x18;
+
+/// Where a Ractor says which thread holds its GVL, in `rb_ractor_t` (`ractor_core.h`): on 3.1
+/// `threads.gvl.owner` (`gvl_acquire_common` sets it, `gvl_release_common` clears it,
+/// `thread_pthread.c`); on 3.3 and 3.4 `threads.sched.running` (`thread_sched_set_running`,
+/// `thread_pthread.c`: the thread that runs, M:N threads too, whatever native thread they are
+/// on). `offsetof` compiled against each Ruby's own `vm_core.h`/`ractor_core.h` and its
+/// installed `config.h`: 0x150 on Debian's 3.1.2 (source package ruby3.1 3.1.2-7+deb12u1),
+/// 0x148 on our 3.3.8 and 3.4.5 builds; checked at load ([`gvl_owner_checked`]). This is what
+/// dd-trace-rb reads (`gvl_owner`, its `private_vm_api_access.c`).
+const RACTOR_GVL_OWNER_OFFSET: Option<usize> = if cfg!(ruby_eq_3_1) {
+    Some(0x150)
+} else if cfg!(any(ruby_eq_3_3, ruby_eq_3_4)) {
+    Some(0x148)
+} else {
+    None
+};
+
+/// Whether the thread whose `rb_thread_t` is `th` is the one its Ractor says holds the GVL
+/// ([`RACTOR_GVL_OWNER_OFFSET`]); None where that is not known.
+///
+/// # Safety
+///
+/// `th` is a live `rb_thread_t` of the layout above.
+unsafe fn owns_gvl(th: *const u8) -> Option<bool> {
+    let offset = RACTOR_GVL_OWNER_OFFSET?;
+    // SAFETY: `th` is live; its `ractor` is set at its creation and lives as long as it.
+    let ractor = unsafe { *(th.add(THREAD_RACTOR_OFFSET) as *const *const u8) };
+    if ractor.is_null() {
+        return Some(false);
+    }
+    // SAFETY: a pointer-sized, aligned field of the live Ractor, which other threads write
+    // as they take and release the GVL: read as an atomic word.
+    let owner = unsafe {
+        (*(ractor.add(offset) as *const std::sync::atomic::AtomicUsize))
+            .load(std::sync::atomic::Ordering::Acquire)
+    };
+    Some(owner == th as usize)
+}
+
+/// The `rb_thread_t` of `thread`, if it is one of the layout [`THREAD_SELF_OFFSET`] checks.
+///
+/// # Safety
+///
+/// `thread` is a live Thread object.
+unsafe fn thread_struct(thread: rb_sys::VALUE) -> Option<*const u8> {
+    // SAFETY: a Thread is a T_DATA object whose data is its rb_thread_t (`rb_thread_ptr`).
+    let th = unsafe { rb_sys::RTYPEDDATA_GET_DATA(thread) as *const u8 };
+    // SAFETY: a live rb_thread_t is larger than this offset.
+    (!th.is_null() && unsafe { *(th.add(THREAD_SELF_OFFSET) as *const rb_sys::VALUE) } == thread)
+        .then_some(th)
+}
+
+/// Whether the calling thread really holds the GVL, for a signal handler that interrupted it:
+/// `ruby_thread_has_gvl_p` says only that it is not in a blocking region, which is also true
+/// of a thread that a time slice took the GVL from and that waits to get it back, while the
+/// real holder may start a GC or a compaction (`signal_sampler`, "The handler"). So the
+/// Ractor's GVL owner must be this thread too, where it is known ([`gvl_owner_checked`]).
+///
+/// # Safety
+///
+/// In a signal handler or with the GVL; the VM is running.
+pub unsafe fn current_thread_holds_gvl() -> bool {
+    // SAFETY: reads the calling thread's own TLS execution context and thread (Ruby 3.1
+    // `thread.c`), as stated at the extern.
+    if unsafe { ruby_thread_has_gvl_p() } == 0 {
+        return false;
+    }
+    if !GVL_OWNER_CHECKED.load(std::sync::atomic::Ordering::Acquire) {
+        return true;
+    }
+    // SAFETY: not in a blocking region, so a Ruby thread with an execution context;
+    // rb_thread_current only reads it.
+    let thread = unsafe { rb_sys::rb_thread_current() };
+    // SAFETY: the running thread is a live Thread.
+    match unsafe { thread_struct(thread) } {
+        // SAFETY: a live rb_thread_t of the checked layout.
+        Some(th) => unsafe { owns_gvl(th) }.unwrap_or(true),
+        None => false,
+    }
+}
+
+/// Set by [`check_gvl_owner`]: the Ractor's GVL owner reads as the holder on this Ruby.
+static GVL_OWNER_CHECKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// At load, with the GVL: whether [`RACTOR_GVL_OWNER_OFFSET`] holds on this Ruby, checked on
+/// the calling thread (it holds the GVL, so it must read as the owner). False where it does not,
+/// or where it is not known: the signal handler then reads no stack (`Profiler#sampling_mode`
+/// falls back to `:safepoint`).
+pub fn check_gvl_owner() -> bool {
+    // SAFETY: with the GVL (at load), the current thread is a live Thread.
+    let ok = unsafe { thread_struct(rb_sys::rb_thread_current()) }
+        // SAFETY: a live rb_thread_t of the checked layout.
+        .and_then(|th| unsafe { owns_gvl(th) })
+        .unwrap_or(false);
+    GVL_OWNER_CHECKED.store(ok, std::sync::atomic::Ordering::Release);
+    ok
+}
+
+/// Whether [`check_gvl_owner`] found the GVL's owner where it should be.
+pub fn gvl_owner_checked() -> bool {
+    GVL_OWNER_CHECKED.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Whether `thread` is the one its Ractor says holds the GVL (tests: `Profiler::Testing`);
+/// None where that is not known or `thread` is not of the checked layout.
+///
+/// # Safety
+///
+/// `thread` is a live Thread object; GVL held.
+pub unsafe fn thread_holds_gvl(thread: rb_sys::VALUE) -> Option<bool> {
+    // SAFETY: as the caller promises.
+    let th = unsafe { thread_struct(thread) }?;
+    // SAFETY: a live rb_thread_t of the checked layout.
+    unsafe { owns_gvl(th) }
 }
 
 /// Whether `RUBY_EVENT_THREAD_END` fires for every thread that ends. On 3.1 it fires in

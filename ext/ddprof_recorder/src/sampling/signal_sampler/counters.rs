@@ -25,6 +25,9 @@ pub struct Counters {
     pub read_at_job: AtomicU64,
     /// Ticks inside the GC whose stack was read at the GC step's end (`gc_ticks`).
     pub read_at_gc_exit: AtomicU64,
+    /// Ticks inside the GC whose stack was read at the job after it, under a GC leaf, where
+    /// no GC_EXIT hook reads it (`gc_ticks`, Ruby < 3.3, or the safepoint mode).
+    pub read_after_gc: AtomicU64,
     pub without_gvl: AtomicU64,
     pub in_gc: AtomicU64,
     pub slot_busy: AtomicU64,
@@ -57,6 +60,7 @@ pub static COUNTERS: Counters = Counters {
     read_in_handler: AtomicU64::new(0),
     read_at_job: AtomicU64::new(0),
     read_at_gc_exit: AtomicU64::new(0),
+    read_after_gc: AtomicU64::new(0),
     without_gvl: AtomicU64::new(0),
     in_gc: AtomicU64::new(0),
     slot_busy: AtomicU64::new(0),
@@ -72,7 +76,7 @@ pub static COUNTERS: Counters = Counters {
 
 impl Counters {
     /// Every counter with its name in `stats` (the one list `clear` and the stats share).
-    pub fn named(&self) -> [(&'static str, &AtomicU64); 22] {
+    pub fn named(&self) -> [(&'static str, &AtomicU64); 23] {
         [
             ("signals", &self.signals),
             ("perf_ticks", &self.perf_ticks),
@@ -85,6 +89,7 @@ impl Counters {
             ("signals_read_in_handler", &self.read_in_handler),
             ("signals_read_at_job", &self.read_at_job),
             ("signals_read_at_gc_exit", &self.read_at_gc_exit),
+            ("signals_read_after_gc", &self.read_after_gc),
             ("signals_without_gvl", &self.without_gvl),
             ("signals_in_gc", &self.in_gc),
             ("signals_slot_busy", &self.slot_busy),

@@ -30,8 +30,13 @@
 //! lock).
 //!
 //! Only on Ruby 3.3 and later: on 3.1 a GC-event hook sends every allocation through
-//! `newobj_of`'s slow path (`vm::GC_EXIT_HOOK_KEEPS_ALLOCATION_FAST`), and a tick in the GC
-//! stays dropped there. Not with `gc: true` either: `gc_events` then measures the GC's time
+//! `newobj_of`'s slow path (`vm::GC_EXIT_HOOK_KEEPS_ALLOCATION_FAST`). There, and in the
+//! safepoint mode, the handler asks for the job at once instead (`READ_AFTER_GC`), which reads
+//! the stack at the thread's first interrupt check after the GC, under the same leaf: near
+//! the allocating code, with the safepoint's bias. Dropped, as such ticks were, their CPU went
+//! to the thread's later samples, most often another request's in a server: on the Sinatra
+//! app of bench/sinatra_endpoints.rb (Ruby 3.1.2) the ERB route, whose requests allocate,
+//! had 3.5 points less than its truth and the CPU loop as much more. Not with `gc: true` either: `gc_events` then measures the GC's time
 //! and records it on its own frames, and the handler drops such ticks so as not to count the
 //! GC twice; so the hook is not on then, where it would only be an idle call at every GC step
 //! (`spec/profiler/gc_and_heap_spec.rb` counts the hooks). Only when the handler

@@ -11,7 +11,8 @@ use super::counters::COUNTERS;
 use super::perf_ticks::{refresh, set_period};
 use super::rt_signal::{poll_fd, INDEX_MASK};
 use super::slots::{
-    used_slots, BATCH, DEPTH, EMPTY, FREE, FULL, READ_AT_GC_EXIT, READ_AT_JOB, SLOTS, WRITING,
+    used_slots, BATCH, DEPTH, EMPTY, FREE, FULL, READ_AFTER_GC, READ_AT_GC_EXIT, READ_AT_JOB,
+    SLOTS, WRITING,
 };
 use super::tick_choice::{drawn, owes, pay, period_ns};
 use super::{ENABLED, IN_HANDLER, JOB};
@@ -45,7 +46,12 @@ fn handle(info: *mut libc::siginfo_t) {
         // SAFETY: a timer's signal: `si_value` is the sigev_value we set in `arm`.
         let value = unsafe { (*info).si_value().sival_ptr } as usize;
         let Some(slot) = SLOTS.get(value & INDEX_MASK) else { return };
-        if (slot.generation.load(Acquire) as usize & 0xff_ffff) != value >> 16 {
+        // Meant for this thread: the timer of this slot's generation, armed for this thread
+        // (`SIGEV_THREAD_ID`; a slot freed and taken again since has another generation).
+        // SAFETY: gettid has no preconditions.
+        if (slot.generation.load(Acquire) as usize & 0xff_ffff) != value >> 16
+            || slot.tid.load(Acquire) != unsafe { libc::gettid() }
+        {
             COUNTERS.stale.fetch_add(1, Relaxed);
             return;
         }
@@ -104,15 +110,17 @@ fn handle(info: *mut libc::siginfo_t) {
     }
     // SAFETY: both only read the calling thread's and the VM's state (`signal_sampler`, "The
     // handler"); the VM is running (ENABLED is cleared by an end proc before it is torn down).
-    if unsafe { crate::vm::ruby_thread_has_gvl_p() } == 0 {
+    if !unsafe { crate::vm::current_thread_holds_gvl() } {
         COUNTERS.without_gvl.fetch_add(1, Relaxed);
         return;
     }
     let in_handler = IN_HANDLER.load(Acquire);
     // SAFETY: as above.
     let in_gc = unsafe { rb_sys::rb_during_gc() } != 0;
-    // Read at the GC step's end if `gc_ticks` is on, else dropped.
-    if in_gc && !(in_handler && super::gc_ticks::on()) {
+    // Read at the GC step's end if `gc_ticks` is on; else at the job after the GC, unless
+    // `gc_events` measures the GC's time (`gc: true`), which then records it: dropped.
+    let at_gc_exit = in_gc && in_handler && super::gc_ticks::on();
+    if in_gc && !at_gc_exit && super::gc_ticks::gc_measured() {
         COUNTERS.in_gc.fetch_add(1, Relaxed);
         return;
     }
@@ -130,9 +138,12 @@ fn handle(info: *mut libc::siginfo_t) {
     }
     buffer.cpu_ns.store(cpu, Release);
     buffer.at_ns.store(now, Release);
-    let depth = if in_gc {
+    let depth = if at_gc_exit {
         GC_TICKS_WAITING.store(true, Release);
         READ_AT_GC_EXIT
+    } else if in_gc {
+        COUNTERS.read_after_gc.fetch_add(1, Relaxed);
+        READ_AFTER_GC
     } else if in_handler {
         // SAFETY: a Ruby thread with the GVL (checked above).
         if !unsafe { crate::vm::current_stack_walkable() } {
@@ -161,8 +172,8 @@ fn handle(info: *mut libc::siginfo_t) {
     buffer.state.store(FULL, Release);
     slot.written.store(written.wrapping_add(1), Release);
     // A batch waits for one job (`signal_sampler`, "Batches"); at the job, each sample has its
-    // own.
-    if !in_handler || waiting as usize + 1 >= BATCH {
+    // own, and so has a tick in the GC, whose stack is read at the job that follows the GC.
+    if !in_handler || depth == READ_AFTER_GC || waiting as usize + 1 >= BATCH {
         trigger_job();
     }
 }

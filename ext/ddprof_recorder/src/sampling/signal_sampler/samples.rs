@@ -6,8 +6,8 @@ use std::sync::Mutex;
 
 use super::counters::COUNTERS;
 use super::slots::{
-    is_frame_object, used_slots, Slot, BATCH, DEPTH, EMPTY, FREE, FULL, READING, READ_AT_GC_EXIT,
-    READ_AT_JOB,
+    is_frame_object, used_slots, Slot, BATCH, DEPTH, EMPTY, FREE, FULL, READING, READ_AFTER_GC,
+    READ_AT_GC_EXIT, READ_AT_JOB,
 };
 
 /// Keys under which `stack_capture` keeps signal samples' stacks: `tid + KEY_OFFSET * (1 + n)`
@@ -67,7 +67,7 @@ pub(super) fn drain_slot(slot: &Slot, own_tid: i32, take: &mut impl FnMut(Sample
         }
         let tid = slot.tid.load(Acquire);
         let depth = buffer.depth.load(Acquire);
-        if depth == READ_AT_JOB && tid != own_tid {
+        if (depth == READ_AT_JOB || depth == READ_AFTER_GC) && tid != own_tid {
             buffer.state.store(FULL, Release);
             break;
         }
@@ -75,6 +75,9 @@ pub(super) fn drain_slot(slot: &Slot, own_tid: i32, take: &mut impl FnMut(Sample
         let kept = if depth == READ_AT_JOB {
             // This thread's own (checked above).
             crate::sampling::stack_capture::capture_here(key)
+        } else if depth == READ_AFTER_GC {
+            // This thread's own, its GC over: under a GC leaf.
+            crate::sampling::stack_capture::capture_here_under_gc(key)
         } else if depth == READ_AT_GC_EXIT {
             // Its GC step ended after the hook was turned off: no stack (`gc_ticks`).
             COUNTERS.in_gc.fetch_add(1, Relaxed);

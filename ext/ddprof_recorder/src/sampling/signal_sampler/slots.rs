@@ -38,6 +38,9 @@ pub(super) const READ_AT_JOB: u32 = u32::MAX;
 /// `depth` of a sample whose tick came inside the GC: its stack is read at the GC step's end
 /// ([`read_gc_ticks`](super::read_gc_ticks), `gc_ticks`).
 pub(super) const READ_AT_GC_EXIT: u32 = u32::MAX - 1;
+/// `depth` of a sample whose tick came inside the GC where no GC_EXIT hook reads its stack:
+/// the job reads it after the GC, under a GC leaf (`gc_ticks`).
+pub(super) const READ_AFTER_GC: u32 = u32::MAX - 2;
 
 /// Frames read in the handler: what `rb_profile_frames` fills.
 pub(super) struct Frames {
@@ -192,7 +195,7 @@ impl DataTypeFunctions for SlotsRoot {
                 continue;
             }
             let depth = buffer.depth.load(Acquire);
-            if depth == READ_AT_JOB || depth == READ_AT_GC_EXIT {
+            if depth == READ_AT_JOB || depth == READ_AT_GC_EXIT || depth == READ_AFTER_GC {
                 continue;
             }
             let frames = buffer.frames.load(Acquire);
