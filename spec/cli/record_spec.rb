@@ -21,7 +21,7 @@ RSpec.describe "ddprof-recorder record" do
     lines = out.lines(chomp: true)
     # A tick inside the GC (ext/ddprof_recorder/src/sampling/signal_sampler/gc_ticks.rs), by Ruby
     # version.
-    gc_note = RUBY_VERSION >= "3.3" ? "\\(in the GC: at its step's end\\)" : "\\(in the GC: not sampled, Ruby < 3.3\\)"
+    gc_note = RUBY_VERSION >= "3.3" ? "\\(in the GC: at its step's end\\)" : "\\(in the GC: at the next interrupt check, Ruby < 3.3\\)"
     expect(lines.first).to match(/\Addprof-recorder: recorded `\S+ -e 'x = 0; 3_000_000\.times \{ x \+= 1 \}; exit 3'` \(exit status 3, \d+\.\d\d s\)\z/)
     expect(lines.drop(1).map { |l| l[0, 12].strip }).to eq(["duration", "samples", "sampling", "threads", "cpu-time",
                                                           "hottest", "written", "view it", "", ""])
