@@ -244,15 +244,9 @@ pub unsafe fn current_thread_holds_gvl() -> bool {
     if !GVL_OWNER_CHECKED.load(std::sync::atomic::Ordering::Acquire) {
         return true;
     }
-    // SAFETY: not in a blocking region, so a Ruby thread with an execution context;
-    // rb_thread_current only reads it.
-    let thread = unsafe { rb_sys::rb_thread_current() };
-    // SAFETY: the running thread is a live Thread.
-    match unsafe { thread_struct(thread) } {
-        // SAFETY: a live rb_thread_t of the checked layout.
-        Some(th) => unsafe { owns_gvl(th) }.unwrap_or(true),
-        None => false,
-    }
+    // SAFETY: not in a blocking region, so a Ruby thread with an execution context, whose
+    // Thread rb_thread_current only reads; a live Thread.
+    (unsafe { thread_holds_gvl(rb_sys::rb_thread_current()) }) == Some(true)
 }
 
 /// Set by [`check_gvl_owner`]: the Ractor's GVL owner reads as the holder on this Ruby.
@@ -262,14 +256,10 @@ static GVL_OWNER_CHECKED: std::sync::atomic::AtomicBool = std::sync::atomic::Ato
 /// the calling thread (it holds the GVL, so it must read as the owner). False where it does not,
 /// or where it is not known: the signal handler then reads no stack (`Profiler#sampling_mode`
 /// falls back to `:safepoint`).
-pub fn check_gvl_owner() -> bool {
+pub fn check_gvl_owner() {
     // SAFETY: with the GVL (at load), the current thread is a live Thread.
-    let ok = unsafe { thread_struct(rb_sys::rb_thread_current()) }
-        // SAFETY: a live rb_thread_t of the checked layout.
-        .and_then(|th| unsafe { owns_gvl(th) })
-        .unwrap_or(false);
+    let ok = unsafe { thread_holds_gvl(rb_sys::rb_thread_current()) } == Some(true);
     GVL_OWNER_CHECKED.store(ok, std::sync::atomic::Ordering::Release);
-    ok
 }
 
 /// Whether [`check_gvl_owner`] found the GVL's owner where it should be.

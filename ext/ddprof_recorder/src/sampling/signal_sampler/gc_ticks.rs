@@ -36,9 +36,9 @@
 //! the allocating code, with the safepoint's bias. Dropped, as such ticks were, their CPU went
 //! to the thread's later samples, most often another request's in a server: on the Sinatra
 //! app of bench/sinatra_endpoints.rb (Ruby 3.1.2) the ERB route, whose requests allocate,
-//! had 3.5 points less than its truth and the CPU loop as much more. Not with `gc: true` either: `gc_events` then measures the GC's time
-//! and records it on its own frames, and the handler drops such ticks so as not to count the
-//! GC twice; so the hook is not on then, where it would only be an idle call at every GC step
+//! had 3.5 points less than its truth and the CPU loop as much more. Not with `gc: true`
+//! either: `gc_events` then measures the GC's time and records it on its own frames, and the
+//! handler drops such ticks so as not to count the GC twice; so the hook is not on then, where it would only be an idle call at every GC step
 //! (`spec/profiler/gc_and_heap_spec.rb` counts the hooks). Only when the handler
 //! reads stacks (`signals: :handler`): in the safepoint mode the job reads the stack, after the
 //! GC. So the hook is on exactly while a run whose handler reads stacks wants it ([`start`] to
