@@ -59,11 +59,10 @@
 #   `micro_c`, perf: bench/RESULTS.md). stackprof takes the stack in its signal handler, where
 #   the CPU is, so it has no safepoint bias. Leaving GC out costs the real programs, which
 #   allocate much (14-19% of stackprof's samples are GC in `erb`, `json`, `rubocop`,
-#   `kramdown`). Ours does the same: on Ruby 3.1 a tick that comes inside the GC is no
-#   sample (its CPU goes to the next, so the GC is spread like the rest, as stackprof's
-#   renormalized rest), and from 3.3 it is one, on the allocating code under a
-#   `(garbage collection)` leaf (ext/ddprof_recorder/src/sampling/signal_sampler/gc_ticks.rs), left
-#   out here. With
+#   `kramdown`). Ours does the same: a tick that comes inside the GC is a sample under a
+#   `(garbage collection)` leaf, left out here: from 3.3 on the allocating code (read at the
+#   GC step's end), on 3.1 on the code at the first interrupt check after the GC
+#   (ext/ddprof_recorder/src/sampling/signal_sampler/gc_ticks.rs). With
 #   rbspy, which charges GC to the frame that allocated, that leaf's CPU goes to the frame
 #   under it instead (`to_caller`). `--gc-apart`: ours is recorded with `record --gc` (GC time on
 #   `(garbage collection)` -> `(marking)`/`(sweeping)`, out of the code that triggered it) and
